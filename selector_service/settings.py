@@ -1,0 +1,84 @@
+"""The service's settings: one object, read from `SELECTOR_*` environment variables and the command line.
+
+Every knob that changes behaviour lives here, with its unit in the description. Values that would make
+the service unsafe or inconsistent are refused at start-up with a message that says what to change.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="SELECTOR_", extra="ignore")
+
+    host: str = Field("127.0.0.1", description="Interface to listen on.")
+    port: int = Field(8000, ge=0, le=65535, description="TCP port (0 picks a free one).")
+    workers: int = Field(1, ge=1, le=64, description="uvicorn worker processes.")
+    redis_url: str | None = Field(
+        None, description="redis:// or rediss:// URL of a Redis 7+/Valkey server; unset = embedded Valkey."
+    )
+    data_dir: Path = Field(
+        Path("./.selector-data"), description="Embedded store's directory (append-only file)."
+    )
+    embedded_fsync: str = Field(
+        "always",
+        description="appendfsync of the embedded store: 'always' (an acknowledged write survives power loss) "
+        "or 'everysec' (faster; up to one second of writes at risk on power loss, none on a process crash).",
+    )
+    api_token: SecretStr | None = Field(None, description="Bearer token required on every data endpoint.")
+    key_prefix: str = Field(
+        "rlvr", pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="Namespace of all Redis keys."
+    )
+    max_body_bytes: int = Field(16 * 2**20, ge=1024, description="Largest request body accepted (bytes).")
+    max_batch_size: int = Field(1_000_000, ge=1, description="Largest batch_size a /select may ask for.")
+    max_ids_per_request: int = Field(
+        1_000_000, ge=1, description="Most prompt ids (or results) one request may carry."
+    )
+    max_dataset_size: int = Field(
+        500_000_000, ge=1, description="Largest dataset a client may create (prompts)."
+    )
+    request_id_ttl_s: int = Field(
+        30 * 86400, ge=60, description="How long a request id is remembered for deduplication (seconds)."
+    )
+    snapshot_every_records: int = Field(
+        2000, ge=1, description="Write a snapshot once this many log records accumulated since the last one."
+    )
+    snapshot_chunk_bytes: int = Field(
+        64 * 2**20,
+        ge=1024,
+        le=512 * 2**20,
+        description="Snapshot chunk size (a Redis value holds <= 512 MB).",
+    )
+    store_timeout_s: float = Field(5.0, gt=0, description="Timeout of one store operation (seconds).")
+    log_level: str = Field("info", description="uvicorn/app log level.")
+
+    @field_validator("embedded_fsync")
+    @classmethod
+    def _fsync(cls, value: str) -> str:
+        if value not in ("always", "everysec"):
+            raise ValueError("SELECTOR_EMBEDDED_FSYNC must be 'always' or 'everysec'")
+        return value
+
+    @field_validator("redis_url")
+    @classmethod
+    def _url(cls, value: str | None) -> str | None:
+        if value in (None, ""):
+            return None
+        if not value.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError(f"redis URL must start with redis://, rediss:// or unix:// (got {value!r})")
+        return value
+
+    @field_validator("api_token")
+    @classmethod
+    def _token(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is None or value.get_secret_value() == "":
+            return None
+        if len(value.get_secret_value()) < 8:
+            raise ValueError(
+                "SELECTOR_API_TOKEN is too short: use at least 8 characters (32 random is better)"
+            )
+        return value

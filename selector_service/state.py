@@ -1,0 +1,279 @@
+"""One dataset's materialized beliefs: applying log records, closing steps, snapshots. No I/O here.
+
+A `DatasetState` is a pure function of the ordered log it has applied (and the snapshot it started
+from): the same records in the same order give the same bits in every process. That is what lets
+several service replicas, and a restarted one, agree without talking to each other.
+
+Step semantics (METHODS section 3): a record for step s > open step c first closes c, c+1, ..., s-1
+(a DPS update over every prompt each); Beta updates are applied when an observe record is applied.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import struct
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import zstandard
+
+from selector_service.core import strategies
+from selector_service.core.beliefs import BeliefArrays, CloseStats, apply_results, close_step
+
+SNAPSHOT_MAGIC = b"RLVRSNAP"
+SNAPSHOT_VERSION = 1
+_RESULT_DTYPES = (("ids", "<i8"), ("successes", "<f8"), ("trials", "<f8"), ("states", "<i1"))
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """What a client fixed at creation. The decays live here: they shape how beliefs evolve."""
+
+    name: str
+    size: int
+    rollouts_per_prompt: int = 8
+    success_threshold: float = 1.0
+    beta_prior: tuple[float, float] = (1.0, 1.0)
+    beta_decay: float = 1.0
+    hmm_decay: float = 0.7
+    reward_mode: str = "binary"
+    defaults: dict[str, dict[str, Any]] = field(default_factory=dict)
+    uid: str = ""
+
+    def public(self) -> dict[str, Any]:
+        doc = asdict(self)
+        doc.pop("uid")
+        doc["beta_prior"] = list(self.beta_prior)
+        return doc
+
+    def fingerprint(self) -> str:
+        return json.dumps(self.public(), sort_keys=True)
+
+    @classmethod
+    def from_doc(cls, doc: dict[str, Any]) -> DatasetSpec:
+        return cls(
+            name=doc["name"],
+            size=int(doc["size"]),
+            rollouts_per_prompt=int(doc["rollouts_per_prompt"]),
+            success_threshold=float(doc["success_threshold"]),
+            beta_prior=(float(doc["beta_prior"][0]), float(doc["beta_prior"][1])),
+            beta_decay=float(doc["beta_decay"]),
+            hmm_decay=float(doc["hmm_decay"]),
+            reward_mode=doc.get("reward_mode", "binary"),
+            defaults=doc.get("defaults") or {},
+            uid=doc.get("uid", ""),
+        )
+
+
+def pack_results(ids: np.ndarray, successes: np.ndarray, trials: np.ndarray, states: np.ndarray) -> bytes:
+    """Packs one observe request's outcomes into a log payload: u32 count, then the four arrays."""
+    n = len(ids)
+    parts = [struct.pack("<I", n)]
+    for (_, dtype), arr in zip(_RESULT_DTYPES, (ids, successes, trials, states), strict=True):
+        parts.append(np.ascontiguousarray(arr, dtype=dtype).tobytes())
+    return b"".join(parts)
+
+
+def unpack_results(payload: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    (n,) = struct.unpack_from("<I", payload, 0)
+    offset, out = 4, []
+    for _, dtype in _RESULT_DTYPES:
+        dt = np.dtype(dtype)
+        out.append(np.frombuffer(payload, dtype=dt, count=n, offset=offset).astype(dt.newbyteorder("=")))
+        offset += n * dt.itemsize
+    if offset != len(payload):
+        raise ValueError(f"log payload has {len(payload)} bytes, expected {offset}")
+    return out[0], out[1], out[2], out[3]
+
+
+class _ScoreCache:
+    """Whole-dataset scores of one deterministic Beta strategy, rescored only where beliefs changed."""
+
+    def __init__(self, scores: np.ndarray) -> None:
+        self.scores = scores
+        self.pending: list[np.ndarray] = []
+        self.pending_count = 0
+
+
+class DatasetState:
+    """In-memory beliefs of one dataset plus the position in the log they reflect."""
+
+    CACHEABLE = ("insight", "expected_difficulty", "inverse_evidence")
+    MAX_CACHES = 2
+
+    def __init__(self, spec: DatasetSpec, arrays: BeliefArrays | None = None) -> None:
+        self.spec = spec
+        self.arrays = arrays if arrays is not None else BeliefArrays.new(spec.size, *spec.beta_prior)
+        self.open_step = 0
+        self.cursor = ""  # id of the last log record applied ("" = none)
+        self.results = 0
+        self.rollouts = 0.0
+        self.steps_closed = 0
+        self.closes_since_snapshot = 0
+        self.last_close: CloseStats | None = None
+        self._caches: dict[tuple, _ScoreCache] = {}
+
+    # ---- applying the log -----------------------------------------------------------------------
+    def apply_record(self, log_id: str, fields: dict[bytes | str, bytes]) -> None:
+        """Applies one log entry (already known to be newer than `cursor`)."""
+        get = {(k.decode() if isinstance(k, bytes) else k): v for k, v in fields.items()}
+        kind = get["k"].decode() if isinstance(get["k"], bytes) else get["k"]
+        step = int(get["s"])
+        self.close_until(step)
+        if kind == "o":
+            ids, succ, trials, states = unpack_results(get["p"])
+            self.apply_outcomes(ids, succ, trials, states)
+        elif kind != "a":
+            raise ValueError(f"unknown log record kind {kind!r} at {log_id}")
+        self.cursor = log_id
+
+    def apply_outcomes(
+        self, ids: np.ndarray, succ: np.ndarray, trials: np.ndarray, states: np.ndarray
+    ) -> None:
+        s = self.spec
+        apply_results(self.arrays, ids, succ, trials, states, s.beta_decay, s.beta_prior[0], s.beta_prior[1])
+        self.results += len(ids)
+        self.rollouts += float(trials.sum())
+        for cache in self._caches.values():
+            cache.pending.append(ids)
+            cache.pending_count += len(ids)
+
+    def close_until(self, step: int) -> None:
+        """Closes every open step below `step` (each one a DPS update over all prompts)."""
+        while self.open_step < step:
+            self.last_close = close_step(self.arrays, self.spec.hmm_decay)
+            self.open_step += 1
+            self.steps_closed += 1
+            self.closes_since_snapshot += 1
+
+    # ---- selection ------------------------------------------------------------------------------
+    def _full_scores(self, strategy: str, params: dict[str, Any]) -> np.ndarray | None:
+        if strategy not in self.CACHEABLE or params.get("candidate_ratio", 16) is not None:
+            return None
+        key = (strategy, tuple(sorted(params.items())))
+        cache = self._caches.pop(key, None)
+        n = self.spec.size
+        kw = dict(
+            strategy=strategy,
+            params=params,
+            step=self.open_step,
+            seed=0,
+            key=self.spec.name,
+            dataset_k=self.spec.rollouts_per_prompt,
+        )
+        if cache is None or cache.pending_count > n // 4:
+            cache = _ScoreCache(strategies.score(self.arrays, ids=np.arange(n, dtype=np.int64), **kw))
+        elif cache.pending:
+            ids = np.unique(np.concatenate(cache.pending))
+            cache.scores[ids] = strategies.score(self.arrays, ids=ids, **kw)
+            cache.pending, cache.pending_count = [], 0
+        self._caches[key] = cache
+        while len(self._caches) > self.MAX_CACHES:
+            self._caches.pop(next(iter(self._caches)))
+        return cache.scores
+
+    def select(self, strategy: str, params: dict[str, Any], batch_size: int, seed: int):
+        full = self._full_scores(strategy, params)
+        return strategies.select(
+            self.arrays,
+            strategy=strategy,
+            params=params,
+            batch_size=batch_size,
+            step=self.open_step,
+            seed=seed,
+            key=self.spec.name,
+            dataset_k=self.spec.rollouts_per_prompt,
+            full_scores=full,
+        )
+
+    def score(self, strategy: str, params: dict[str, Any], ids: np.ndarray, seed: int) -> np.ndarray:
+        return strategies.score(
+            self.arrays,
+            strategy=strategy,
+            params=params,
+            ids=ids,
+            step=self.open_step,
+            seed=seed,
+            key=self.spec.name,
+            dataset_k=self.spec.rollouts_per_prompt,
+        )
+
+    # ---- summaries ------------------------------------------------------------------------------
+    def prompts_observed(self) -> int:
+        return int(np.count_nonzero(self.arrays.n_obs))
+
+    def summary(self) -> dict[str, Any]:
+        lc = self.last_close
+        return {
+            "open_step": self.open_step,
+            "observations": self.results,
+            "rollouts": round(self.rollouts),
+            "prompts_observed": self.prompts_observed(),
+            "steps_closed": self.steps_closed,
+            "last_step_partial_share": (lc.partial / lc.observed) if lc and lc.observed else None,
+            "last_step_dps_accuracy": (lc.correct / lc.observed) if lc and lc.observed else None,
+        }
+
+    # ---- snapshots ------------------------------------------------------------------------------
+    def snapshot_header(self) -> dict[str, Any]:
+        return {
+            "version": SNAPSHOT_VERSION,
+            "spec": dict(self.spec.public(), uid=self.spec.uid),
+            "open_step": self.open_step,
+            "cursor": self.cursor,
+            "results": self.results,
+            "rollouts": self.rollouts,
+            "steps_closed": self.steps_closed,
+            "last_close": list(self.last_close) if self.last_close else None,
+        }
+
+    def copy_for_snapshot(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        """A consistent copy (header + arrays) that can be serialized while the live state moves on."""
+        return self.snapshot_header(), {k: v.copy() for k, v in self.arrays.arrays().items()}
+
+
+def serialize_snapshot(header: dict[str, Any], arrays: dict[str, np.ndarray]) -> bytes:
+    """Header JSON (with each array's dtype and shape) + zstd of the arrays' bytes, checksummed."""
+    header = dict(header, arrays=[[k, v.dtype.str, list(v.shape)] for k, v in arrays.items()])
+    head = json.dumps(header).encode()
+    body = io.BytesIO()
+    cctx = zstandard.ZstdCompressor(level=1, threads=-1, write_checksum=True, write_content_size=True)
+    total = sum(arr.nbytes for arr in arrays.values())
+    with cctx.stream_writer(body, size=total, closefd=False) as writer:
+        for arr in arrays.values():
+            writer.write(memoryview(np.ascontiguousarray(arr)).cast("B"))
+    return SNAPSHOT_MAGIC + struct.pack("<I", len(head)) + head + body.getvalue()
+
+
+def deserialize_snapshot(blob: bytes) -> DatasetState:
+    """Rebuilds a DatasetState; raises ValueError on any corruption (never a silent reset)."""
+    if not blob.startswith(SNAPSHOT_MAGIC):
+        raise ValueError("not an rlvr-selector snapshot (bad magic)")
+    (hlen,) = struct.unpack_from("<I", blob, len(SNAPSHOT_MAGIC))
+    start = len(SNAPSHOT_MAGIC) + 4
+    header = json.loads(blob[start : start + hlen])
+    if header.get("version") != SNAPSHOT_VERSION:
+        raise ValueError(f"snapshot version {header.get('version')} is not supported")
+    try:
+        raw = zstandard.ZstdDecompressor().decompress(blob[start + hlen :])
+    except zstandard.ZstdError as exc:
+        raise ValueError(f"snapshot body is corrupt: {exc}") from exc
+    arrays, offset = {}, 0
+    for name, dtype, shape in header["arrays"]:
+        dt = np.dtype(dtype)
+        count = int(np.prod(shape)) if shape else 1
+        arrays[name] = np.frombuffer(raw, dtype=dt, count=count, offset=offset).reshape(shape).copy()
+        offset += count * dt.itemsize
+    if offset != len(raw):
+        raise ValueError("snapshot body length does not match its header")
+    spec = DatasetSpec.from_doc(header["spec"])
+    state = DatasetState(spec, BeliefArrays.from_arrays(arrays))
+    state.open_step = int(header["open_step"])
+    state.cursor = header["cursor"]
+    state.results = int(header["results"])
+    state.rollouts = float(header["rollouts"])
+    state.steps_closed = int(header["steps_closed"])
+    state.last_close = CloseStats(*header["last_close"]) if header["last_close"] else None
+    return state

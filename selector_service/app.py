@@ -61,16 +61,17 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 class BodyLimit:
     """Refuses bodies over `limit` bytes with 413, by Content-Length or while streaming."""
 
-    def __init__(self, app: ASGIApp, limit: int) -> None:
-        self.app, self.limit = app, limit
+    def __init__(self, app: ASGIApp, limit: int, import_limit: int) -> None:
+        self.app, self.default_limit, self.import_limit = app, limit, import_limit
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        limit = self.import_limit if scope.get("path", "").endswith("/import") else self.default_limit
         for key, value in scope.get("headers", []):
-            if key == b"content-length" and value.isdigit() and int(value) > self.limit:
-                await _send_json(send, 413, f"request body over {self.limit} bytes; send smaller requests")
+            if key == b"content-length" and value.isdigit() and int(value) > limit:
+                await _send_json(send, 413, f"request body over {limit} bytes; send smaller requests")
                 return
         seen = 0
         started = False
@@ -80,8 +81,8 @@ class BodyLimit:
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
-                if seen > self.limit:
-                    raise PayloadTooLarge(f"request body over {self.limit} bytes; send smaller requests")
+                if seen > limit:
+                    raise PayloadTooLarge(f"request body over {limit} bytes; send smaller requests")
             return message
 
         async def tracking_send(message: Message) -> None:
@@ -241,6 +242,44 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         await engine.delete_dataset(name)
         return Response(status_code=204)
 
+    @api.get(
+        "/datasets/{name}/export",
+        response_class=Response,
+        responses={200: {"content": {"application/octet-stream": {}}, "description": "zstd snapshot"}},
+    )
+    async def export_dataset(name: NamePath, engine: EngineDep) -> Response:
+        """The dataset's spec and beliefs as one compressed, checksummed file (backup; import elsewhere)."""
+        blob = await engine.export_dataset(name)
+        return Response(
+            blob,
+            media_type="application/octet-stream",
+            headers={"Content-Disposition": f'attachment; filename="{name}.rlvr.zst"'},
+        )
+
+    @api.post(
+        "/datasets/{name}/import",
+        response_model=DatasetInfo,
+        status_code=201,
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+            }
+        },
+    )
+    async def import_dataset(
+        name: NamePath,
+        request: Request,
+        engine: EngineDep,
+        replace: Annotated[bool, Query(description="Replace an existing dataset of that name.")] = False,
+    ) -> DatasetInfo:
+        """Creates `name` from a file made by GET /datasets/{name}/export (same spec and beliefs)."""
+        blob = await request.body()
+        if not blob:
+            raise InvalidRequest("the body is empty: send the bytes of a dataset export")
+        spec = await engine.import_dataset(name, blob, replace=replace)
+        return DatasetInfo(**spec.public(), created=True)
+
     @api.post("/select", response_model=SelectResponse)
     async def select(body: SelectRequest, engine: EngineDep) -> SelectResponse:
         if body.batch_size > settings.max_batch_size:
@@ -373,5 +412,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         )
 
     app.add_middleware(RequestMetrics)
-    app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    app.add_middleware(BodyLimit, limit=settings.max_body_bytes, import_limit=settings.max_import_bytes)
     return app

@@ -34,6 +34,11 @@ class Settings(BaseSettings):
         "rlvr", pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="Namespace of all Redis keys."
     )
     max_body_bytes: int = Field(16 * 2**20, ge=1024, description="Largest request body accepted (bytes).")
+    max_import_bytes: int = Field(
+        4 * 2**30,
+        ge=1024,
+        description="Largest dataset export accepted by POST /datasets/{name}/import (bytes).",
+    )
     max_batch_size: int = Field(1_000_000, ge=1, description="Largest batch_size a /select may ask for.")
     max_ids_per_request: int = Field(
         1_000_000, ge=1, description="Most prompt ids (or results) one request may carry."

@@ -102,6 +102,19 @@ return old
 """
 
 
+# KEYS: 1 spec, 2 meta, 3 log.  ARGV: 1 spec JSON, 2 uid, 3 snapshot id, 4 covered id, 5 chunk count,
+# 6 open step.  Creates a dataset whose beliefs start from an imported snapshot (chunks already written).
+# Returns 'created' or 'exists' (the name is taken; nothing changed).
+_IMPORT = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return 'exists' end
+redis.call('SET', KEYS[1], ARGV[1])
+redis.call('DEL', KEYS[2], KEYS[3])
+redis.call('HSET', KEYS[2], 'uid', ARGV[2], 'open_step', ARGV[6], 'snap', ARGV[3], 'snap_covered', ARGV[4],
+           'snap_chunks', ARGV[5], 'snap_step', ARGV[6])
+return 'created'
+"""
+
+
 class StoreError(Exception):
     """The store could not be reached or answered out of contract (maps to 503)."""
 
@@ -193,6 +206,7 @@ class Store:
         self._advance = client.register_script(_ADVANCE)
         self._create = client.register_script(_CREATE)
         self._commit = client.register_script(_COMMIT_SNAPSHOT)
+        self._import = client.register_script(_IMPORT)
 
     async def close(self) -> None:
         await self.r.aclose()
@@ -209,6 +223,33 @@ class Store:
         )
         await self.r.sadd(self.keys.registry, name)
         return _s(status), json.loads(_s(stored))
+
+    async def import_dataset(
+        self,
+        name: str,
+        spec: dict[str, Any],
+        fingerprint: str,
+        uid: str,
+        covered_id: str,
+        open_step: int,
+        chunks: list[bytes],
+    ) -> bool:
+        """Creates `name` from snapshot chunks; False (and nothing left behind) when the name is taken."""
+        snap_id = uuid.uuid4().hex[:16]
+        for i, chunk in enumerate(chunks):
+            await self.r.set(self.keys.snap_chunk(name, snap_id, i), chunk)
+        doc = dict(spec, uid=uid, fingerprint=fingerprint)
+        status = _s(
+            await self._import(
+                keys=[self.keys.spec(name), self.keys.meta(name), self.keys.log(name)],
+                args=[json.dumps(doc), uid, snap_id, covered_id, len(chunks), open_step],
+            )
+        )
+        if status != "created":
+            await self._delete_matching(self.keys.snap_glob(name, snap_id))
+            return False
+        await self.r.sadd(self.keys.registry, name)
+        return True
 
     async def get_spec(self, name: str) -> dict | None:
         raw = await self.r.get(self.keys.spec(name))

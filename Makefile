@@ -28,7 +28,10 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check selector_service trainer_client tests bench
 
 test: $(STAMP)
-	@command -v prometheus >/dev/null || (apt-get update -qq && apt-get install -y -qq prometheus >/dev/null) || echo "prometheus not installable: its tests will be skipped"
+	@# Real Prometheus for the dashboard test; the docker compose client validates docker-compose.yml.
+	@(command -v prometheus >/dev/null && (command -v docker-compose >/dev/null || docker compose version >/dev/null 2>&1)) \
+	  || (apt-get update -qq && apt-get install -y -qq prometheus docker-compose >/dev/null) \
+	  || echo "prometheus/docker-compose not installable: the tests that need them will be skipped"
 	$(MAKE) lint
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 

@@ -45,4 +45,4 @@ bench: $(STAMP)
 	$(BIN)/python bench/run_all.py
 
 clean:
-	rm -rf $(VENV) .selector-data runs bench/out
+	rm -rf $(VENV) .selector-data runs

@@ -245,15 +245,10 @@ class Engine:
     async def import_dataset(self, name: str, blob: bytes, replace: bool = False) -> DatasetSpec:
         """Creates dataset `name` from an exported blob: same spec and beliefs, a fresh log and uid."""
         try:
-            state = await asyncio.to_thread(deserialize_snapshot, blob)
+            state = await asyncio.to_thread(deserialize_snapshot, blob, self.settings.max_dataset_size)
         except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
             raise InvalidRequest(f"not a valid dataset export: {exc}") from exc
         spec = DatasetSpec.from_doc(dict(state.spec.public(), name=name, uid=uuid.uuid4().hex))
-        if spec.size > self.settings.max_dataset_size:
-            raise InvalidRequest(
-                f"the export holds {spec.size} prompts; this service's limit is "
-                f"{self.settings.max_dataset_size}"
-            )
         state.spec = spec
         state.cursor = IMPORTED_CURSOR
         header, arrays = state.copy_for_snapshot()
@@ -304,6 +299,8 @@ class Engine:
             raise NotFound(f"dataset {name!r} does not exist")
         if res.status == "behind":
             raise Conflict(f"step {step} of dataset {name!r} is closed; the open step is {res.open_step}")
+        if res.status == "ahead":
+            raise self._too_far_ahead(name, step, res.open_step)
 
         def run(state: DatasetState):
             if state.open_step != step:
@@ -321,7 +318,19 @@ class Engine:
         spec = await self.spec(name)
         check_ids(ids, spec.size)
         merged = self.resolve_params(spec, strategy, params)
+        if not strategies.STRATEGIES[strategy].scored:
+            raise InvalidRequest(
+                f"strategy {strategy!r} walks a permutation and has no per-prompt scores; "
+                "score with a scored strategy (e.g. insight, dps, mopps)"
+            )
         return await self.read(name, lambda st: (st.score(strategy, merged, ids, seed), st.open_step))
+
+    def _too_far_ahead(self, name: str, step: int, open_step: int) -> InvalidRequest:
+        return InvalidRequest(
+            f"step {step} is {step - open_step} steps ahead of dataset {name!r}'s open step {open_step}; "
+            f"a request may advance it by at most {self.settings.max_step_gap} steps "
+            "(SELECTOR_MAX_STEP_GAP). Nothing was applied: check the step you send"
+        )
 
     @staticmethod
     def resolve_params(spec: DatasetSpec, strategy: str, params: dict[str, Any]) -> dict[str, Any]:
@@ -355,6 +364,8 @@ class Engine:
             raise NotFound(f"dataset {name!r} does not exist (it may have been deleted or recreated)")
         if res.status == "dup":
             return 0, True
+        if res.status == "ahead":
+            raise self._too_far_ahead(name, step, res.open_step)
         if res.status == "closed":
             raise Conflict(
                 f"step {step} of dataset {name!r} is already closed (the open step is {res.open_step}); "

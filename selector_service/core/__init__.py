@@ -1,0 +1,81 @@
+"""Selection numerics of rlvr-selector (METHODS.md sections 0-2 and the selection primitives).
+
+Pure numerics: numpy, numba and math only; nothing here knows about Redis, HTTP or metrics. Every
+fast kernel is `numba.njit(nogil=True, cache=True)` behind a checked wrapper (the wrappers are the API),
+has a slow float64 twin in tests/naive.py, and runs without fastmath so the same inputs give the same
+bits in every process. Parallel kernels are launched under `PARALLEL_LOCK` (see _parallel.py), so
+wrappers may be called from many threads at once.
+
+Modules: outcomes (rewards -> successes, trials, states), beliefs (BeliefArrays, Beta update),
+dps (DPS step close), mi (INSIGHT's weighted mutual information), scores (MoPPS, baselines, DPS score),
+special (numba digamma), select (seeded streams, pools, top-k with random ties, epoch walks),
+strategies (registry, validation, select / score).
+"""
+
+from ._parallel import PARALLEL_LOCK
+from .beliefs import BeliefArrays, apply_results
+from .dps import CloseStats, close_step
+from .mi import K_MAX, mutual_information, wmi_scores, wmi_weight
+from .outcomes import (
+    PARTIAL,
+    REWARD_MODES,
+    SOLVED,
+    UNOBSERVED,
+    UNSOLVED,
+    combine_state,
+    outcomes_from_counts,
+    outcomes_from_flat,
+    outcomes_from_rewards,
+)
+from .scores import dps_scores, expected_difficulty_scores, inverse_evidence_scores, thompson_scores
+from .select import (
+    candidate_pool,
+    epoch_permutation,
+    history_batch,
+    make_rng,
+    mopps_threshold_select,
+    topk_random_ties,
+    uniform_batch,
+)
+from .special import digamma, digamma_array
+from .strategies import STRATEGIES, ParamError, StrategySpec, score, select, validate_params
+
+__all__ = [
+    "K_MAX",
+    "PARALLEL_LOCK",
+    "PARTIAL",
+    "REWARD_MODES",
+    "SOLVED",
+    "STRATEGIES",
+    "UNOBSERVED",
+    "UNSOLVED",
+    "BeliefArrays",
+    "CloseStats",
+    "ParamError",
+    "StrategySpec",
+    "apply_results",
+    "candidate_pool",
+    "close_step",
+    "combine_state",
+    "digamma",
+    "digamma_array",
+    "dps_scores",
+    "epoch_permutation",
+    "expected_difficulty_scores",
+    "history_batch",
+    "inverse_evidence_scores",
+    "make_rng",
+    "mopps_threshold_select",
+    "mutual_information",
+    "outcomes_from_counts",
+    "outcomes_from_flat",
+    "outcomes_from_rewards",
+    "score",
+    "select",
+    "thompson_scores",
+    "topk_random_ties",
+    "uniform_batch",
+    "validate_params",
+    "wmi_scores",
+    "wmi_weight",
+]

@@ -1,0 +1,261 @@
+"""Kernel benchmarks of the selection core (selector_service.core): throughput, memory, compile time.
+
+Measures, each with a warm-up call and the median of --repeats timed calls:
+
+- INSIGHT scoring (wmi_scores, K = 8) in prompts/s, on one thread (numba.set_num_threads(1)) and on
+  all cores. Target: >= 5 M prompts/s per core. One-thread figures are also given per CPU second
+  (time.process_time), which other processes on a shared machine distort much less than wall time.
+- DPS close_step over N prompts (default 1e7) in prompts/s, one thread and all cores. Target: >= 20 M
+  prompts/s on 2 cores. The pass is memory-bound at large N, so it also reports the floor: bytes read and
+  written per prompt divided by the stream bandwidth of a numpy copy of a large array measured in the
+  same run (read + write bytes / time), and the measured rate as a share of that floor.
+- Bytes of belief state per prompt (BeliefArrays; budget <= 128).
+- topk_random_ties against plain np.argpartition(-scores, k-1) at 1e6 scores, as a time ratio: random
+  scores, and three arrangements with 99% of the scores tied at 1/3 (as in DPS); CPU seconds of each
+  (both run on one thread).
+- numba compile cost: a child interpreter with an empty cache directory (cold compile of every kernel)
+  and a second one reusing that directory (what a restart pays with cache=True).
+
+Prints one line per figure (with os.cpu_count()), writes bench/out/kernels.json, and ends stdout with
+the same figures as one JSON line. Defaults fit in ~3 GB of RAM and run in about a minute on 2 cores;
+`--n` shrinks the DPS size (the other sizes are min(--n, 1e6)).
+
+    python bench/bench_kernels.py [--n 10000000] [--repeats 5] [--no-compile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numba
+import numpy as np
+
+from selector_service.core import (
+    BeliefArrays,
+    apply_results,
+    close_step,
+    make_rng,
+    topk_random_ties,
+    wmi_scores,
+)
+
+OUT = Path(__file__).resolve().parent / "out" / "kernels.json"
+#: Bytes close_step moves per prompt: reads hmm_d (36) + hmm_prior (12) + hmm_prev (12) + step_state (1),
+#: writes hmm_d, hmm_prior, hmm_prev (60); step_state is written back only for observed prompts.
+DPS_BYTES_READ = 36 + 12 + 12 + 1
+DPS_BYTES_WRITTEN = 36 + 12 + 12
+
+COMPILE_SCRIPT = """
+import time
+t0 = time.perf_counter()
+import numpy as np
+from selector_service.core import (BeliefArrays, apply_results, close_step, dps_scores, outcomes_from_flat,
+                                   select, STRATEGIES)
+from selector_service.core._parallel import PARALLEL_MIN
+t1 = time.perf_counter()
+ba = BeliefArrays.new(PARALLEL_MIN + 1)
+outcomes_from_flat(np.array([1.0, 0.0]), np.array([0, 2]), "binary", 1.0)
+apply_results(ba, np.array([0]), np.array([1.0]), np.array([2.0]), np.array([2], np.int8), 1.0, 1.0, 1.0)
+for size in (100, PARALLEL_MIN + 1):  # serial and parallel kernels
+    part = BeliefArrays.from_arrays({k: v[:size].copy() for k, v in ba.arrays().items()})
+    close_step(part, 0.7)
+    for name in STRATEGIES:
+        select(part, strategy=name, params={"candidate_ratio": None} if STRATEGIES[name].params else {},
+               batch_size=8, step=0, seed=0, key="b", dataset_k=8)
+    dps_scores(part.hmm_prior, None, 0.1)
+t2 = time.perf_counter()
+print(f"{t1 - t0:.3f} {t2 - t1:.3f}")
+"""
+
+
+def timed(fn, repeats: int, clock=time.perf_counter) -> float:
+    """Median seconds of `repeats` calls after one warm-up call, on `clock` (wall time by default;
+    time.process_time gives CPU seconds, which a busy shared machine inflates far less)."""
+    fn()
+    samples = []
+    for _ in range(repeats):
+        t = clock()
+        fn()
+        samples.append(clock() - t)
+    return statistics.median(samples)
+
+
+def report(results: dict[str, Any], name: str, value: Any, unit: str, note: str = "") -> None:
+    results[name] = value
+    shown = f"{value:,.3f}" if isinstance(value, float) else f"{value:,}"
+    print(f"{name:<40} {shown:>14} {unit:<14} cpu_count={os.cpu_count()} {note}", flush=True)
+
+
+def bench_wmi(results: dict, n: int, repeats: int, all_threads: int) -> None:
+    rng = np.random.default_rng(0)
+    alpha = 1.0 + rng.gamma(0.5, 20.0, n)
+    beta = 1.0 + rng.gamma(0.5, 20.0, n)
+    for threads, label in ((1, "1thread"), (all_threads, "allcores")):
+        numba.set_num_threads(threads)
+        seconds = timed(lambda: wmi_scores(alpha, beta, None, 8, 3.0, 0.3), repeats)
+        report(
+            results,
+            f"wmi_k8_mprompts_per_s_{label}",
+            n / seconds / 1e6,
+            "M prompts/s",
+            f"threads={threads} n={n:,}",
+        )
+        if threads == 1:
+            cpu = timed(lambda: wmi_scores(alpha, beta, None, 8, 3.0, 0.3), repeats, time.process_time)
+            report(
+                results, "wmi_k8_mprompts_per_cpu_s", n / cpu / 1e6, "M prompts/s", "1 thread, per CPU second"
+            )
+    numba.set_num_threads(all_threads)
+
+
+def stream_bandwidth(nbytes: int, repeats: int) -> float:
+    """Bytes read + written per second by np.copyto over a large array (one thread)."""
+    src = np.ones(nbytes // 8, dtype=np.float64)
+    dst = np.empty_like(src)
+    seconds = timed(lambda: np.copyto(dst, src), repeats)
+    return 2 * src.nbytes / seconds
+
+
+def dps_close_rates(results: dict, n: int, repeats: int, all_threads: int) -> None:
+    """close_step throughput over n prompts (the beliefs are freed on return)."""
+    ba = BeliefArrays.new(n)
+    report(results, "belief_bytes_per_prompt", ba.nbytes_per_prompt, "bytes", "budget <= 128")
+    rng = np.random.default_rng(1)
+    m = min(4096, n)
+
+    def one_step(clock=time.perf_counter):  # observe a batch, then close the step (only the close is timed)
+        ids = rng.choice(n, m, replace=False)
+        states = rng.integers(1, 4, m).astype(np.int8)
+        apply_results(ba, ids, np.where(states == 1, 0.0, 4.0), np.full(m, 8.0), states, 1.0, 1.0, 1.0)
+        t = clock()
+        close_step(ba, 0.7)
+        return clock() - t
+
+    for threads, label in ((1, "1thread"), (all_threads, "allcores")):
+        numba.set_num_threads(threads)
+        one_step()
+        seconds = statistics.median(one_step() for _ in range(repeats))
+        report(
+            results,
+            f"dps_close_mprompts_per_s_{label}",
+            n / seconds / 1e6,
+            "M prompts/s",
+            f"threads={threads} n={n:,}",
+        )
+        results[f"dps_close_seconds_{label}"] = seconds
+        if threads == 1:
+            cpu = statistics.median(one_step(time.process_time) for _ in range(repeats))
+            report(
+                results,
+                "dps_close_mprompts_per_cpu_s",
+                n / cpu / 1e6,
+                "M prompts/s",
+                "1 thread, per CPU second",
+            )
+    numba.set_num_threads(all_threads)
+
+
+def bench_dps(results: dict, n: int, repeats: int, all_threads: int) -> None:
+    dps_close_rates(results, n, repeats, all_threads)
+    bandwidth = stream_bandwidth(min(1 << 30, max(n * 16, 1 << 24)), repeats)
+    per_prompt = DPS_BYTES_READ + DPS_BYTES_WRITTEN
+    floor = bandwidth / per_prompt / 1e6
+    report(results, "stream_bandwidth_gb_per_s", bandwidth / 1e9, "GB/s", "numpy copy, read+write, 1 thread")
+    report(
+        results,
+        "dps_bytes_per_prompt_moved",
+        per_prompt,
+        "bytes",
+        f"read {DPS_BYTES_READ} + written {DPS_BYTES_WRITTEN}",
+    )
+    report(results, "dps_memory_floor_mprompts_per_s", floor, "M prompts/s", "bandwidth / bytes per prompt")
+    report(
+        results, "dps_share_of_memory_floor", results["dps_close_mprompts_per_s_allcores"] / floor, "x floor"
+    )
+
+
+def bench_topk(results: dict, n: int, repeats: int) -> None:
+    rng = np.random.default_rng(2)
+    k = min(1024, n)
+    u = rng.random(n)
+    cases = {  # (scores, k)
+        "random": (rng.random(n), k),
+        # 99% tie at 1/3, the k-th largest above the tie
+        "ties99": (np.where(u < 0.99, 1.0 / 3.0, rng.random(n)), k),
+        # DPS after a step: 99% at 1/3, 0.5% at 0.4, 0.5% at 0.3; the batch reaches into the tie
+        "ties99_dps": (np.where(u < 0.99, 1.0 / 3.0, np.where(rng.random(n) < 0.5, 0.4, 0.3)), min(4 * k, n)),
+        # the tie is the maximum: numpy's introselect is slow on this arrangement
+        "ties99_top": (np.where(u < 0.99, 1.0 / 3.0, 0.3 * rng.random(n)), k),
+    }
+    repeats = 4 * repeats  # milliseconds each: more samples steady the median on a busy machine
+    for label, (scores, k) in cases.items():
+        # both single-threaded: compare CPU seconds, which other processes on the machine barely move
+        ours = timed(
+            lambda s=scores, k=k: topk_random_ties(s, k, make_rng("bench", 0, 0, "ties")),
+            repeats,
+            time.process_time,
+        )
+        plain = timed(lambda s=scores, k=k: np.argpartition(-s, k - 1)[:k], repeats, time.process_time)
+        report(
+            results,
+            f"topk_vs_argpartition_ratio_{label}",
+            ours / plain,
+            "x",
+            f"n={n:,} k={k} ({ours * 1e3:.2f} ms vs {plain * 1e3:.2f} ms)",
+        )
+
+
+def bench_compile(results: dict) -> None:
+    """Cold compile of every kernel (empty cache dir), then a run that loads them from that cache."""
+    with tempfile.TemporaryDirectory() as cache:
+        env = dict(os.environ, NUMBA_CACHE_DIR=cache)
+        for label in ("cold", "cached"):
+            out = subprocess.run(
+                [sys.executable, "-c", COMPILE_SCRIPT], env=env, capture_output=True, text=True, check=True
+            )
+            import_s, first_calls_s = map(float, out.stdout.split())
+            report(results, f"compile_{label}_first_calls_s", first_calls_s, "s", f"import {import_s:.2f} s")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--n",
+        type=int,
+        default=10_000_000,
+        help="prompts for the DPS close (default 1e7); other sizes min(n, 1e6)",
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=5, help="timed calls per figure, median reported (default 5)"
+    )
+    parser.add_argument("--no-compile", action="store_true", help="skip the cold/cached compile measurement")
+    args = parser.parse_args()
+    if args.n < 1 or args.repeats < 1:
+        parser.error("--n and --repeats must be >= 1")
+
+    all_threads = numba.config.NUMBA_NUM_THREADS
+    results: dict[str, Any] = {"cpu_count": os.cpu_count(), "numba_threads": all_threads, "n_dps": args.n}
+    small = min(args.n, 1_000_000)
+    results["n_wmi"] = results["n_topk"] = small
+    bench_wmi(results, small, args.repeats, all_threads)
+    bench_dps(results, args.n, args.repeats, all_threads)
+    bench_topk(results, small, args.repeats)
+    if not args.no_compile:
+        bench_compile(results)
+    results["numba_threading_layer"] = numba.threading_layer()
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    OUT.write_text(json.dumps(results, indent=2) + "\n")
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,28 @@
+"""Running numba `parallel=True` kernels safely from many threads.
+
+numba's default `workqueue` threading layer is not thread-safe: two Python threads that launch parallel
+kernels at the same time make the process abort ("Terminating: Nested parallel kernel launch
+detected"). The service calls kernels from a thread pool, so every wrapper in this package launches its
+parallel kernel while holding `PARALLEL_LOCK` (ours). A parallel kernel already uses every core, so
+serialising launches costs little; serial kernels (small inputs) never take the lock.
+
+We do not switch numba's threading layer instead: that setting is process-wide, must happen before the
+first launch, and the `omp` layer with GNU OpenMP is not fork-safe (`tbb` is not installed here).
+
+Other code in the process that launches its own parallel numba kernels should hold the same lock.
+"""
+
+from __future__ import annotations
+
+import threading
+
+__all__ = ["CHUNK", "PARALLEL_LOCK", "PARALLEL_MIN"]
+
+#: Held while any parallel kernel of this package runs.
+PARALLEL_LOCK = threading.Lock()
+
+#: Inputs smaller than this run in the serial twin of a kernel: no thread-pool launch, no lock.
+PARALLEL_MIN = 32_768
+
+#: Prompts per work item inside parallel kernels (per-item scratch buffers are allocated once per chunk).
+CHUNK = 2_048

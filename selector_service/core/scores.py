@@ -1,0 +1,113 @@
+"""Per-prompt scores of the Beta baselines, MoPPS and DPS (METHODS 1.2, 1.3, 2). Larger is better.
+
+    expected_difficulty   -(m - target)^2,          m = alpha / (alpha + beta)           (METHODS 1.3)
+    inverse_evidence      1 / n,                     n = alpha + beta                     (METHODS 1.3)
+    thompson (MoPPS)      -(g - target)^2,           g ~ Beta(alpha, beta), one draw each (METHODS 1.2)
+    dps                   prior(2) + w_H * H(prior), H(p) = -sum_i p_i ln p_i (nats)      (METHODS 2)
+
+INSIGHT's score lives in mi.py. `ids` selects prompts (int64, any order, repeats allowed) and the result
+follows its order; `ids=None` scores every prompt. Thompson draws come from numpy's Generator.beta, so
+they are reproducible for a given rng state and numpy version.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+from numba import prange
+
+from ._parallel import CHUNK, PARALLEL_LOCK, PARALLEL_MIN
+from .mi import _beta_params, _check_ids
+
+__all__ = ["dps_scores", "expected_difficulty_scores", "inverse_evidence_scores", "thompson_scores"]
+
+
+def _check_target(target: float) -> float:
+    if not (math.isfinite(target) and 0.0 <= target <= 1.0):
+        raise ValueError(f"target must lie in [0, 1], got {target!r}")
+    return float(target)
+
+
+def _gather(alpha: np.ndarray, beta: np.ndarray, ids: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    alpha, beta = _beta_params(alpha, beta)
+    if ids is None:
+        return alpha, beta
+    ids = _check_ids(ids, alpha.size)
+    return alpha[ids], beta[ids]
+
+
+def expected_difficulty_scores(
+    alpha: np.ndarray, beta: np.ndarray, ids: np.ndarray | None, target: float = 0.5
+) -> np.ndarray:
+    """-(m - target)^2 with m the Beta mean (float64, in the order of `ids`)."""
+    target = _check_target(target)
+    a, b = _gather(alpha, beta, ids)
+    d = a / (a + b) - target
+    return -(d * d)
+
+
+def inverse_evidence_scores(alpha: np.ndarray, beta: np.ndarray, ids: np.ndarray | None) -> np.ndarray:
+    """1 / (alpha + beta): prompts with the least evidence first (float64, in the order of `ids`)."""
+    a, b = _gather(alpha, beta, ids)
+    return 1.0 / (a + b)
+
+
+def thompson_scores(
+    alpha: np.ndarray, beta: np.ndarray, ids: np.ndarray | None, target: float, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """MoPPS: one draw g ~ Beta(alpha, beta) per prompt (in the order of `ids`) and its score
+    -(g - target)^2. Returns (scores, draws), both float64."""
+    target = _check_target(target)
+    a, b = _gather(alpha, beta, ids)
+    draws = rng.beta(a, b) if a.size else np.empty(0, dtype=np.float64)
+    d = draws - target
+    return -(d * d), draws
+
+
+@numba.njit(nogil=True, cache=True)
+def _dps_range(prior, ids, use_all, weight, out, lo, hi):
+    for i in range(lo, hi):
+        q = i if use_all else ids[i]
+        s = np.float64(prior[q, 1])
+        if weight != 0.0:
+            h = 0.0
+            for j in range(3):
+                v = np.float64(prior[q, j])
+                if v > 0.0:
+                    h -= v * math.log(v)
+            s += weight * h
+        out[i] = s
+
+
+@numba.njit(nogil=True, cache=True)
+def _dps_serial(prior, ids, use_all, weight, out):
+    _dps_range(prior, ids, use_all, weight, out, 0, out.size)
+
+
+@numba.njit(nogil=True, cache=True, parallel=True)
+def _dps_parallel(prior, ids, use_all, weight, out):
+    m = out.size
+    for c in prange((m + CHUNK - 1) // CHUNK):
+        lo = c * CHUNK
+        _dps_range(prior, ids, use_all, weight, out, lo, min(m, lo + CHUNK))
+
+
+def dps_scores(hmm_prior: np.ndarray, ids: np.ndarray | None, entropy_weight: float = 0.0) -> np.ndarray:
+    """prior(2) + entropy_weight * H(prior) in nats for `ids` (None: every prompt), float64."""
+    if not math.isfinite(entropy_weight):
+        raise ValueError(f"entropy_weight must be finite, got {entropy_weight!r}")
+    prior = np.ascontiguousarray(hmm_prior, dtype=np.float32)
+    if prior.ndim != 2 or prior.shape[1] != 3:
+        raise ValueError(f"hmm_prior must have shape (N, 3), got {prior.shape}")
+    use_all = ids is None
+    ids = _check_ids(ids, prior.shape[0])
+    out = np.empty(prior.shape[0] if use_all else ids.size, dtype=np.float64)
+    args = (prior, ids, use_all, float(entropy_weight), out)
+    if out.size < PARALLEL_MIN:
+        _dps_serial(*args)
+    else:
+        with PARALLEL_LOCK:
+            _dps_parallel(*args)
+    return out

@@ -1,0 +1,293 @@
+"""The strategy registry: parameters, validation, and `select` / `score` for every strategy.
+
+| strategy            | score (larger is better)          | candidates                       | params (default) |
+|---------------------|-----------------------------------|----------------------------------|------------------|
+| uniform             | none: epoch permutation walk      | -                                | -                |
+| history_resampling  | none: the walk, skipping solved   | -                                | -                |
+| insight             | w(m) I_K (METHODS 1.1)            | pool of min(ratio * B, N)        | eta 3.0, mu 0.3, k (dataset K), candidate_ratio 16 |
+| dps                 | prior(2) + w_H H(prior) (METH. 2) | whole dataset (ratio None)       | entropy_weight 0.0, candidate_ratio None |
+| mopps               | -(g - target)^2, g ~ Beta (1.2)   | pool                             | target 0.5, mode topk, candidate_ratio 16 |
+| expected_difficulty | -(m - target)^2 (METHODS 1.3)     | pool                             | target 0.5, candidate_ratio 16 |
+| inverse_evidence    | 1 / n (METHODS 1.3)               | pool                             | candidate_ratio 16 |
+
+`select` and `score` are pure functions of their arguments: every random choice comes from
+`make_rng(key, step, seed, purpose)` with purposes "candidates" (the pool), "thompson" (MoPPS draws) and
+"ties" (top-k tie-breaking), so the same (beliefs, strategy, params, batch, step, seed, key) gives the
+same batch in every process.
+
+MoPPS draws are positional (one per candidate, in pool order), so `score` for mopps returns fresh draws
+for the requested ids from the same seeded stream, a sample of the same distribution rather than the
+draws a `select` made for those prompts (ours). With mode "threshold" the batch is chosen by the band
+[0.3, 0.7] (select.mopps_threshold_select) and the scores returned are still -(g - target)^2.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .mi import wmi_scores
+from .scores import dps_scores, expected_difficulty_scores, inverse_evidence_scores, thompson_scores
+from .select import (
+    candidate_pool,
+    history_batch,
+    make_rng,
+    topk_random_ties,
+    uniform_batch,
+)
+
+__all__ = ["STRATEGIES", "Param", "ParamError", "StrategySpec", "score", "select", "validate_params"]
+
+#: Largest rollout count accepted for INSIGHT's `k`.
+K_LIMIT = 1024
+
+
+class ParamError(ValueError):
+    """A strategy name or parameter is unknown or out of range; the message says what to change."""
+
+
+def _number(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
+        raise ParamError(f"{name} must be a number, got {value!r}")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ParamError(f"{name} must be finite, got {value!r}")
+    return value
+
+
+def _integer(name: str, value: Any) -> int:
+    if isinstance(value, float | np.floating) and float(value).is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise ParamError(f"{name} must be an integer, got {value!r}")
+    return int(value)
+
+
+def _eta(v: Any) -> float:
+    v = _number("eta", v)
+    if v < 0:
+        raise ParamError(f"eta (width of INSIGHT's difficulty weight) must be >= 0, got {v}")
+    return v
+
+
+def _unit(name: str) -> Callable[[Any], float]:
+    def check(v: Any) -> float:
+        v = _number(name, v)
+        if not 0.0 <= v <= 1.0:
+            raise ParamError(f"{name} must lie in [0, 1], got {v}")
+        return v
+
+    return check
+
+
+def _k(v: Any) -> int | None:
+    if v is None:
+        return None
+    v = _integer("k", v)
+    if not 1 <= v <= K_LIMIT:
+        raise ParamError(f"k (rollouts per prompt for the score) must lie in [1, {K_LIMIT}], got {v}")
+    return v
+
+
+def _ratio(v: Any) -> int | None:
+    if v is None:
+        return None
+    v = _integer("candidate_ratio", v)
+    if v < 1:
+        raise ParamError(f"candidate_ratio must be an integer >= 1, or null for the whole dataset, got {v}")
+    return v
+
+
+def _mode(v: Any) -> str:
+    if v not in ("topk", "threshold"):
+        raise ParamError(f"mode must be 'topk' or 'threshold', got {v!r}")
+    return v
+
+
+def _finite(name: str) -> Callable[[Any], float]:
+    return lambda v: _number(name, v)
+
+
+@dataclass(frozen=True)
+class Param:
+    """One selection parameter: its default and a checker that returns the normalised value."""
+
+    default: Any
+    check: Callable[[Any], Any]
+    help: str
+
+
+@dataclass(frozen=True)
+class StrategySpec:
+    """A strategy: its parameters; `scored`: select returns scores; `deterministic`: scores depend on
+    the beliefs only (no random draws), so whole-dataset scores may be cached and passed back as
+    `full_scores`."""
+
+    name: str
+    params: dict[str, Param] = field(default_factory=dict)
+    scored: bool = True
+    deterministic: bool = True
+
+
+_RATIO_16 = Param(16, _ratio, "candidate pool = min(candidate_ratio * batch_size, N); null = whole dataset")
+
+STRATEGIES: dict[str, StrategySpec] = {
+    "uniform": StrategySpec("uniform", scored=False, deterministic=False),
+    "history_resampling": StrategySpec("history_resampling", scored=False, deterministic=False),
+    "insight": StrategySpec(
+        "insight",
+        {
+            "eta": Param(3.0, _eta, "width of the difficulty weight exp(-eta (m - mu)^2)"),
+            "mu": Param(0.3, _unit("mu"), "centre of the difficulty weight"),
+            "k": Param(None, _k, "rollouts for I_K; null = the dataset's rollouts_per_prompt"),
+            "candidate_ratio": _RATIO_16,
+        },
+    ),
+    "dps": StrategySpec(
+        "dps",
+        {
+            "entropy_weight": Param(0.0, _finite("entropy_weight"), "weight of the prior's entropy (nats)"),
+            "candidate_ratio": Param(None, _ratio, "null = rank the whole dataset (the paper's setting)"),
+        },
+    ),
+    "mopps": StrategySpec(
+        "mopps",
+        {
+            "target": Param(0.5, _unit("target"), "success rate the Thompson draws are pulled toward"),
+            "mode": Param("topk", _mode, "'topk': closest draws; 'threshold': random draws in [0.3, 0.7]"),
+            "candidate_ratio": _RATIO_16,
+        },
+        deterministic=False,
+    ),
+    "expected_difficulty": StrategySpec(
+        "expected_difficulty",
+        {"target": Param(0.5, _unit("target"), "success rate to aim at"), "candidate_ratio": _RATIO_16},
+    ),
+    "inverse_evidence": StrategySpec("inverse_evidence", {"candidate_ratio": _RATIO_16}),
+}
+
+
+def _spec(strategy: str) -> StrategySpec:
+    spec = STRATEGIES.get(strategy)
+    if spec is None:
+        raise ParamError(f"unknown strategy {strategy!r}; choose one of {', '.join(sorted(STRATEGIES))}")
+    return spec
+
+
+def validate_params(strategy: str, params: dict[str, Any] | None) -> dict[str, Any]:
+    """Checked parameters with defaults filled in; raises ParamError on an unknown strategy or name, or
+    a bad value. Idempotent: validate_params(s, validate_params(s, p)) == validate_params(s, p)."""
+    spec = _spec(strategy)
+    params = dict(params or {})
+    unknown = sorted(set(params) - set(spec.params))
+    if unknown:
+        allowed = ", ".join(spec.params) or "none"
+        raise ParamError(
+            f"unknown parameter(s) {', '.join(unknown)} for strategy {strategy!r}; allowed: {allowed}"
+        )
+    return {name: p.check(params[name]) if name in params else p.default for name, p in spec.params.items()}
+
+
+def _insight_k(params: dict[str, Any], dataset_k: int) -> int:
+    k = params["k"] if params["k"] is not None else dataset_k
+    return _k(k)
+
+
+def _deterministic_scores(ba, strategy: str, params: dict[str, Any], ids, dataset_k: int) -> np.ndarray:
+    if strategy == "insight":
+        return wmi_scores(ba.alpha, ba.beta, ids, _insight_k(params, dataset_k), params["eta"], params["mu"])
+    if strategy == "dps":
+        return dps_scores(ba.hmm_prior, ids, params["entropy_weight"])
+    if strategy == "expected_difficulty":
+        return expected_difficulty_scores(ba.alpha, ba.beta, ids, params["target"])
+    if strategy == "inverse_evidence":
+        return inverse_evidence_scores(ba.alpha, ba.beta, ids)
+    raise AssertionError(f"no deterministic score for {strategy!r}")
+
+
+def select(
+    ba,
+    *,
+    strategy: str,
+    params: dict[str, Any] | None,
+    batch_size: int,
+    step: int,
+    seed: int,
+    key: str,
+    dataset_k: int,
+    full_scores: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """The batch (int64[B] distinct prompt ids, best first) and its scores (float64[B], or None for the
+    unscored walks) for `strategy` at `step` over the beliefs `ba` (a BeliefArrays).
+
+    `full_scores` (float64[N]), when given for a deterministic strategy, replaces recomputing the
+    scores (the caller keeps it current); the result is identical to not passing it.
+    """
+    spec = _spec(strategy)
+    params = validate_params(strategy, params)
+    n = ba.n
+    if (
+        isinstance(batch_size, bool)
+        or not isinstance(batch_size, int | np.integer)
+        or not 1 <= batch_size <= n
+    ):
+        raise ParamError(f"batch_size must be an integer in [1, {n}] (the dataset size), got {batch_size!r}")
+    batch_size = int(batch_size)
+    if strategy == "uniform":
+        return uniform_batch(n, batch_size, step, seed, key), None
+    if strategy == "history_resampling":
+        return history_batch(n, batch_size, step, seed, key, ba.last_state), None
+
+    ratio = params["candidate_ratio"]
+    pool_size = n if ratio is None else min(ratio * batch_size, n)
+    whole = pool_size == n
+    candidates = candidate_pool(n, pool_size, make_rng(key, step, seed, "candidates"))
+    ties = make_rng(key, step, seed, "ties")
+    if strategy == "mopps":
+        rng = make_rng(key, step, seed, "thompson")
+        scores, draws = thompson_scores(
+            ba.alpha, ba.beta, None if whole else candidates, params["target"], rng
+        )
+        if params["mode"] == "threshold":
+            distance = np.maximum(0.3 - draws, 0.0) + np.maximum(draws - 0.7, 0.0)
+            pos = topk_random_ties(-distance, batch_size, ties)
+        else:
+            pos = topk_random_ties(scores, batch_size, ties)
+        return candidates[pos], scores[pos]
+
+    if full_scores is not None and spec.deterministic:
+        full_scores = np.asarray(full_scores, dtype=np.float64)
+        if full_scores.shape != (n,):
+            raise ValueError(f"full_scores must have shape ({n},), got {full_scores.shape}")
+        scores = full_scores if whole else full_scores[candidates]
+    else:
+        scores = _deterministic_scores(ba, strategy, params, None if whole else candidates, dataset_k)
+    pos = topk_random_ties(scores, batch_size, ties)
+    return candidates[pos], scores[pos]
+
+
+def score(
+    ba,
+    *,
+    strategy: str,
+    params: dict[str, Any] | None,
+    ids: np.ndarray | None,
+    step: int,
+    seed: int,
+    key: str,
+    dataset_k: int,
+) -> np.ndarray:
+    """Scores (float64, in the order of `ids`; None = every prompt) that `select` ranks by.
+    Raises ParamError for the unscored strategies (uniform, history_resampling)."""
+    spec = _spec(strategy)
+    params = validate_params(strategy, params)
+    if not spec.scored:
+        raise ParamError(f"strategy {strategy!r} walks a permutation and has no per-prompt scores")
+    if strategy == "mopps":
+        rng = make_rng(key, step, seed, "thompson")
+        return thompson_scores(ba.alpha, ba.beta, ids, params["target"], rng)[0]
+    return _deterministic_scores(ba, strategy, params, ids, dataset_k)

@@ -1,0 +1,177 @@
+"""Slow, obviously correct float64 twins of the selection kernels, written straight from METHODS.md.
+
+Each function here is the textbook formula with scipy special functions and literal Python loops, no
+recurrences and no cleverness, so that a test comparing a fast kernel against its twin checks the
+kernel's algebra and indexing. Twins are float64 throughout; where the service stores float32 (the HMM
+arrays) the twin rounds once per step exactly where the stored state is written.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from scipy.special import betaln, comb, digamma, entr
+
+EPS = np.finfo(np.float64).eps
+
+# ---------------------------------------------------------------- outcomes (METHODS 0)
+
+
+def outcomes(rewards: list[list[float]], mode: str, threshold: float) -> tuple[list, list, list]:
+    """(successes, trials, states) per result, one Python loop per reward list."""
+    successes, trials, states = [], [], []
+    for row in rewards:
+        if mode == "binary":
+            s = float(sum(1 for r in row if r >= threshold))
+            state = 1 if s == 0 else 3 if s == len(row) else 2
+        else:
+            clipped = [min(max(r, 0.0), 1.0) for r in row]
+            s = float(sum(clipped))
+            if len(set(clipped)) > 1:
+                state = 2
+            elif clipped[0] >= 0.5:
+                state = 3
+            else:
+                state = 1
+        successes.append(s)
+        trials.append(float(len(row)))
+        states.append(state)
+    return successes, trials, states
+
+
+def combine_state(old: int, new: int) -> int:
+    """Pooled state: what pooling S / trials of two binary results gives."""
+    if old == 0:
+        return new
+    return old if old == new else 2
+
+
+# ---------------------------------------------------------------- Beta family (METHODS 1)
+
+
+def beta_entropy(a, b):
+    """H(a, b) = ln B(a, b) - (a-1) psi(a) - (b-1) psi(b) + (a+b-2) psi(a+b), nats."""
+    return betaln(a, b) - (a - 1) * digamma(a) - (b - 1) * digamma(b) + (a + b - 2) * digamma(a + b)
+
+
+def mutual_information(a, b, k: int):
+    """I_K(a, b) = H(a, b) - sum_s P(S=s) H(a+s, b+K-s), P(s) = C(K,s) B(a+s, b+K-s) / B(a, b)."""
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    total = beta_entropy(a, b)
+    for s in range(k + 1):
+        p = comb(k, s, exact=False) * np.exp(betaln(a + s, b + (k - s)) - betaln(a, b))
+        total = total - p * beta_entropy(a + s, b + (k - s))
+    return total
+
+
+def mutual_information_rounding_scale(a, b, k: int):
+    """Size of the largest terms the twin's formula adds and subtracts; its rounding error is a small
+    multiple of EPS times this. For huge a, b the terms are ~a psi(a) ~ 1.4e7 while I_K ~ K / (2n), so
+    the twin itself is only accurate to ~1e-9 absolute there (the fast kernel is far better)."""
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+
+    def terms(x, y):
+        return (
+            np.abs(betaln(x, y))
+            + np.abs((x - 1) * digamma(x))
+            + np.abs((y - 1) * digamma(y))
+            + np.abs((x + y - 2) * digamma(x + y))
+        )
+
+    scale = terms(a, b)
+    for s in range(k + 1):
+        scale = np.maximum(
+            scale, terms(a + s, b + (k - s)) + np.abs(betaln(a + s, b + (k - s)) - betaln(a, b))
+        )
+    return scale
+
+
+def wmi_weight(m, eta: float, mu: float):
+    """w(m) = m (1 - m) exp(-eta (m - mu)^2)."""
+    return m * (1 - m) * np.exp(-eta * (m - mu) ** 2)
+
+
+def wmi_scores(alpha, beta, ids, k: int, eta: float, mu: float):
+    a, b = (alpha, beta) if ids is None else (alpha[ids], beta[ids])
+    return wmi_weight(a / (a + b), eta, mu) * mutual_information(a, b, k)
+
+
+def expected_difficulty(alpha, beta, ids, target: float):
+    a, b = alpha[ids], beta[ids]
+    return -((a / (a + b) - target) ** 2)
+
+
+def inverse_evidence(alpha, beta, ids):
+    return 1.0 / (alpha[ids] + beta[ids])
+
+
+def apply_results(alpha, beta, step_state, last_state, n_obs, ids, successes, trials, states, lam, a0, b0):
+    """METHODS 1 update, one result after another, plus state pooling and counters (in place)."""
+    for p, s, t, st in zip(ids, successes, trials, states, strict=True):
+        alpha[p] = lam * alpha[p] + (1 - lam) * a0 + s
+        beta[p] = lam * beta[p] + (1 - lam) * b0 + (t - s)
+        step_state[p] = combine_state(int(step_state[p]), int(st))
+        last_state[p] = st
+        n_obs[p] += 1
+
+
+# ---------------------------------------------------------------- DPS (METHODS 2)
+
+
+def close_step(d, prior, prev, step_state, lam: float, d0: float = 1.0) -> tuple[int, ...]:
+    """METHODS 2 for every prompt, a literal per-prompt loop with 3x3 matrices (in place).
+
+    d: f32[N, 9] with D(i, j) at [p, 3i + j]; prior, prev: f32[N, 3]; step_state: i8[N].
+    Returns (observed, partial, correct, predicted_unsolved, predicted_partial, predicted_solved);
+    argmax ties go to the lowest state (np.argmax does exactly that).
+    """
+    observed = partial = correct = 0
+    predicted = [0, 0, 0]
+    d0_matrix = np.full((3, 3), d0)
+    for p in range(d.shape[0]):
+        big_d = d[p].astype(np.float64).reshape(3, 3)
+        belief = prior[p].astype(np.float64)
+        transition = big_d / big_d.sum(axis=0, keepdims=True)  # P(i, j): from j to i
+        o = int(step_state[p])
+        if o:
+            observed += 1
+            partial += o == 2
+            correct += int(np.argmax(belief)) == o - 1
+            post = np.zeros(3)
+            post[o - 1] = 1.0
+            xi = np.outer(post, prev[p].astype(np.float64)) * transition
+            xi /= xi.sum()
+            big_d = lam * big_d + (1 - lam) * d0_matrix + xi
+            new_transition = big_d / big_d.sum(axis=0, keepdims=True)
+            new_prior = new_transition @ post
+            new_prev = post
+        else:
+            big_d = lam * big_d + (1 - lam) * d0_matrix
+            new_transition = big_d / big_d.sum(axis=0, keepdims=True)
+            new_prior = new_transition @ belief
+            new_prev = belief
+        new_prior = new_prior / new_prior.sum()
+        d[p] = big_d.reshape(9)
+        prior[p] = new_prior
+        prev[p] = new_prev
+        step_state[p] = 0
+        predicted[int(np.argmax(prior[p]))] += 1
+    return (observed, partial, correct, *predicted)
+
+
+def dps_scores(prior, ids, entropy_weight: float):
+    """prior(2) + w_H * H(prior), entropy in nats (scipy.special.entr(x) = -x ln x)."""
+    rows = prior[ids].astype(np.float64)
+    return rows[:, 1] + entropy_weight * entr(rows).sum(axis=1)
+
+
+def large_n_limit(n, k: int):
+    """METHODS 1.1: I_K -> 0.5 ln(1 + K/n) for large n."""
+    return 0.5 * np.log1p(k / np.asarray(n, dtype=np.float64))
+
+
+def log_comb(k: int, s: int) -> float:
+    return math.log(math.comb(k, s))

@@ -1,0 +1,130 @@
+"""BeliefArrays and the Beta update (core/beliefs.py, METHODS 1)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from selector_service.core import PARTIAL, SOLVED, UNSOLVED, BeliefArrays, apply_results
+from tests import naive
+
+
+def random_results(rng, n, m, fractional=False):
+    ids = rng.integers(0, n, m)  # repeats on purpose: order matters when lam < 1
+    trials = rng.choice([1.0, 4.0, 8.0], m)
+    if fractional:
+        successes = np.round(rng.uniform(0, 1, m) * trials, 3)
+    else:
+        successes = np.floor(rng.uniform(0, 1, m) * (trials + 1))
+    successes = np.minimum(successes, trials)
+    states = np.where(successes == 0, UNSOLVED, np.where(successes == trials, SOLVED, PARTIAL)).astype(
+        np.int8
+    )
+    return ids, successes, trials, states
+
+
+def test_new_has_the_methods_priors_and_fits_the_memory_budget():
+    ba = BeliefArrays.new(5, 2.0, 3.0)
+    assert ba.n == 5
+    assert np.all(ba.alpha == 2.0) and np.all(ba.beta == 3.0)
+    assert np.all(ba.hmm_d == 1.0) and ba.hmm_d.shape == (5, 9)
+    assert np.all(ba.hmm_prior == np.float32(1 / 3)) and np.all(ba.hmm_prev == np.float32(1 / 3))
+    assert not ba.step_state.any() and not ba.last_state.any() and not ba.n_obs.any()
+    assert ba.nbytes_per_prompt == 82 <= 128
+    assert ba.nbytes_per_prompt == sum(a.nbytes for a in ba.arrays().values()) // ba.n
+
+
+@pytest.mark.parametrize(("n", "a0", "b0"), [(0, 1.0, 1.0), (3, 0.0, 1.0), (3, 1.0, float("inf"))])
+def test_new_rejects_bad_arguments(n, a0, b0):
+    with pytest.raises(ValueError):
+        BeliefArrays.new(n, a0, b0)
+
+
+def test_arrays_round_trip_and_copy_is_deep():
+    ba = BeliefArrays.new(4)
+    rng = np.random.default_rng(0)
+    apply_results(ba, *random_results(rng, 4, 10), 0.7, 1.0, 1.0)
+    snapshot = {k: v.copy() for k, v in ba.arrays().items()}
+    back = BeliefArrays.from_arrays(snapshot)
+    for name, arr in ba.arrays().items():
+        np.testing.assert_array_equal(getattr(back, name), arr)
+        assert getattr(back, name).dtype == arr.dtype
+    clone = ba.copy()
+    clone.alpha[0] += 1.0
+    clone.hmm_d[0, 0] += 1.0
+    assert clone.alpha[0] != ba.alpha[0] and clone.hmm_d[0, 0] != ba.hmm_d[0, 0]
+
+
+def test_from_arrays_accepts_read_only_buffers_and_rejects_bad_shapes():
+    ba = BeliefArrays.new(3)
+    frozen = {}
+    for name, arr in ba.arrays().items():
+        ro = np.frombuffer(arr.tobytes(), dtype=arr.dtype).reshape(arr.shape)  # as from a snapshot blob
+        assert not ro.flags.writeable
+        frozen[name] = ro
+    back = BeliefArrays.from_arrays(frozen)
+    assert back.alpha.flags.writeable and back.hmm_d.flags.writeable
+    bad = dict(ba.arrays(), hmm_d=np.ones((3, 8), np.float32))
+    with pytest.raises(ValueError, match="hmm_d"):
+        BeliefArrays.from_arrays(bad)
+    with pytest.raises(ValueError, match="missing"):
+        BeliefArrays.from_arrays({"alpha": ba.alpha})
+
+
+@pytest.mark.parametrize("lam", [1.0, 0.7, 0.5, 0.0])
+@pytest.mark.parametrize("fractional", [False, True])
+def test_apply_results_matches_the_sequential_twin(lam, fractional):
+    rng = np.random.default_rng(int(lam * 10) + fractional)
+    n, a0, b0 = 40, 1.0, 2.0
+    ba = BeliefArrays.new(n, a0, b0)
+    ref = {k: v.copy() for k, v in ba.arrays().items()}
+    for _ in range(5):
+        ids, s, t, states = random_results(rng, n, 60, fractional)
+        apply_results(ba, ids, s, t, states, lam, a0, b0)
+        naive.apply_results(ref["alpha"], ref["beta"], ref["step_state"], ref["last_state"], ref["n_obs"],
+                            ids, s, t, states, lam, a0, b0)  # fmt: skip
+    # Same operations in the same order: bitwise equal.
+    for name in ("alpha", "beta", "step_state", "last_state", "n_obs"):
+        np.testing.assert_array_equal(getattr(ba, name), ref[name], err_msg=name)
+
+
+def test_update_formula_by_hand():
+    """alpha <- lam alpha + (1 - lam) alpha0 + S applied one result after another (METHODS 1)."""
+    ba = BeliefArrays.new(2, 1.0, 1.0)
+    ids = np.array([1, 1])
+    apply_results(
+        ba, ids, np.array([3.0, 0.0]), np.array([8.0, 8.0]), np.array([PARTIAL, UNSOLVED]), 0.5, 1.0, 1.0
+    )
+    # first: alpha = 0.5 + 0.5 + 3 = 4, beta = 0.5 + 0.5 + 5 = 6; second: alpha = 2 + 0.5 = 2.5, beta = 3.5 + 8
+    assert ba.alpha.tolist() == [1.0, 2.5] and ba.beta.tolist() == [1.0, 11.5]
+    assert ba.step_state.tolist() == [0, PARTIAL] and ba.last_state.tolist() == [0, UNSOLVED]
+    assert ba.n_obs.tolist() == [0, 2]
+
+
+@pytest.mark.parametrize(
+    ("ids", "s", "t", "states", "message"),
+    [
+        ([0, 5], [1.0, 1.0], [2.0, 2.0], [2, 2], r"\[0, 3\)"),
+        ([0], [3.0], [2.0], [2], "successes"),
+        ([0], [-1.0], [2.0], [2], "successes"),
+        ([0], [0.0], [0.0], [1], "trials > 0"),
+        ([0], [np.nan], [2.0], [2], "finite"),
+        ([0], [1.0], [2.0], [0], "states"),
+        ([0, 1], [1.0], [2.0], [2], "one length"),
+    ],
+)
+def test_apply_results_validates_and_changes_nothing_on_error(ids, s, t, states, message):
+    ba = BeliefArrays.new(3)
+    before = ba.copy()
+    with pytest.raises(ValueError, match=message):
+        apply_results(ba, np.array(ids), np.array(s), np.array(t), np.array(states, np.int8), 1.0, 1.0, 1.0)
+    for name, arr in before.arrays().items():
+        np.testing.assert_array_equal(getattr(ba, name), arr)
+
+
+def test_apply_results_rejects_a_bad_decay():
+    ba = BeliefArrays.new(3)
+    with pytest.raises(ValueError, match="beta_decay"):
+        apply_results(
+            ba, np.array([0]), np.array([1.0]), np.array([2.0]), np.array([2], np.int8), 1.5, 1.0, 1.0
+        )

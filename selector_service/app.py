@@ -17,6 +17,7 @@ import numpy as np
 from fastapi import APIRouter, Depends, FastAPI, Path, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -43,6 +44,9 @@ from selector_service.state import DatasetSpec
 from selector_service.store import Store, connect
 
 log = logging.getLogger("selector_service")
+UNDECODABLE_BODY = (
+    "body is not valid JSON: send a UTF-8 encoded JSON object (NaN and Infinity are not allowed)"
+)
 
 ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorBody, "description": text}
@@ -150,6 +154,32 @@ def _validation_message(exc: RequestValidationError) -> str:
     return "; ".join(parts[:10]) + (f" (and {len(parts) - 10} more)" if len(parts) > 10 else "")
 
 
+def _json_body(model: type[BaseModel]) -> dict[str, Any]:
+    """OpenAPI request body of a route that validates its JSON body itself (see _document_models)."""
+    ref = {"$ref": f"#/components/schemas/{model.__name__}"}
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": ref}}}}
+
+
+def _document_models(app: FastAPI, models: tuple[type[BaseModel], ...]) -> None:
+    """Adds the JSON schemas of self-validated request bodies to the served OpenAPI document."""
+    original = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema:
+            return app.openapi_schema
+        doc = original()
+        schemas = doc.setdefault("components", {}).setdefault("schemas", {})
+        for model in models:
+            js = model.model_json_schema(ref_template="#/components/schemas/{model}")
+            for name, sub in js.pop("$defs", {}).items():
+                schemas.setdefault(name, sub)
+            schemas[model.__name__] = js
+        app.openapi_schema = doc
+        return doc
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
 def engine_of(request: Request) -> Engine:
     return request.app.state.engine
 
@@ -169,7 +199,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 "no store configured: set SELECTOR_REDIS_URL or start with `selector-service serve`"
             )
         client = await connect(settings.redis_url, settings.store_timeout_s)
-        store = Store(client, settings.key_prefix, settings.request_id_ttl_s)
+        store = Store(client, settings.key_prefix, settings.request_id_ttl_s, settings.max_step_gap)
         engine = Engine(store, settings)
         engine.catchup_observer = metrics.CATCHUP.observe
         app.state.engine = engine
@@ -302,13 +332,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             scores=scores.tolist() if body.return_scores and scores is not None else None,
         )
 
-    @api.post("/observe", response_model=ObserveResponse)
-    async def observe(body: ObserveRequest, engine: EngineDep) -> ObserveResponse:
+    @api.post("/observe", response_model=ObserveResponse, openapi_extra=_json_body(ObserveRequest))
+    async def observe(request: Request, engine: EngineDep) -> ObserveResponse:
+        """Report rollout results for a step; idempotent by request_id, applied whole or not at all."""
+        # The hot write path: parse and validate the bytes in one pass (pydantic's JSON mode), which is
+        # several times faster than FastAPI's json.loads + model validation for 256 results x K rewards.
+        try:
+            body = ObserveRequest.model_validate_json(await request.body()).model_dump()
+        except ValidationError as exc:
+            raise RequestValidationError(exc.errors(include_url=False)) from None
         applied, duplicate = await engine.observe(
-            body.dataset,
-            step=body.step,
-            request_id=body.request_id,
-            results=[r.model_dump() for r in body.results],
+            body["dataset"], step=body["step"], request_id=body["request_id"], results=body["results"]
         )
         return ObserveResponse(applied=applied, duplicate=duplicate)
 
@@ -402,6 +436,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 400:
+            # FastAPI turns any error while it reads and parses a JSON body into a 400: a streamed body
+            # that BodyLimit cut off (-> 413), or bytes that are not UTF-8 (-> 422, like invalid JSON).
+            if isinstance(exc.__cause__, PayloadTooLarge):
+                return JSONResponse({"detail": exc.__cause__.detail}, status_code=413)
+            return JSONResponse({"detail": UNDECODABLE_BODY}, status_code=422)
         return JSONResponse({"detail": str(exc.detail)}, status_code=exc.status_code, headers=exc.headers)
 
     @app.exception_handler(Exception)
@@ -411,6 +451,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             {"detail": f"internal error ({type(exc).__name__}); see the service log"}, status_code=500
         )
 
+    _document_models(app, (ObserveRequest,))
     app.add_middleware(RequestMetrics)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes, import_limit=settings.max_import_bytes)
     return app

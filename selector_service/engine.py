@@ -35,7 +35,7 @@ from selector_service.state import (
     pack_results,
     serialize_snapshot,
 )
-from selector_service.store import Store, parse_id
+from selector_service.store import Store, StoreError, parse_id
 
 log = logging.getLogger("selector_service.engine")
 T = TypeVar("T")
@@ -71,6 +71,11 @@ class Engine:
         except RedisError as exc:
             raise Unavailable(
                 f"the belief store is unreachable ({type(exc).__name__}: {exc}); retry later"
+            ) from exc
+        except StoreError as exc:
+            raise Unavailable(
+                f"the belief store is missing data it needs ({exc}); check its persistence and eviction "
+                "settings, or restore the dataset from an export"
             ) from exc
 
     def _lock(self, name: str) -> asyncio.Lock:
@@ -210,7 +215,9 @@ class Engine:
                 blob = await asyncio.to_thread(serialize_snapshot, header, arrays)
                 del arrays
                 size = self.settings.snapshot_chunk_bytes
-                chunks = [blob[i : i + size] for i in range(0, len(blob), size)]
+                # Views, not copies: slicing bytes here would copy the whole snapshot on the event loop.
+                view = memoryview(blob)
+                chunks = [view[i : i + size] for i in range(0, len(blob), size)]
                 ok = await self.store.write_snapshot(
                     name, state.spec.uid, header["cursor"], header["open_step"], chunks
                 )
@@ -415,9 +422,6 @@ def outcome_payload(spec: DatasetSpec, results: list[dict[str, Any]]) -> bytes:
                 raise InvalidRequest(f"results[{i}]: send either rewards or successes + trials, not both")
             if len(rewards) == 0:
                 raise InvalidRequest(f"results[{i}].rewards is empty: send one reward per rollout")
-            for v in rewards:
-                if not math.isfinite(v):
-                    raise InvalidRequest(f"results[{i}].rewards contains {v}: rewards must be finite numbers")
             reward_rows.append(i)
             flat.extend(rewards)
             offsets.append(len(flat))
@@ -440,10 +444,15 @@ def outcome_payload(spec: DatasetSpec, results: list[dict[str, Any]]) -> bytes:
             )
         succ[i], trials[i] = s, t
         count_rows.append(i)
+    values = np.asarray(flat, dtype=np.float64)
+    if not np.isfinite(values).all():
+        bad = int(np.flatnonzero(~np.isfinite(values))[0])
+        row = reward_rows[int(np.searchsorted(offsets, bad, side="right")) - 1]
+        raise InvalidRequest(f"results[{row}].rewards contains {values[bad]}: rewards must be finite numbers")
     if reward_rows:
         rows = np.asarray(reward_rows, dtype=np.int64)
         rs, rt, rst = outcomes_from_flat(
-            np.asarray(flat, dtype=np.float64),
+            values,
             np.asarray(offsets, dtype=np.int64),
             spec.reward_mode,
             spec.success_threshold,

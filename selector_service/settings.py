@@ -46,6 +46,12 @@ class Settings(BaseSettings):
     max_dataset_size: int = Field(
         500_000_000, ge=1, description="Largest dataset a client may create (prompts)."
     )
+    max_step_gap: int = Field(
+        1000,
+        ge=1,
+        description="Most steps one request may move a dataset's open step forward. Each skipped step is "
+        "closed with a DPS update of every prompt, so a far jump (a typo'd step) would stall the dataset.",
+    )
     request_id_ttl_s: int = Field(
         30 * 86400, ge=60, description="How long a request id is remembered for deduplication (seconds)."
     )

@@ -32,8 +32,8 @@ from redis.asyncio.cluster import RedisCluster
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 LAYOUT = "v1"
 
-# KEYS: 1 meta, 2 log, 3 rid key.  ARGV: 1 uid, 2 step, 3 request id, 4 payload, 5 rid ttl (s).
-# Returns {status, log id or "", open step}; status: ok | dup | closed | gone.
+# KEYS: 1 meta, 2 log, 3 rid key.  ARGV: 1 uid, 2 step, 3 request id, 4 payload, 5 rid ttl (s),
+# 6 max step gap.  Returns {status, log id or "", open step}; status: ok | dup | closed | ahead | gone.
 _OBSERVE = """
 local uid = redis.call('HGET', KEYS[1], 'uid')
 if uid ~= ARGV[1] then return {'gone', '', '-1'} end
@@ -42,14 +42,16 @@ local open = tonumber(redis.call('HGET', KEYS[1], 'open_step') or '0')
 if seen then return {'dup', seen, tostring(open)} end
 local step = tonumber(ARGV[2])
 if step < open then return {'closed', '', tostring(open)} end
+if step - open > tonumber(ARGV[6]) then return {'ahead', '', tostring(open)} end
 local id = redis.call('XADD', KEYS[2], '*', 'k', 'o', 's', ARGV[2], 'r', ARGV[3], 'p', ARGV[4])
 if step > open then redis.call('HSET', KEYS[1], 'open_step', ARGV[2]) end
 redis.call('SET', KEYS[3], id, 'EX', tonumber(ARGV[5]))
 return {'ok', id, ARGV[2]}
 """
 
-# KEYS: 1 meta, 2 log.  ARGV: 1 uid, 2 step.  Opens `step` (closing every earlier step) when it is ahead.
-# Returns {status, log id or "", open step}; status: ok (advanced) | same | behind | gone.
+# KEYS: 1 meta, 2 log.  ARGV: 1 uid, 2 step, 3 max step gap.  Opens `step` (closing every earlier step)
+# when it is ahead by at most the gap (each closed step costs a DPS update of every prompt when applied).
+# Returns {status, log id or "", open step}; status: ok (advanced) | same | behind | ahead | gone.
 _ADVANCE = """
 local uid = redis.call('HGET', KEYS[1], 'uid')
 if uid ~= ARGV[1] then return {'gone', '', '-1'} end
@@ -57,6 +59,7 @@ local open = tonumber(redis.call('HGET', KEYS[1], 'open_step') or '0')
 local step = tonumber(ARGV[2])
 if step == open then return {'same', '', tostring(open)} end
 if step < open then return {'behind', '', tostring(open)} end
+if step - open > tonumber(ARGV[3]) then return {'ahead', '', tostring(open)} end
 local id = redis.call('XADD', KEYS[2], '*', 'k', 'a', 's', ARGV[2])
 redis.call('HSET', KEYS[1], 'open_step', ARGV[2])
 return {'ok', id, ARGV[2]}
@@ -198,10 +201,17 @@ async def connect(url: str, timeout_s: float) -> aioredis.Redis | RedisCluster:
 class Store:
     """Async access to the datasets' keys. Raises StoreError when the store is unreachable."""
 
-    def __init__(self, client: aioredis.Redis | RedisCluster, prefix: str, request_id_ttl_s: int) -> None:
+    def __init__(
+        self,
+        client: aioredis.Redis | RedisCluster,
+        prefix: str,
+        request_id_ttl_s: int,
+        max_step_gap: int = 1000,
+    ) -> None:
         self.r = client
         self.keys = Keys(prefix)
         self.rid_ttl = request_id_ttl_s
+        self.max_step_gap = max_step_gap
         self._observe = client.register_script(_OBSERVE)
         self._advance = client.register_script(_ADVANCE)
         self._create = client.register_script(_CREATE)
@@ -283,12 +293,14 @@ class Store:
     ) -> WriteResult:
         res = await self._observe(
             keys=[self.keys.meta(name), self.keys.log(name), self.keys.rid(name, uid, request_id)],
-            args=[uid, step, request_id, payload, self.rid_ttl],
+            args=[uid, step, request_id, payload, self.rid_ttl, self.max_step_gap],
         )
         return WriteResult(_s(res[0]), _s(res[1]), int(_s(res[2])))
 
     async def advance(self, name: str, uid: str, step: int) -> WriteResult:
-        res = await self._advance(keys=[self.keys.meta(name), self.keys.log(name)], args=[uid, step])
+        res = await self._advance(
+            keys=[self.keys.meta(name), self.keys.log(name)], args=[uid, step, self.max_step_gap]
+        )
         return WriteResult(_s(res[0]), _s(res[1]), int(_s(res[2])))
 
     # ---- reads ----------------------------------------------------------------------------------

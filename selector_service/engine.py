@@ -256,6 +256,11 @@ class Engine:
         except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
             raise InvalidRequest(f"not a valid dataset export: {exc}") from exc
         spec = DatasetSpec.from_doc(dict(state.spec.public(), name=name, uid=uuid.uuid4().hex))
+        problem = spec.problems()
+        if problem:
+            raise InvalidRequest(f"the export's dataset spec is invalid: {problem}")
+        for strategy, params in spec.defaults.items():
+            self.resolve_params(spec, strategy, params)
         state.spec = spec
         state.cursor = IMPORTED_CURSOR
         header, arrays = state.copy_for_snapshot()

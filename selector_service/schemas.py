@@ -24,7 +24,8 @@ RequestId = Annotated[
 
 
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    # strict: "3" is not a step and 1 is not a boolean (an int is still accepted where a float is asked).
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
 
 class DatasetCreate(_Request):
@@ -32,7 +33,9 @@ class DatasetCreate(_Request):
     size: int = Field(ge=1, description="Prompt ids are 0..size-1 (verl's extra_info.index).")
     rollouts_per_prompt: int = Field(8, ge=1, le=1024, description="K, rollouts per prompt per step.")
     success_threshold: float = Field(1.0, description="A reward >= threshold is a success (binary mode).")
-    beta_prior: tuple[float, float] = Field((1.0, 1.0), description="(alpha0, beta0), both > 0.")
+    beta_prior: list[float] = Field(
+        [1.0, 1.0], min_length=2, max_length=2, description="[alpha0, beta0], both > 0."
+    )
     beta_decay: float = Field(1.0, gt=0, le=1, description="Forgetting factor of the Beta update, in (0, 1].")
     hmm_decay: float = Field(0.7, gt=0, le=1, description="Forgetting factor of the DPS update, in (0, 1].")
     reward_mode: Literal["binary", "fractional"] = Field(
@@ -44,7 +47,7 @@ class DatasetCreate(_Request):
 
     @field_validator("beta_prior")
     @classmethod
-    def _prior(cls, v: tuple[float, float]) -> tuple[float, float]:
+    def _prior(cls, v: list[float]) -> list[float]:
         if not (v[0] > 0 and v[1] > 0):
             raise ValueError("beta_prior must be two positive numbers (alpha0, beta0), e.g. [1.0, 1.0]")
         return v
@@ -55,7 +58,7 @@ class DatasetInfo(BaseModel):
     size: int
     rollouts_per_prompt: int
     success_threshold: float
-    beta_prior: tuple[float, float]
+    beta_prior: list[float]
     beta_decay: float
     hmm_decay: float
     reward_mode: str

@@ -44,7 +44,10 @@ class Settings(BaseSettings):
         1_000_000, ge=1, description="Most prompt ids (or results) one request may carry."
     )
     max_dataset_size: int = Field(
-        500_000_000, ge=1, description="Largest dataset a client may create (prompts)."
+        100_000_000,
+        ge=1,
+        description="Largest dataset a client may create or import (prompts). Beliefs take 82 bytes per prompt "
+        "in every service process that serves the dataset (8.2 GB at the default): size the hosts for it.",
     )
     max_step_gap: int = Field(
         1000,

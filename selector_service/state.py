@@ -49,6 +49,27 @@ class DatasetSpec:
         doc["beta_prior"] = list(self.beta_prior)
         return doc
 
+    def problems(self) -> str | None:
+        """What is out of range in this spec (the same rules as POST /datasets), or None."""
+        checks = [
+            (self.size >= 1, f"size {self.size} must be >= 1"),
+            (
+                1 <= self.rollouts_per_prompt <= 1024,
+                f"rollouts_per_prompt {self.rollouts_per_prompt} not in 1..1024",
+            ),
+            (math.isfinite(self.success_threshold), "success_threshold must be finite"),
+            (
+                all(math.isfinite(x) and x > 0 for x in self.beta_prior),
+                "beta_prior must be two positive numbers",
+            ),
+            (0 < self.beta_decay <= 1, f"beta_decay {self.beta_decay} not in (0, 1]"),
+            (0 < self.hmm_decay <= 1, f"hmm_decay {self.hmm_decay} not in (0, 1]"),
+            (self.reward_mode in ("binary", "fractional"), f"reward_mode {self.reward_mode!r} is unknown"),
+            (isinstance(self.defaults, dict), "defaults must be an object"),
+        ]
+        bad = [msg for ok, msg in checks if not ok]
+        return "; ".join(bad) if bad else None
+
     def fingerprint(self) -> str:
         return json.dumps(self.public(), sort_keys=True)
 

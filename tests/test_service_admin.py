@@ -127,3 +127,25 @@ def test_export_import_roundtrip(service, dsname):
         assert c.post(f"/datasets/{dsname}-bad/import", content=blob.content[:-10]).status_code == 422
         assert c.post(f"/datasets/{dsname}-bad/import", content=b"").status_code == 422
         assert c.get(f"/datasets/{dsname}-bad").status_code == 404
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"hmm_decay": 1.5},
+        {"beta_prior": [0.0, 1.0]},
+        {"rollouts_per_prompt": 0},
+        {"defaults": {"insight": {"eta": -1}}},
+    ],
+)
+def test_import_checks_the_spec_it_carries(service, dsname, bad):
+    """An export is outside input: its spec gets the same range checks as POST /datasets."""
+    from selector_service.state import DatasetSpec, DatasetState, serialize_snapshot
+
+    state = DatasetState(DatasetSpec(name="x", size=8, uid="u"))
+    header, arrays = state.copy_for_snapshot()
+    header["spec"].update(bad)
+    r = httpx.post(f"{service.url}/datasets/{dsname}/import", content=serialize_snapshot(header, arrays))
+    assert r.status_code == 422, r.text
+    assert "spec" in r.json()["detail"] or "eta" in r.json()["detail"]
+    assert httpx.get(f"{service.url}/datasets/{dsname}").status_code == 404

@@ -205,6 +205,8 @@ BAD_SELECTS = [
     ({"strategy": "uniform", "params": {"eta": 1}}, 422),
     ({"seed": -3}, 422),
     ({"step": "x"}, 422),
+    ({"step": "3"}, 422),
+    ({"return_scores": 1}, 422),
     ({"dataset": "missing-ds"}, 404),
 ]
 

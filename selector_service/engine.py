@@ -17,7 +17,7 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -358,7 +358,7 @@ class Engine:
             raise InvalidRequest(str(exc)) from exc
 
     async def observe(
-        self, name: str, *, step: int, request_id: str, results: list[dict[str, Any]]
+        self, name: str, *, step: int, request_id: str, results: Sequence[Any]
     ) -> tuple[int, bool]:
         """Validates a whole request, then appends it to the log atomically with its request id."""
         spec = await self.spec(name)
@@ -401,8 +401,12 @@ def check_ids(ids: np.ndarray, size: int) -> None:
         raise InvalidRequest(f"prompt id {bad} is out of range: ids must be in 0..{size - 1}")
 
 
-def outcome_payload(spec: DatasetSpec, results: list[dict[str, Any]]) -> bytes:
-    """Turns validated-shape results into (ids, successes, trials, states), checking values against the spec."""
+def outcome_payload(spec: DatasetSpec, results: Sequence[Any]) -> bytes:
+    """Turns results into packed (ids, successes, trials, states), checking values against the spec.
+
+    A result is any object with the attributes `prompt_id`, `rewards`, `successes`, `trials` (the API's
+    validated models; reading attributes avoids re-serializing thousands of rewards per request).
+    """
     n = len(results)
     if n == 0:
         raise InvalidRequest("results is empty: send at least one result")
@@ -415,15 +419,15 @@ def outcome_payload(spec: DatasetSpec, results: list[dict[str, Any]]) -> bytes:
     offsets = [0]
     count_rows: list[int] = []
     for i, r in enumerate(results):
-        pid = r["prompt_id"]
+        pid = r.prompt_id
         if not 0 <= pid < spec.size:
             raise InvalidRequest(
                 f"results[{i}].prompt_id {pid} is out of range: ids must be in 0..{spec.size - 1}"
             )
         ids[i] = pid
-        rewards = r.get("rewards")
+        rewards = r.rewards
         if rewards is not None:
-            if r.get("successes") is not None or r.get("trials") is not None:
+            if r.successes is not None or r.trials is not None:
                 raise InvalidRequest(f"results[{i}]: send either rewards or successes + trials, not both")
             if len(rewards) == 0:
                 raise InvalidRequest(f"results[{i}].rewards is empty: send one reward per rollout")
@@ -431,7 +435,7 @@ def outcome_payload(spec: DatasetSpec, results: list[dict[str, Any]]) -> bytes:
             flat.extend(rewards)
             offsets.append(len(flat))
             continue
-        s, t = r.get("successes"), r.get("trials")
+        s, t = r.successes, r.trials
         if s is None or t is None:
             raise InvalidRequest(f"results[{i}]: send rewards, or both successes and trials")
         if not (math.isfinite(s) and math.isfinite(t)):

@@ -1,0 +1,331 @@
+"""verl adapter: a curriculum sampler whose batches come from the selector service.
+
+Supported verl versions: 0.5.x, 0.6.x and 0.7.x, i.e. the releases whose PPO/GRPO trainer
+(``verl.trainer.ppo.ray_trainer.RayPPOTrainer``) builds its train sampler from ``data.sampler.class_path``
+/ ``class_name`` and calls ``sampler.update(batch=...)`` after every training step when the sampler is
+an ``AbstractCurriculumSampler``. verl 0.8 removed that interface (``create_rl_sampler`` only builds
+random or sequential samplers, and the legacy trainer no longer calls ``update``); its v1 trainer lets a
+custom ``ReplayBuffer`` choose among *finished* groups, which is after rollout, not a pre-rollout
+selection. Under verl >= 0.8 this sampler refuses to start rather than silently never reporting.
+
+How it plugs in (verl config)::
+
+    data.dataloader_num_workers=0                 # verl requires it for curriculum samplers
+    data.sampler.class_path=pkg://trainer_client.integrations.verl
+    data.sampler.class_name=SelectorCurriculumSampler
+    +data.sampler.selector.url=http://selector:8000
+    +data.sampler.selector.dataset=gsm8k-run-7
+    +data.sampler.selector.strategy=insight       # any strategy of the service
+    +data.sampler.selector.rollouts_per_prompt=8  # = actor_rollout_ref.rollout.n
+
+Every key may instead come from the environment: ``SELECTOR_URL``, ``SELECTOR_DATASET``,
+``SELECTOR_STRATEGY``, ``SELECTOR_SEED``, ``SELECTOR_API_TOKEN`` (the config wins).
+
+What it does: each dataloader batch (``data.gen_batch_size`` or ``data.train_batch_size`` prompts) is
+one service step: the sampler asks ``/select`` for that step and yields the rows of the chosen prompts.
+``update(batch)`` groups the step's sequence scores (``token_level_scores`` summed over tokens, i.e.
+before any KL penalty) by prompt and reports them to ``/observe`` with request id
+``{run_id}-s{step}``. Prompt ids are ``extra_info.index`` of each row, never the row position, and
+the sampler refuses to run when a row lacks it: verl's dataset silently defaults a missing index to 0,
+which would report every group as prompt 0. The ids must be exactly ``0..len(dataset)-1``.
+
+Not supported, and refused with a message: DAPO-style group filtering (``algorithm.filter_groups``)
+that hands ``update`` fewer groups than were selected, since the dropped groups are evidence the
+service must see.
+
+Tests: verl does not install next to this project's pins (0.9.1 requires transformers 5.10 and
+0.7.1 older vLLM/ray stacks), so ``tests/test_integrations.py`` checks this module against a contract
+test that reproduces the verl 0.7 call sequence (dataset rows with ``extra_info``, a ``num_workers=0``
+dataloader with verl's collate, ``repeat(interleave=True)``, shuffled batch balancing, ``update``)
+against a real selector service.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+from collections.abc import Iterator, Mapping, Sized
+from dataclasses import dataclass, field
+from importlib import metadata
+from typing import Any
+
+from torch.utils.data import Sampler
+
+from trainer_client.client import NotFound, SelectorClient
+from trainer_client.integrations import check_permutation, first_step, group_results
+
+try:  # verl 0.5 - 0.7
+    from verl.experimental.dataset.sampler import AbstractCurriculumSampler as _SamplerBase
+except ImportError:  # verl absent or >= 0.8: the same methods on torch's Sampler
+    _SamplerBase = Sampler  # type: ignore[assignment,misc]
+
+__all__ = ["SUPPORTED_VERL", "SelectorCurriculumSampler", "SelectorSettings"]
+
+logger = logging.getLogger(__name__)
+
+SUPPORTED_VERL = ">=0.5,<0.8"
+_ENV = {
+    "url": "SELECTOR_URL",
+    "dataset": "SELECTOR_DATASET",
+    "strategy": "SELECTOR_STRATEGY",
+    "seed": "SELECTOR_SEED",
+    "token": "SELECTOR_API_TOKEN",
+}
+
+
+@dataclass(frozen=True)
+class SelectorSettings:
+    """Where the service is and how to select; read from ``data.sampler.selector`` and the environment."""
+
+    url: str
+    dataset: str
+    strategy: str = "insight"
+    params: dict[str, Any] = field(default_factory=dict)
+    seed: int = 0
+    token: str | None = None
+    timeout: float = 30.0
+    retries: int = 5
+    run_id: str | None = None
+    create: bool = True
+    rollouts_per_prompt: int = 8
+    success_threshold: float = 1.0
+    beta_decay: float = 1.0
+    hmm_decay: float = 0.7
+    reward_key: str = "token_level_scores"
+
+    @classmethod
+    def resolve(cls, section: Mapping[str, Any] | None, environ: Mapping[str, str]) -> SelectorSettings:
+        values = _plain(section) if section is not None else {}
+        unknown = set(values) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise ValueError(
+                f"unknown key(s) {sorted(unknown)} under data.sampler.selector; "
+                f"known: {sorted(cls.__dataclass_fields__)}"
+            )
+        for key, variable in _ENV.items():
+            if values.get(key) is None and environ.get(variable):
+                values[key] = environ[variable]
+        missing = [key for key in ("url", "dataset") if not values.get(key)]
+        if missing:
+            raise ValueError(
+                "the selector sampler needs "
+                + " and ".join(f"data.sampler.selector.{key} (or env {_ENV[key]})" for key in missing)
+            )
+        if "seed" in values:
+            values["seed"] = int(values["seed"])
+        values["params"] = dict(values.get("params") or {})
+        return cls(**values)
+
+
+def _plain(value: Any) -> Any:
+    """OmegaConf containers (or any mappings/sequences) as plain dicts and lists."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple) or type(value).__name__ == "ListConfig":
+        return [_plain(v) for v in value]
+    return value
+
+
+def _config_get(config: Any, key: str, default: Any = None) -> Any:
+    if config is None:
+        return default
+    getter = getattr(config, "get", None)
+    return getter(key, default) if getter is not None else getattr(config, key, default)
+
+
+def _check_verl_version() -> None:
+    try:
+        version = metadata.version("verl")
+    except metadata.PackageNotFoundError:
+        return  # used outside verl (tests, custom loops): nothing to check
+    major_minor = tuple(int(part) for part in version.split(".")[:2] if part.isdigit())
+    if not (0, 5) <= major_minor < (0, 8):
+        raise RuntimeError(
+            f"verl {version} is installed, but SelectorCurriculumSampler supports verl {SUPPORTED_VERL}: "
+            "verl 0.8 removed AbstractCurriculumSampler and no longer calls sampler.update(), so no "
+            "rollout would ever reach the selector service. Pin verl<0.8 to use this sampler."
+        )
+
+
+def _row_prompt_ids(data_source: Sized) -> list[int]:
+    """``extra_info.index`` of every row, read from verl's dataframe when there is one."""
+    frame = getattr(data_source, "dataframe", None)
+    if frame is not None and "extra_info" in getattr(frame, "column_names", ()):
+        infos = list(frame["extra_info"])
+    else:
+        infos = [data_source[row].get("extra_info") for row in range(len(data_source))]  # type: ignore[index]
+    ids = []
+    for row, info in enumerate(infos):
+        if not isinstance(info, Mapping) or info.get("index") is None:
+            raise ValueError(
+                f"row {row} of the train dataset has no extra_info.index; verl would silently use 0 for it. "
+                "Write a unique integer extra_info.index (0..N-1) into every row when preparing the parquet"
+            )
+        ids.append(info["index"])
+    return ids
+
+
+class _StepIterator(Iterator[int]):
+    """One epoch of rows: select a step when its first row is needed, yield the chosen rows.
+
+    It has ``state_dict``/``load_state_dict`` so torchdata's StatefulDataLoader checkpoints the
+    position instead of fast-forwarding on resume (which would select, and close, extra steps).
+    """
+
+    def __init__(self, owner: SelectorCurriculumSampler, steps: int) -> None:
+        self.owner = owner
+        self.steps_left = steps
+        self.rows: list[int] = []
+        self.position = 0
+
+    def __next__(self) -> int:
+        if self.position == len(self.rows):
+            if self.steps_left == 0:
+                raise StopIteration
+            self.rows = self.owner._select_next()
+            self.position = 0
+            self.steps_left -= 1
+        row = self.rows[self.position]
+        self.position += 1
+        return row
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"steps_left": self.steps_left, "rows": list(self.rows), "position": self.position}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.steps_left = int(state["steps_left"])
+        self.rows = [int(r) for r in state["rows"]]
+        self.position = int(state["position"])
+
+
+class SelectorCurriculumSampler(_SamplerBase):  # type: ignore[misc,valid-type]
+    """verl curriculum sampler backed by the selector service (see the module docstring).
+
+    ``client`` is a seam for callers that already hold a `SelectorClient`; verl passes only
+    ``data_source`` and ``data_config``.
+    """
+
+    def __init__(self, data_source: Sized, data_config: Any, *, client: SelectorClient | None = None) -> None:
+        _check_verl_version()
+        sampler_config = _config_get(data_config, "sampler")
+        self.settings = SelectorSettings.resolve(_config_get(sampler_config, "selector"), os.environ)
+        workers = _config_get(data_config, "dataloader_num_workers", 0)
+        if workers:
+            raise ValueError(
+                f"data.dataloader_num_workers={workers}: worker processes prefetch indices before the previous "
+                "step is reported, so set data.dataloader_num_workers=0 with this sampler"
+            )
+        batch_size = _config_get(data_config, "gen_batch_size") or _config_get(
+            data_config, "train_batch_size"
+        )
+        if not batch_size or int(batch_size) < 1:
+            raise ValueError("data.train_batch_size (or data.gen_batch_size) must be a positive integer")
+        self.batch_size = int(batch_size)
+        self.num_rows = len(data_source)
+        if self.batch_size > self.num_rows:
+            raise ValueError(
+                f"batch size {self.batch_size} exceeds the {self.num_rows} prompts of the dataset"
+            )
+        self._row_of = check_permutation(_row_prompt_ids(data_source), "verl train dataset extra_info.index")
+
+        self.client = client or SelectorClient(
+            self.settings.url,
+            token=self.settings.token,
+            timeout=self.settings.timeout,
+            retries=self.settings.retries,
+        )
+        self.client.check_server()
+        info = self._ensure_dataset()
+        self.run_id = self.settings.run_id or f"verl-{uuid.uuid4().hex[:10]}"
+        self.next_step = first_step(info)
+        self.open_step: int | None = None
+        self.open_ids: list[int] = []
+
+    def _ensure_dataset(self) -> Any:
+        s = self.settings
+        try:
+            info = self.client.get_dataset(s.dataset)
+        except NotFound:
+            if not s.create:
+                raise ValueError(
+                    f"dataset {s.dataset!r} does not exist in the selector service; create it with size "
+                    f"{self.num_rows} or set data.sampler.selector.create=true"
+                ) from None
+            info = self.client.create_dataset(
+                s.dataset,
+                self.num_rows,
+                rollouts_per_prompt=s.rollouts_per_prompt,
+                success_threshold=s.success_threshold,
+                beta_decay=s.beta_decay,
+                hmm_decay=s.hmm_decay,
+            )
+            info = self.client.get_dataset(s.dataset)
+        if info.size != self.num_rows:
+            raise ValueError(
+                f"dataset {s.dataset!r} in the selector service has {info.size} prompts but the train dataset "
+                f"has {self.num_rows} rows; use another dataset name or the matching data files"
+            )
+        return info
+
+    # --- torch Sampler -------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return (self.num_rows // self.batch_size) * self.batch_size
+
+    def __iter__(self) -> Iterator[int]:
+        return _StepIterator(self, self.num_rows // self.batch_size)
+
+    def _select_next(self) -> list[int]:
+        if self.open_step is not None:
+            logger.warning(
+                "step %d was selected but never reported (update() was not called); the service closes it "
+                "without observations",
+                self.open_step,
+            )
+        step = self.next_step
+        s = self.settings
+        selection = self.client.select(s.dataset, step, self.batch_size, s.strategy, s.params or None, s.seed)
+        self.open_step, self.open_ids = step, list(selection.prompt_ids)
+        self.next_step = step + 1
+        return [self._row_of[pid] for pid in selection.prompt_ids]
+
+    # --- verl curriculum hook ------------------------------------------------------------------------
+    def update(self, batch: Any) -> None:
+        """Report the finished step's groups to ``/observe`` (verl calls this after each step)."""
+        if self.open_step is None:
+            raise RuntimeError(
+                "update() was called without a selected step: the sampler selected nothing yet"
+            )
+        non_tensor = batch.non_tensor_batch
+        if "index" not in non_tensor:
+            raise KeyError("the batch has no 'index' field; verl's RLHFDataset adds it from extra_info.index")
+        infos = non_tensor.get("extra_info")
+        if infos is not None and any(not isinstance(i, Mapping) or i.get("index") is None for i in infos):
+            raise ValueError("a row of this batch lacks extra_info.index; verl reported it as prompt 0")
+        key = self.settings.reward_key
+        # TensorDict refuses `key in td`; membership has to go through keys().
+        if key not in batch.batch.keys():  # noqa: SIM118
+            raise KeyError(f"the batch has no {key!r} tensor; set data.sampler.selector.reward_key")
+        scores = batch.batch[key].sum(dim=-1).tolist()
+        results = group_results(non_tensor["index"], scores)
+        reported = {r.prompt_id for r in results}
+        if reported != set(self.open_ids):
+            missing = sorted(set(self.open_ids) - reported)[:8]
+            extra = sorted(reported - set(self.open_ids))[:8]
+            raise RuntimeError(
+                f"step {self.open_step}: the batch holds other prompts than the ones selected (missing {missing}, "
+                f"unexpected {extra}). Group filtering (algorithm.filter_groups) and other samplers are not "
+                "supported: every selected group must be reported"
+            )
+        step = self.open_step
+        self.client.observe(self.settings.dataset, step, results, request_id=f"{self.run_id}-s{step}")
+        self.open_step, self.open_ids = None, []
+
+    # --- checkpointing (StatefulDataLoader) ----------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {"next_step": self.next_step, "run_id": self.run_id}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume: never go back to a step the service has already moved past."""
+        self.next_step = max(int(state["next_step"]), self.next_step)
+        self.run_id = str(state.get("run_id") or self.run_id)

@@ -392,3 +392,40 @@ def test_oversized_body_is_413(http, dsname):
     big = b'{"dataset": "x", "pad": "' + b"a" * (17 * 2**20) + b'"}'
     r = http.post("/observe", content=big, headers={"content-type": "application/json"})
     assert r.status_code == 413
+
+
+def test_fractional_reward_mode(http, dsname):
+    """Rewards in [0, 1] count as fractional successes (clipped); the HMM state comes from their spread."""
+    make(http, dsname, size=5, reward_mode="fractional", hmm_decay=0.5)
+    obs = {
+        "dataset": dsname,
+        "step": 0,
+        "request_id": "f",
+        "results": [
+            {"prompt_id": 0, "rewards": [0.1, 0.1, 0.1, 0.1]},  # no spread, low -> unsolved
+            {"prompt_id": 1, "rewards": [0.25, 1.5, -2.0, 0.75]},  # clipped: 0.25 + 1 + 0 + 0.75
+            {"prompt_id": 2, "successes": 2.5, "trials": 4},
+        ],
+    }
+    assert http.post("/observe", json=obs).json()["applied"] == 3
+    b = {x["prompt_id"]: x for x in beliefs(http, dsname, [0, 1, 2])["beliefs"]}
+    assert (b[0]["alpha"], b[0]["beta"]) == pytest.approx((1.4, 4.6))
+    assert (b[1]["alpha"], b[1]["beta"]) == pytest.approx((3.0, 3.0))
+    assert (b[2]["alpha"], b[2]["beta"]) == pytest.approx((3.5, 2.5))
+    http.post(
+        "/select", json={"dataset": dsname, "step": 1, "batch_size": 1, "strategy": "dps"}
+    ).raise_for_status()
+    pri = {x["prompt_id"]: x["hmm_prior"] for x in beliefs(http, dsname, [0, 1, 2])["beliefs"]}
+    # METHODS worked values (lam = 0.5): observed unsolved -> prior(2) = 0.30, partially solved -> 0.40
+    assert pri[0][1] == pytest.approx(0.30, abs=1e-6) and pri[0][0] > pri[0][2]
+    assert pri[1][1] == pytest.approx(0.40, abs=1e-6)
+    assert pri[2][1] == pytest.approx(0.40, abs=1e-6)
+    # binary datasets refuse fractional successes
+    make(http, f"{dsname}-b", size=5)
+    bad = {
+        "dataset": f"{dsname}-b",
+        "step": 0,
+        "request_id": "f",
+        "results": [{"prompt_id": 0, "successes": 2.5, "trials": 4}],
+    }
+    assert http.post("/observe", json=bad).status_code == 422

@@ -38,6 +38,9 @@ ENGINE_VS_TORCH_ATOL = 2e-3
 
 @pytest.fixture(scope="module")
 def stack():
+    # The suite imports the selector core (numba/llvmlite) first; the engine must start regardless.
+    import numba  # noqa: F401
+
     path = resolve_model("smollm2-135m")
     tokenizer = load_tokenizer(path)
     policy = load_policy(path)

@@ -20,7 +20,9 @@ so sampling is seeded once per engine. Programs that create a ``VLLMRollout`` ne
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -96,6 +98,24 @@ def _check_sampling(n: int, max_new_tokens: int, temperature: float, top_p: floa
         raise ValueError("greedy decoding (temperature 0) gives one completion per prompt: use n=1")
 
 
+@contextlib.contextmanager
+def _hidden_from_vllm_kernel_scan():
+    """Lets vLLM start in a process that has loaded numba.
+
+    At start-up vLLM rebinds kernel overrides by walking every module's globals and calling ``vars()``
+    on each value; llvmlite's ``binding.ffi.lib`` (loaded with numba) answers ``vars()`` with a
+    function wrapper instead of a dict and the walk crashes. That one module entry is taken out of
+    ``sys.modules`` while the engine starts (code holding the module object is unaffected) and put back.
+    """
+    name = "llvmlite.binding.ffi"
+    module = sys.modules.pop(name, None)
+    try:
+        yield
+    finally:
+        if module is not None:
+            sys.modules[name] = module
+
+
 class VLLMRollout(RolloutEngine):
     """In-process vLLM engine over a Hugging Face checkpoint directory."""
 
@@ -121,16 +141,17 @@ class VLLMRollout(RolloutEngine):
 
         on_gpu = torch.cuda.is_available()
         threads = torch.get_num_threads()
-        self._llm = LLM(
-            model=str(model_path),
-            dtype=dtype,
-            seed=seed,
-            max_model_len=max_model_len,
-            # On the CPU backend this fraction sizes the KV cache in host memory; 0.3 leaves room
-            # for the training model, its gradients and optimizer state.
-            gpu_memory_utilization=gpu_memory_utilization or 0.3,
-            enforce_eager=(not on_gpu) if enforce_eager is None else enforce_eager,
-        )
+        with _hidden_from_vllm_kernel_scan():
+            self._llm = LLM(
+                model=str(model_path),
+                dtype=dtype,
+                seed=seed,
+                max_model_len=max_model_len,
+                # On the CPU backend this fraction sizes the KV cache in host memory; 0.3 leaves room
+                # for the training model, its gradients and optimizer state.
+                gpu_memory_utilization=gpu_memory_utilization or 0.3,
+                enforce_eager=(not on_gpu) if enforce_eager is None else enforce_eager,
+            )
         # vLLM's CPU worker lowers torch's thread count for serving; training wants them back.
         if torch.get_num_threads() != threads:
             torch.set_num_threads(threads)

@@ -331,7 +331,13 @@ class Store:
             await self.r.delete(self.keys.snaplock(name))
 
     async def write_snapshot(
-        self, name: str, uid: str, covered_id: str, open_step: int, chunks: list[bytes], trim: bool = True
+        self,
+        name: str,
+        uid: str,
+        covered_id: str,
+        open_step: int,
+        chunks: list[bytes | memoryview],
+        trim: bool = True,
     ) -> bool:
         """Writes the chunks, then switches the dataset to them atomically.
 

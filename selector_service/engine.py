@@ -13,11 +13,12 @@ at a time per process (an asyncio lock per dataset).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import math
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -32,6 +33,8 @@ from selector_service.state import (
     DatasetSpec,
     DatasetState,
     deserialize_snapshot,
+    iter_snapshot_chunks,
+    load_snapshot_chunks,
     pack_results,
     serialize_snapshot,
 )
@@ -43,6 +46,12 @@ SYNC_BATCH = 2000
 INLINE_RESULTS = 4096
 IMPORTED_CURSOR = "0-1"  # an imported dataset's snapshot covers "everything before its first log entry"
 REPLAY_BUDGET = 2e8  # prompt-updates of DPS closes we accept replaying after a restart (~10 s here)
+# A dataset's next snapshot starts no sooner than this many times its previous snapshot's duration after
+# that one ended, whatever the record/replay triggers say: at 10^8 prompts a snapshot takes ~40 s and the
+# replay budget alone would ask for one every 2 closes, i.e. back to back. Snapshots shorter than
+# SNAPSHOT_PACING_MIN_S are not paced: they stall nothing, and small datasets keep their log short.
+SNAPSHOT_PACING = 4.0
+SNAPSHOT_PACING_MIN_S = 1.0
 
 
 @dataclass
@@ -61,6 +70,7 @@ class Engine:
         self._states: dict[str, DatasetState] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._snapshotting: dict[str, asyncio.Task] = {}
+        self._snapshot_not_before: dict[str, float] = {}  # time.monotonic() per dataset (pacing)
         self.sync_stats: dict[str, SyncStats] = {}
         self.catchup_observer: Callable[[float], None] | None = None
 
@@ -122,6 +132,7 @@ class Engine:
         async with self._lock(name):
             existed = await self._io(self.store.delete_dataset(name))
             self._states.pop(name, None)
+            self._snapshot_not_before.pop(name, None)
         if not existed:
             raise NotFound(f"dataset {name!r} does not exist")
 
@@ -178,9 +189,9 @@ class Engine:
         snap = meta.get("snap")
         if not snap:
             return await asyncio.to_thread(DatasetState, spec)
-        blob = await self._io(self.store.read_snapshot(name, snap, int(meta["snap_chunks"])))
+        chunks = self._snapshot_chunks(name, snap, int(meta["snap_chunks"]))
         try:
-            state = await asyncio.to_thread(deserialize_snapshot, blob)
+            state = await self._io(asyncio.to_thread(load_snapshot_chunks, chunks))
         except ValueError as exc:
             # Never fall back to priors silently: that would reset every posterior.
             raise Unavailable(f"snapshot {snap} of dataset {name!r} cannot be read: {exc}") from exc
@@ -188,8 +199,33 @@ class Engine:
             raise Unavailable(f"snapshot {snap} of dataset {name!r} belongs to another incarnation")
         return state
 
+    def _snapshot_chunks(self, name: str, snap: str, count: int) -> Iterator[bytes]:
+        """The chunks of snapshot `snap`, fetched one at a time on the event loop.
+
+        Meant to be consumed in a worker thread (the streaming loader): each chunk is read from the store
+        only when the loader needs it, so a load never holds more than about one chunk of compressed data.
+        """
+        loop = asyncio.get_running_loop()  # taken here, on the loop: fetch() runs in the worker thread
+        wait_s = max(60.0, 4 * self.settings.store_timeout_s)
+
+        def fetch() -> Iterator[bytes]:
+            for index in range(count):
+                coro = self.store.read_snapshot_chunk(name, snap, index)
+                fut = asyncio.run_coroutine_threadsafe(coro, loop)
+                try:
+                    yield fut.result(timeout=wait_s)
+                except concurrent.futures.TimeoutError as exc:
+                    fut.cancel()
+                    raise StoreError(
+                        f"reading chunk {index} of snapshot {snap} took over {wait_s:.0f} s"
+                    ) from exc
+
+        return fetch()
+
     def _maybe_snapshot(self, name: str, state: DatasetState, meta: dict[str, str], length: int) -> None:
         if name in self._snapshotting or not state.cursor:
+            return
+        if time.monotonic() < self._snapshot_not_before.get(name, 0.0):
             return
         covered = meta.get("snap_covered", "")
         if covered and parse_id(state.cursor) <= parse_id(covered):
@@ -202,33 +238,52 @@ class Engine:
         task.add_done_callback(lambda _t: self._snapshotting.pop(name, None))
 
     async def _snapshot(self, name: str, state: DatasetState) -> None:
-        """Copies the state under the dataset lock, then compresses and writes it without holding it."""
+        """Copies the state under the dataset lock, then compresses and writes it without holding it.
+
+        The copy is compressed as a stream in worker threads and each chunk goes to the store as soon as
+        it is full, so the whole compressed snapshot never exists in memory (peak: live arrays + their
+        copy + about one chunk). The switch to the new snapshot stays atomic (chunks first, then one
+        commit script). Whatever the outcome, when this one took at least SNAPSHOT_PACING_MIN_S, the
+        next automatic snapshot of this dataset waits SNAPSHOT_PACING times its duration.
+        """
         ttl_ms = 600_000
         try:
             if not await self.store.try_snapshot_lock(name, self.owner, ttl_ms):
                 return
+            started = time.monotonic()
             try:
                 async with self._lock(name):
                     if self._states.get(name) is not state:
                         return
                     header, arrays = await asyncio.to_thread(state.copy_for_snapshot)
-                blob = await asyncio.to_thread(serialize_snapshot, header, arrays)
-                del arrays
-                size = self.settings.snapshot_chunk_bytes
-                # Views, not copies: slicing bytes here would copy the whole snapshot on the event loop.
-                view = memoryview(blob)
-                chunks = [view[i : i + size] for i in range(0, len(blob), size)]
+                chunks = iter_snapshot_chunks(header, arrays, self.settings.snapshot_chunk_bytes)
+                del arrays  # the generator holds the copy until it is exhausted
+                written = 0
+
+                async def compressed() -> AsyncIterator[memoryview]:
+                    nonlocal written
+                    while (chunk := await asyncio.to_thread(next, chunks, None)) is not None:
+                        written += len(chunk)
+                        yield chunk
+                        del chunk  # not kept alive while the next chunk is compressed
+
                 ok = await self.store.write_snapshot(
-                    name, state.spec.uid, header["cursor"], header["open_step"], chunks
+                    name, state.spec.uid, header["cursor"], header["open_step"], compressed()
                 )
                 log.info(
-                    "snapshot of %s at %s (%d bytes, %s)",
+                    "snapshot of %s at %s (%d bytes, %.3f s, %s)",
                     name,
                     header["cursor"],
-                    len(blob),
+                    written,
+                    time.monotonic() - started,
                     "ok" if ok else "dropped",
                 )
             finally:
+                ended = time.monotonic()
+                if ended - started >= SNAPSHOT_PACING_MIN_S:
+                    self._snapshot_not_before[name] = ended + SNAPSHOT_PACING * (ended - started)
+                else:
+                    self._snapshot_not_before.pop(name, None)
                 await self.store.release_snapshot_lock(name, self.owner)
         except (RedisError, OSError) as exc:
             log.warning("snapshot of %s failed, will retry later: %s", name, exc)

@@ -14,6 +14,7 @@ import io
 import json
 import math
 import struct
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -25,6 +26,9 @@ from selector_service.core.beliefs import BeliefArrays, CloseStats, apply_result
 
 SNAPSHOT_MAGIC = b"RLVRSNAP"
 SNAPSHOT_VERSION = 1
+_MAX_HEADER_BYTES = 16 * 2**20  # a real header is a few hundred bytes
+_COMPRESS_FEED_BYTES = 4 * 2**20  # input slice handed to the compressor at a time
+_ZSTD_FRAME_HEADER_MAX = 18  # bytes; enough for frame_content_size
 _RESULT_DTYPES = (("ids", "<i8"), ("successes", "<f8"), ("trials", "<f8"), ("states", "<i1"))
 
 
@@ -256,37 +260,114 @@ class DatasetState:
         return self.snapshot_header(), {k: v.copy() for k, v in self.arrays.arrays().items()}
 
 
-def serialize_snapshot(header: dict[str, Any], arrays: dict[str, np.ndarray]) -> bytes:
-    """Header JSON (with each array's dtype and shape) + zstd of the arrays' bytes, checksummed."""
+def _snapshot_prefix(header: dict[str, Any], arrays: dict[str, np.ndarray]) -> bytes:
+    """Magic, header length and header JSON (with each array's dtype and shape): what precedes the body."""
     header = dict(header, arrays=[[k, v.dtype.str, list(v.shape)] for k, v in arrays.items()])
     head = json.dumps(header).encode()
+    return SNAPSHOT_MAGIC + struct.pack("<I", len(head)) + head
+
+
+def _compressor() -> zstandard.ZstdCompressor:
+    return zstandard.ZstdCompressor(level=1, threads=-1, write_checksum=True, write_content_size=True)
+
+
+def serialize_snapshot(header: dict[str, Any], arrays: dict[str, np.ndarray]) -> bytes:
+    """Header JSON (with each array's dtype and shape) + zstd of the arrays' bytes, checksummed.
+
+    The whole-blob form, for exports (a user file). Snapshots kept in the store use
+    `iter_snapshot_chunks`, which produces the same format without ever holding the whole blob.
+    """
     # The prefix goes into the buffer first and getvalue() hands the buffer over without a copy:
     # concatenating prefix + body instead copies the whole snapshot while holding the GIL (0.7-3 s at
     # 10^7 prompts), which freezes the service's event loop.
     out = io.BytesIO()
-    out.write(SNAPSHOT_MAGIC + struct.pack("<I", len(head)) + head)
-    cctx = zstandard.ZstdCompressor(level=1, threads=-1, write_checksum=True, write_content_size=True)
+    out.write(_snapshot_prefix(header, arrays))
     total = sum(arr.nbytes for arr in arrays.values())
-    with cctx.stream_writer(out, size=total, closefd=False) as writer:
+    with _compressor().stream_writer(out, size=total, closefd=False) as writer:
         for arr in arrays.values():
             writer.write(memoryview(np.ascontiguousarray(arr)).cast("B"))
     return out.getvalue()
 
 
-def deserialize_snapshot(blob: bytes, max_prompts: int | None = None) -> DatasetState:
-    """Rebuilds a DatasetState; raises ValueError on any corruption (never a silent reset).
+def iter_snapshot_chunks(
+    header: dict[str, Any], arrays: dict[str, np.ndarray], chunk_bytes: int
+) -> Iterator[memoryview]:
+    """The snapshot of `serialize_snapshot`, compressed as a stream and cut into chunks of `chunk_bytes`.
 
-    Exports come back from outside (POST /datasets/{name}/import), so the header is checked before any
-    allocation: the arrays must match the spec's size (kernels index them by prompt id without bounds
-    checks), `max_prompts` bounds that size, and the compressed body must declare exactly the byte count
-    the header implies (a small body that inflates to gigabytes is refused before it is inflated).
+    Every chunk but the last has exactly `chunk_bytes` bytes; their concatenation is a valid snapshot
+    (same header, same checksummed zstd frame with its content size). Each chunk is a fresh buffer that
+    the generator never touches again once yielded, and the arrays are fed to the compressor in small
+    slices, so writing a snapshot costs the arrays plus about one chunk, not plus the compressed blob.
     """
-    start = len(SNAPSHOT_MAGIC) + 4
-    if not blob.startswith(SNAPSHOT_MAGIC) or len(blob) < start:
-        raise ValueError("not an rlvr-selector snapshot (bad magic or truncated)")
-    (hlen,) = struct.unpack_from("<I", blob, len(SNAPSHOT_MAGIC))
+    if chunk_bytes < 1:
+        raise ValueError(f"chunk_bytes must be >= 1, got {chunk_bytes}")
+    total = sum(arr.nbytes for arr in arrays.values())
+    compressor = _compressor().compressobj(size=total)
+
+    def pieces() -> Iterator[bytes]:
+        yield _snapshot_prefix(header, arrays)
+        for arr in arrays.values():
+            view = memoryview(np.ascontiguousarray(arr)).cast("B")
+            for offset in range(0, len(view), _COMPRESS_FEED_BYTES):
+                yield compressor.compress(view[offset : offset + _COMPRESS_FEED_BYTES])
+        yield compressor.flush()
+
+    chunk, fill = bytearray(chunk_bytes), 0
+    for piece in pieces():
+        data = memoryview(piece)
+        while data:
+            take = min(len(data), chunk_bytes - fill)
+            chunk[fill : fill + take] = data[:take]
+            fill += take
+            data = data[take:]
+            if fill == chunk_bytes:
+                yield memoryview(chunk)
+                chunk, fill = bytearray(chunk_bytes), 0
+    if fill:
+        yield memoryview(chunk)[:fill]
+
+
+class _ChunkSource:
+    """A read()-able view of an iterator of byte chunks, pulling one chunk at a time."""
+
+    def __init__(self, chunks: Iterable[bytes | memoryview]) -> None:
+        self._chunks = iter(chunks)
+        self._buf = memoryview(b"")
+        self._pushed_back = b""
+
+    def read(self, size: int = -1) -> bytes:
+        """Up to `size` bytes (fewer only at a chunk boundary); b"" once the chunks are exhausted."""
+        if self._pushed_back:
+            out, self._pushed_back = self._pushed_back, b""
+            return out
+        while not self._buf:
+            nxt = next(self._chunks, None)
+            if nxt is None:
+                return b""
+            self._buf = memoryview(nxt).cast("B")
+        take = len(self._buf) if size is None or size < 0 else min(size, len(self._buf))
+        out, self._buf = self._buf[:take].tobytes(), self._buf[take:]
+        return out
+
+    def read_exact(self, size: int, what: str) -> bytes:
+        """Exactly `size` bytes; ValueError naming `what` when the stream ends first."""
+        out = bytearray()
+        while len(out) < size:
+            part = self.read(size - len(out))
+            if not part:
+                raise ValueError(f"snapshot is truncated in its {what}")
+            out += part
+        return bytes(out)
+
+    def unread(self, data: bytes) -> None:
+        """Puts bytes back in front of the stream (used to peek at the zstd frame header)."""
+        self._pushed_back = data + self._pushed_back
+
+
+def _parse_header(head: bytes, max_prompts: int | None) -> tuple[DatasetSpec, dict, list, int]:
+    """Checks a snapshot header before any allocation; returns (spec, header, layout, body bytes)."""
     try:
-        header = json.loads(blob[start : start + hlen])
+        header = json.loads(head)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ValueError(f"snapshot header is not valid JSON: {exc}") from exc
     if not isinstance(header, dict):
@@ -308,6 +389,36 @@ def deserialize_snapshot(blob: bytes, max_prompts: int | None = None) -> Dataset
     if any(not shape or shape[0] != spec.size or min(shape) < 0 for _, _, shape in layout):
         raise ValueError(f"snapshot arrays do not match the dataset size {spec.size}")
     expected = sum(math.prod(shape) * dt.itemsize for _, dt, shape in layout)
+    return spec, header, layout, expected
+
+
+def _state_from(spec: DatasetSpec, header: dict[str, Any], arrays: dict[str, np.ndarray]) -> DatasetState:
+    state = DatasetState(spec, BeliefArrays.from_arrays(arrays))
+    try:
+        state.open_step = int(header["open_step"])
+        state.cursor = str(header["cursor"])
+        state.results = int(header["results"])
+        state.rollouts = float(header["rollouts"])
+        state.steps_closed = int(header["steps_closed"])
+        state.last_close = CloseStats(*header["last_close"]) if header["last_close"] else None
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"snapshot header is incomplete or malformed: {exc!r}") from exc
+    return state
+
+
+def deserialize_snapshot(blob: bytes, max_prompts: int | None = None) -> DatasetState:
+    """Rebuilds a DatasetState; raises ValueError on any corruption (never a silent reset).
+
+    Exports come back from outside (POST /datasets/{name}/import), so the header is checked before any
+    allocation: the arrays must match the spec's size (kernels index them by prompt id without bounds
+    checks), `max_prompts` bounds that size, and the compressed body must declare exactly the byte count
+    the header implies (a small body that inflates to gigabytes is refused before it is inflated).
+    """
+    start = len(SNAPSHOT_MAGIC) + 4
+    if not blob.startswith(SNAPSHOT_MAGIC) or len(blob) < start:
+        raise ValueError("not an rlvr-selector snapshot (bad magic or truncated)")
+    (hlen,) = struct.unpack_from("<I", blob, len(SNAPSHOT_MAGIC))
+    spec, header, layout, expected = _parse_header(blob[start : start + hlen], max_prompts)
     body = blob[start + hlen :]
     try:
         declared = zstandard.frame_content_size(body)
@@ -323,14 +434,53 @@ def deserialize_snapshot(blob: bytes, max_prompts: int | None = None) -> Dataset
         count = math.prod(shape)
         arrays[name] = np.frombuffer(raw, dtype=dt, count=count, offset=offset).reshape(shape).copy()
         offset += count * dt.itemsize
-    state = DatasetState(spec, BeliefArrays.from_arrays(arrays))
+    return _state_from(spec, header, arrays)
+
+
+def load_snapshot_chunks(
+    chunks: Iterable[bytes | memoryview], max_prompts: int | None = None
+) -> DatasetState:
+    """Rebuilds a DatasetState from a snapshot's chunks, inflating them as a stream into the arrays.
+
+    Reads the same format as `deserialize_snapshot` with the same checks (header before allocation,
+    declared body size, zstd content checksum), but never joins the chunks: each array is allocated once
+    and filled straight from the decompressor, so a load costs the arrays plus about one chunk. Raises
+    ValueError on any corruption or truncation (never a silent reset); errors raised by the chunk
+    iterator itself (a missing chunk, an unreachable store) pass through unchanged.
+    """
+    source = _ChunkSource(chunks)
+    if source.read_exact(len(SNAPSHOT_MAGIC), "magic") != SNAPSHOT_MAGIC:
+        raise ValueError("not an rlvr-selector snapshot (bad magic or truncated)")
+    (hlen,) = struct.unpack("<I", source.read_exact(4, "header length"))
+    if hlen > _MAX_HEADER_BYTES:
+        raise ValueError(f"snapshot header claims {hlen} bytes; at most {_MAX_HEADER_BYTES} are accepted")
+    spec, header, layout, expected = _parse_header(source.read_exact(hlen, "header"), max_prompts)
+    frame_head = bytearray()
+    while len(frame_head) < _ZSTD_FRAME_HEADER_MAX and (part := source.read(_ZSTD_FRAME_HEADER_MAX)):
+        frame_head += part
+    source.unread(bytes(frame_head))
     try:
-        state.open_step = int(header["open_step"])
-        state.cursor = str(header["cursor"])
-        state.results = int(header["results"])
-        state.rollouts = float(header["rollouts"])
-        state.steps_closed = int(header["steps_closed"])
-        state.last_close = CloseStats(*header["last_close"]) if header["last_close"] else None
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ValueError(f"snapshot header is incomplete or malformed: {exc!r}") from exc
-    return state
+        declared = zstandard.frame_content_size(bytes(frame_head))
+        if declared != expected:
+            raise ValueError(f"snapshot body declares {declared} bytes, its header implies {expected}")
+        arrays: dict[str, np.ndarray] = {}
+        with zstandard.ZstdDecompressor().stream_reader(source, read_across_frames=False) as reader:
+            for name, dt, shape in layout:
+                arr = np.empty(shape, dtype=dt)
+                view = memoryview(arr).cast("B")
+                filled = 0
+                while filled < len(view):
+                    got = reader.readinto(view[filled:])
+                    if not got:
+                        raise ValueError(f"snapshot body is truncated (array {name!r})")
+                    filled += got
+                arrays[name] = arr
+            # Reading past the content makes the decoder finish the frame and verify its checksum.
+            if reader.read(1):
+                raise ValueError("snapshot body inflates to more bytes than its header implies")
+    except zstandard.ZstdError as exc:
+        raise ValueError(f"snapshot body is corrupt: {exc}") from exc
+    # Best effort: the decoder may already have buffered (and ignored) bytes past its frame.
+    if source.read(1):
+        raise ValueError("snapshot has trailing bytes after its body")
+    return _state_from(spec, header, arrays)

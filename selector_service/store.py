@@ -20,14 +20,17 @@ Log entries (stream fields): ``k`` kind (``o`` observe, ``a`` advance), ``s`` st
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import uuid
+from collections.abc import AsyncIterable
 from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import RedisError
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 LAYOUT = "v1"
@@ -336,20 +339,32 @@ class Store:
         uid: str,
         covered_id: str,
         open_step: int,
-        chunks: list[bytes | memoryview],
+        chunks: AsyncIterable[bytes | memoryview],
         trim: bool = True,
     ) -> bool:
-        """Writes the chunks, then switches the dataset to them atomically.
+        """Writes the chunks as they arrive (counting them), then switches the dataset to them atomically.
 
-        Returns False (and removes what it wrote) when the dataset is gone or a newer snapshot won.
+        Chunks are consumed one at a time, so a producer that compresses as it goes never needs the whole
+        snapshot in memory. Returns False (and removes what it wrote) when the dataset is gone or a newer
+        snapshot won; on an error while writing chunks, removes those written so far and re-raises.
         """
         snap_id = uuid.uuid4().hex[:16]
-        for i, chunk in enumerate(chunks):
-            await self.r.set(self.keys.snap_chunk(name, snap_id, i), chunk)
+        count = 0
+        try:
+            async for chunk in chunks:
+                await self.r.set(self.keys.snap_chunk(name, snap_id, count), chunk)
+                count += 1
+                del chunk  # released before the producer makes the next one
+        except BaseException:
+            # Nothing refers to these chunks yet. (Not after the commit below: a commit that failed on
+            # the client side may still have been applied, and its chunks are then the current snapshot.)
+            with contextlib.suppress(RedisError, OSError):
+                await self._delete_matching(self.keys.snap_glob(name, snap_id))
+            raise
         old = _s(
             await self._commit(
                 keys=[self.keys.meta(name), self.keys.log(name)],
-                args=[uid, snap_id, covered_id, len(chunks), open_step, "1" if trim else "0"],
+                args=[uid, snap_id, covered_id, count, open_step, "1" if trim else "0"],
             )
         )
         if old in ("gone", "stale"):
@@ -359,11 +374,9 @@ class Store:
             await self._delete_matching(self.keys.snap_glob(name, old))
         return True
 
-    async def read_snapshot(self, name: str, snap_id: str, chunks: int) -> bytes:
-        parts = []
-        for i in range(chunks):
-            part = await self.r.get(self.keys.snap_chunk(name, snap_id, i))
-            if part is None:
-                raise StoreError(f"snapshot {snap_id} of dataset {name!r} is missing chunk {i}")
-            parts.append(part)
-        return b"".join(parts)
+    async def read_snapshot_chunk(self, name: str, snap_id: str, index: int) -> bytes:
+        """Chunk `index` of snapshot `snap_id`; StoreError when it is missing (evicted or deleted)."""
+        part = await self.r.get(self.keys.snap_chunk(name, snap_id, index))
+        if part is None:
+            raise StoreError(f"snapshot {snap_id} of dataset {name!r} is missing chunk {index}")
+        return part

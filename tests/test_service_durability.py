@@ -201,3 +201,27 @@ def test_redis_outage_gives_503_and_recovers(dsname):
     finally:
         svc.stop()
         server.stop()
+
+
+def test_restart_restores_a_snapshot_of_many_small_chunks(redis_url, dsname):
+    import redis as redis_lib
+
+    env = {"SELECTOR_SNAPSHOT_EVERY_RECORDS": "10", "SELECTOR_SNAPSHOT_CHUNK_BYTES": "1024"}
+    svc = ServiceProcess(redis_url=redis_url, env=env).start()
+    try:
+        httpx.post(f"{svc.url}/datasets", json={"name": dsname, "size": 2000}).raise_for_status()
+        _workload(svc.url, dsname, steps=24, seed=6, size=2000)
+        before = _state(svc.url, dsname, size=2000)
+        meta_key = f"{svc.prefix}:v1:{{{dsname}}}:meta"
+        meta = {
+            k.decode(): v.decode() for k, v in redis_lib.Redis.from_url(redis_url).hgetall(meta_key).items()
+        }
+        assert meta.get("snap"), "no snapshot was written"
+        assert int(meta["snap_chunks"]) > 1, "the snapshot was not split into chunks"
+    finally:
+        svc.kill()  # SIGKILL: the restart must rebuild from the chunked snapshot + the log tail
+    again = ServiceProcess(redis_url=redis_url, prefix=svc.prefix, env=env).start()
+    try:
+        assert _state(again.url, dsname, size=2000) == before
+    finally:
+        again.stop()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shutil
 import signal
 import socket
 import sys
@@ -135,8 +136,10 @@ def _run_uvicorn(settings: Settings) -> int:
         os.environ["SELECTOR_API_TOKEN"] = settings.api_token.get_secret_value()
     stop = threading.Event()
     threading.Thread(target=_announce_when_ready, args=(url, stop), daemon=True).start()
+    mp_dir = None
     try:
         if settings.workers > 1:
+            # Workers write their request metrics here; /metrics aggregates every worker's files.
             mp_dir = tempfile.mkdtemp(prefix="selector-metrics-")
             os.environ["PROMETHEUS_MULTIPROC_DIR"] = mp_dir
             uvicorn.run(
@@ -155,6 +158,8 @@ def _run_uvicorn(settings: Settings) -> int:
     finally:
         stop.set()
         sock.close()
+        if mp_dir is not None:
+            shutil.rmtree(mp_dir, ignore_errors=True)
     return 0
 
 

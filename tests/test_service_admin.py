@@ -149,3 +149,22 @@ def test_import_checks_the_spec_it_carries(service, dsname, bad):
     assert r.status_code == 422, r.text
     assert "spec" in r.json()["detail"] or "eta" in r.json()["detail"]
     assert httpx.get(f"{service.url}/datasets/{dsname}").status_code == 404
+
+
+def test_several_workers_share_metrics(redis_url, dsname):
+    """--workers N: request counters are aggregated over every worker process (Prometheus multiprocess)."""
+    proc = ServiceProcess(redis_url=redis_url, extra_args=["--workers", "2"]).start()
+    try:
+        with httpx.Client(base_url=proc.url, timeout=30) as c:
+            statuses = [c.post("/datasets", json={"name": dsname, "size": 10}).status_code for _ in range(12)]
+            assert statuses.count(201) == 1 and statuses.count(200) == 11
+            text = c.get("/metrics").text
+        counts = {
+            line.split('status="')[1][:3]: float(line.split()[-1])
+            for line in text.splitlines()
+            if line.startswith('selector_http_requests_total{endpoint="/datasets",method="POST"')
+        }
+        assert counts == {"201": 1.0, "200": 11.0}
+        assert f'selector_dataset_prompts{{dataset="{dsname}"}} 10.0' in text
+    finally:
+        proc.stop()

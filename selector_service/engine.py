@@ -318,10 +318,11 @@ class Engine:
             self.resolve_params(spec, strategy, params)
         state.spec = spec
         state.cursor = IMPORTED_CURSOR
-        header, arrays = state.copy_for_snapshot()
-        blob = await asyncio.to_thread(serialize_snapshot, header, arrays)
+        # The state is not shared yet: its arrays are compressed in place, no copy. Chunks are made in
+        # a worker thread (slicing one blob would copy it on the event loop).
+        header, arrays = state.snapshot_header(), state.arrays.arrays()
         size = self.settings.snapshot_chunk_bytes
-        chunks = [blob[i : i + size] for i in range(0, len(blob), size)]
+        chunks = await asyncio.to_thread(lambda: list(iter_snapshot_chunks(header, arrays, size)))
         async with self._lock(name):
             if replace:
                 await self._io(self.store.delete_dataset(name))

@@ -28,6 +28,7 @@ SNAPSHOT_MAGIC = b"RLVRSNAP"
 SNAPSHOT_VERSION = 1
 _MAX_HEADER_BYTES = 16 * 2**20  # a real header is a few hundred bytes
 _COMPRESS_FEED_BYTES = 4 * 2**20  # input slice handed to the compressor at a time
+_EXPORT_PIECE_BYTES = 16 * 2**20  # how much serialize_snapshot copies into its buffer at a time
 _ZSTD_FRAME_HEADER_MAX = 18  # bytes; enough for frame_content_size
 _RESULT_DTYPES = (("ids", "<i8"), ("successes", "<f8"), ("trials", "<f8"), ("states", "<i1"))
 
@@ -274,18 +275,13 @@ def _compressor() -> zstandard.ZstdCompressor:
 def serialize_snapshot(header: dict[str, Any], arrays: dict[str, np.ndarray]) -> bytes:
     """Header JSON (with each array's dtype and shape) + zstd of the arrays' bytes, checksummed.
 
-    The whole-blob form, for exports (a user file). Snapshots kept in the store use
-    `iter_snapshot_chunks`, which produces the same format without ever holding the whole blob.
+    The whole-blob form of `iter_snapshot_chunks`, for exports (a user file).
     """
-    # The prefix goes into the buffer first and getvalue() hands the buffer over without a copy:
-    # concatenating prefix + body instead copies the whole snapshot while holding the GIL (0.7-3 s at
-    # 10^7 prompts), which freezes the service's event loop.
+    # Chunks go into one buffer and getvalue() hands it over without a copy: joining a list of chunks
+    # instead copies the whole snapshot while holding the GIL (0.7-3 s at 10^7 prompts).
     out = io.BytesIO()
-    out.write(_snapshot_prefix(header, arrays))
-    total = sum(arr.nbytes for arr in arrays.values())
-    with _compressor().stream_writer(out, size=total, closefd=False) as writer:
-        for arr in arrays.values():
-            writer.write(memoryview(np.ascontiguousarray(arr)).cast("B"))
+    for chunk in iter_snapshot_chunks(header, arrays, _EXPORT_PIECE_BYTES):
+        out.write(chunk)
     return out.getvalue()
 
 
@@ -407,34 +403,13 @@ def _state_from(spec: DatasetSpec, header: dict[str, Any], arrays: dict[str, np.
 
 
 def deserialize_snapshot(blob: bytes, max_prompts: int | None = None) -> DatasetState:
-    """Rebuilds a DatasetState; raises ValueError on any corruption (never a silent reset).
+    """Rebuilds a DatasetState from a whole export; raises ValueError on any corruption.
 
-    Exports come back from outside (POST /datasets/{name}/import), so the header is checked before any
-    allocation: the arrays must match the spec's size (kernels index them by prompt id without bounds
-    checks), `max_prompts` bounds that size, and the compressed body must declare exactly the byte count
-    the header implies (a small body that inflates to gigabytes is refused before it is inflated).
+    Exports come back from outside (POST /datasets/{name}/import); `load_snapshot_chunks` checks the
+    header before any allocation, bounds the size by `max_prompts`, and refuses a body whose declared
+    size differs from what the header implies before inflating anything.
     """
-    start = len(SNAPSHOT_MAGIC) + 4
-    if not blob.startswith(SNAPSHOT_MAGIC) or len(blob) < start:
-        raise ValueError("not an rlvr-selector snapshot (bad magic or truncated)")
-    (hlen,) = struct.unpack_from("<I", blob, len(SNAPSHOT_MAGIC))
-    spec, header, layout, expected = _parse_header(blob[start : start + hlen], max_prompts)
-    body = blob[start + hlen :]
-    try:
-        declared = zstandard.frame_content_size(body)
-        if declared != expected:
-            raise ValueError(f"snapshot body declares {declared} bytes, its header implies {expected}")
-        raw = zstandard.ZstdDecompressor().decompress(body, max_output_size=expected)
-    except zstandard.ZstdError as exc:
-        raise ValueError(f"snapshot body is corrupt: {exc}") from exc
-    if len(raw) != expected:
-        raise ValueError("snapshot body length does not match its header")
-    arrays, offset = {}, 0
-    for name, dt, shape in layout:
-        count = math.prod(shape)
-        arrays[name] = np.frombuffer(raw, dtype=dt, count=count, offset=offset).reshape(shape).copy()
-        offset += count * dt.itemsize
-    return _state_from(spec, header, arrays)
+    return load_snapshot_chunks((blob,), max_prompts)
 
 
 def load_snapshot_chunks(
@@ -442,8 +417,10 @@ def load_snapshot_chunks(
 ) -> DatasetState:
     """Rebuilds a DatasetState from a snapshot's chunks, inflating them as a stream into the arrays.
 
-    Reads the same format as `deserialize_snapshot` with the same checks (header before allocation,
-    declared body size, zstd content checksum), but never joins the chunks: each array is allocated once
+    The checks: header before allocation (the arrays must match the spec's size, since kernels index
+    them by prompt id without bounds checks; `max_prompts` bounds that size), the declared body size
+    before inflating (a small body that inflates to gigabytes is refused), the zstd content checksum.
+    It never joins the chunks: each array is allocated once
     and filled straight from the decompressor, so a load costs the arrays plus about one chunk. Raises
     ValueError on any corruption or truncation (never a silent reset); errors raised by the chunk
     iterator itself (a missing chunk, an unreachable store) pass through unchanged.

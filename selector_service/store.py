@@ -245,7 +245,7 @@ class Store:
         uid: str,
         covered_id: str,
         open_step: int,
-        chunks: list[bytes],
+        chunks: list[bytes | memoryview],
     ) -> bool:
         """Creates `name` from snapshot chunks; False (and nothing left behind) when the name is taken."""
         snap_id = uuid.uuid4().hex[:16]

@@ -175,3 +175,146 @@ def large_n_limit(n, k: int):
 
 def log_comb(k: int, s: int) -> float:
     return math.log(math.comb(k, s))
+
+
+# ---------------------------------------------------------------- cold start (METHODS 6)
+
+
+def group_rate(a0: float, b0: float, s_g: float, t_g: float) -> float:
+    """m_g = (alpha0 + S_g) / (alpha0 + beta0 + T_g)."""
+    return (a0 + s_g) / (a0 + b0 + t_g)
+
+
+def live_p0(pass_rate, group, sums, trials, p: int, a0: float, b0: float) -> float:
+    """p0_i: the pass rate if known, else the group's rate if it has a group, else NaN."""
+    rate = float(pass_rate[p])
+    if not math.isnan(rate):
+        return rate
+    g = int(group[p])
+    if g >= 0:
+        return group_rate(a0, b0, float(sums[g]), float(trials[g]))
+    return math.nan
+
+
+def cold_beta(n_obs, alpha, beta, prior_p0, pass_rate, group, sums, trials, ids, a0, b0, strength):
+    """The Beta every score uses, prompt by prompt: the posterior once observed, else the cold prior
+    Beta(a0 + s p0, b0 + s (1 - p0)) (Beta(a0, b0) without p0). Returns (alpha, beta, p0) lists."""
+    out_a, out_b, out_p0 = [], [], []
+    for p in ids:
+        if n_obs[p] > 0:
+            out_a.append(float(alpha[p]))
+            out_b.append(float(beta[p]))
+            out_p0.append(float(prior_p0[p]))
+            continue
+        p0 = live_p0(pass_rate, group, sums, trials, p, a0, b0)
+        out_p0.append(p0)
+        if math.isnan(p0):
+            out_a.append(a0)
+            out_b.append(b0)
+        else:
+            out_a.append(a0 + strength * p0)
+            out_b.append(b0 + strength * (1 - p0))
+    return np.array(out_a), np.array(out_b), np.array(out_p0)
+
+
+def mean_abs_advantage(successes: float, trials: float) -> float:
+    """SEC's |advantage| of a group, from its literal binary rewards (S ones, K - S zeros)."""
+    k = int(trials)
+    if k < 2:
+        return 0.0
+    rewards = np.array([1.0] * int(successes) + [0.0] * (k - int(successes)))
+    return float(np.mean(np.abs(rewards - rewards.mean())) / (np.std(rewards, ddof=1) + 1e-6))
+
+
+def apply_results_cold(arr: dict, sh: dict, ids, successes, trials, states, lam, a0, b0, strength):
+    """METHODS 1 + 6 + the step statistics of METHODS 7, one result after another (in place).
+
+    arr: per-prompt arrays (alpha, beta, step_state, last_state, n_obs, pass_rate, group, prior_p0,
+    streak); sh: group_successes, group_trials, step_adv, step_adv_n, step_counts."""
+    for p, s, t, st in zip(ids, successes, trials, states, strict=True):
+        s, t, st = float(s), float(t), int(st)
+        g = int(arr["group"][p])
+        if arr["n_obs"][p] == 0:
+            p0 = live_p0(arr["pass_rate"], arr["group"], sh["group_successes"], sh["group_trials"], p, a0, b0)
+            arr["prior_p0"][p] = p0
+            arr["alpha"][p] = a0 if math.isnan(p0) else a0 + strength * p0
+            arr["beta"][p] = b0 if math.isnan(p0) else b0 + strength * (1 - p0)
+        p0 = float(arr["prior_p0"][p])
+        a_i = a0 if math.isnan(p0) else a0 + strength * p0
+        b_i = b0 if math.isnan(p0) else b0 + strength * (1 - p0)
+        arr["alpha"][p] = lam * arr["alpha"][p] + (1 - lam) * a_i + s
+        arr["beta"][p] = lam * arr["beta"][p] + (1 - lam) * b_i + (t - s)
+        arr["step_state"][p] = combine_state(int(arr["step_state"][p]), st)
+        arr["last_state"][p] = st
+        arr["n_obs"][p] += 1
+        z = int(arr["streak"][p])
+        if st == 3:
+            arr["streak"][p] = min(max(z, 0) + 1, 32767)
+        elif st == 1:
+            arr["streak"][p] = max(min(z, 0) - 1, -32767)
+        else:
+            arr["streak"][p] = 0
+        if g >= 0:
+            sh["group_successes"][g] += s
+            sh["group_trials"][g] += t
+            sh["step_adv"][g] += mean_abs_advantage(s, t)
+            sh["step_adv_n"][g] += 1
+        counts = sh["step_counts"]
+        counts[0] += 1
+        counts[1] += st == 3
+        counts[2] += st == 1
+        counts[3] += s
+        counts[4] += t
+
+
+# ---------------------------------------------------------------- strategies from the field (METHODS 7)
+
+
+def learnability(a, b):
+    """E[phi (1 - phi)] under Beta(a, b) from its definition, B(a + 1, b + 1) / B(a, b), at 40 digits
+    (mpmath; in float64 the two log-Beta terms cancel to ~1e-9 for a, b ~ 1e6)."""
+    import mpmath
+
+    with mpmath.workdps(40):
+        values = [
+            float(
+                mpmath.beta(mpmath.mpf(x) + 1, mpmath.mpf(y) + 1) / mpmath.beta(mpmath.mpf(x), mpmath.mpf(y))
+            )
+            for x, y in zip(np.ravel(a), np.ravel(b), strict=True)
+        ]
+    return np.array(values).reshape(np.shape(a))
+
+
+def close_shared(sh: dict, rules: dict) -> None:
+    """The step close of the shared state (curricula.close_shared), written out (in place)."""
+    results, easy, hard, succ, trials = (float(x) for x in sh["step_counts"])
+    if results > 0:
+        for name, share, target in (
+            ("p_easy", easy / results, 0.25 / 3),
+            ("p_hard", hard / results, 0.25 * 2 / 3),
+        ):
+            p = sh[name] - 0.01 if share >= target else sh[name] + 0.01
+            sh[name] = min(max(p, 0.05), 0.95)
+    if trials > 0:
+        r = succ / trials
+        t = sh["adarft_t"] + rules["adarft_eta"] * math.tanh(
+            rules["adarft_alpha"] * (r - rules["adarft_beta"])
+        )
+        sh["adarft_t"] = min(max(t, 0.0), 100.0)
+    for g in range(len(sh["sec_q"])):
+        r_g = sh["step_adv"][g] / sh["step_adv_n"][g] if sh["step_adv_n"][g] > 0 else 0.0
+        sh["sec_q"][g] = (1 - rules["sec_lr"]) * sh["sec_q"][g] + rules["sec_lr"] * r_g
+        sh["group_successes"][g] *= rules["group_decay"]
+        sh["group_trials"][g] *= rules["group_decay"]
+        sh["step_adv"][g] = 0.0
+        sh["step_adv_n"][g] = 0
+    sh["step_counts"][:] = 0.0
+
+
+def greso_keep(streak: int, p_easy: float, p_hard: float) -> float:
+    """Probability that GRESO keeps a prompt with this trailing run (METHODS 7)."""
+    if streak > 0:
+        return max(p_easy**streak, 0.01)
+    if streak < 0:
+        return max(p_hard ** (-streak), 0.01)
+    return 1.0

@@ -30,7 +30,9 @@ def test_new_has_the_methods_priors_and_fits_the_memory_budget():
     assert np.all(ba.hmm_d == 1.0) and ba.hmm_d.shape == (5, 9)
     assert np.all(ba.hmm_prior == np.float32(1 / 3)) and np.all(ba.hmm_prev == np.float32(1 / 3))
     assert not ba.step_state.any() and not ba.last_state.any() and not ba.n_obs.any()
-    assert ba.nbytes_per_prompt == 82 <= 128
+    assert np.isnan(ba.pass_rate).all() and (ba.group == -1).all() and np.isnan(ba.prior_p0).all()
+    assert not ba.streak.any() and ba.shared.n_groups == 0
+    assert ba.nbytes_per_prompt == 100 <= 128
     assert ba.nbytes_per_prompt == sum(a.nbytes for a in ba.arrays().values()) // ba.n
 
 

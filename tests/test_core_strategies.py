@@ -18,17 +18,33 @@ from selector_service.core import (
     select,
     validate_params,
 )
+from selector_service.core.coldstart import apply_metadata
+from selector_service.core.strategies import check_dataset_params, dataset_rules
 
 ALL = sorted(STRATEGIES)
 SCORED = [s for s in ALL if STRATEGIES[s].scored]
 DETERMINISTIC = [s for s in ALL if STRATEGIES[s].deterministic]
+#: Deterministic strategies ranking a candidate pool (adarft always ranks the whole dataset).
+POOLED = [s for s in DETERMINISTIC if "candidate_ratio" in STRATEGIES[s].params]
+#: GRESO walks the dataset's own permutation from a position the dataset keeps: no request seed.
+SEEDED = [s for s in ALL if s != "greso"]
+
+
+def with_metadata(ba, rng):
+    """Groups 0..9 for 80% of the prompts and a pass rate for 30% (METHODS 6)."""
+    n = ba.n
+    group = rng.integers(0, 10, n).astype(np.int32)
+    group[rng.random(n) < 0.2] = -1
+    rates = np.where(rng.random(n) < 0.3, rng.random(n), np.nan)
+    apply_metadata(ba, 0, rates, group)
+    return ba
 
 
 @pytest.fixture(scope="module")
 def beliefs():
-    """2000 prompts after a few observed steps (every belief family populated)."""
+    """2000 prompts with metadata after a few observed steps (every belief family populated)."""
     rng = np.random.default_rng(0)
-    ba = BeliefArrays.new(2000)
+    ba = with_metadata(BeliefArrays.new(2000), rng)
     for _ in range(4):
         ids = rng.choice(2000, 300, replace=False)
         s = rng.integers(0, 9, 300).astype(float)
@@ -62,6 +78,29 @@ def test_defaults_follow_the_api_table():
     assert validate_params("expected_difficulty", {}) == {"target": 0.5, "candidate_ratio": 16}
     assert validate_params("inverse_evidence", {}) == {"candidate_ratio": 16}
     assert validate_params("uniform", {}) == {} and validate_params("history_resampling", None) == {}
+    assert validate_params("learnability", {}) == {"candidate_ratio": 16}
+    assert validate_params("greso", {}) == {}
+    assert validate_params("sec", {}) == {"lr": 0.5, "tau": 1.0}
+    assert validate_params("adarft", {}) == {"eta": 50.0, "alpha": 2.0, "beta": 0.5}
+
+
+def test_dataset_level_params_come_from_the_dataset_defaults():
+    assert dataset_rules({}) == {"sec_lr": 0.5, "adarft_eta": 50.0, "adarft_alpha": 2.0, "adarft_beta": 0.5}
+    defaults = {"sec": {"lr": 0.4}, "adarft": {"eta": 30}}
+    assert dataset_rules(defaults) == {
+        "sec_lr": 0.4,
+        "adarft_eta": 30.0,
+        "adarft_alpha": 2.0,
+        "adarft_beta": 0.5,
+    }
+    check_dataset_params("sec", {"lr": 0.4, "tau": 0.1}, defaults)  # the dataset's lr; tau is per call
+    check_dataset_params("adarft", {"alpha": 2}, defaults)
+    with pytest.raises(ParamError, match=r"lr = 0.5 differs from the dataset's 0.4.*defaults"):
+        check_dataset_params("sec", {"lr": 0.5}, defaults)
+    with pytest.raises(ParamError, match="eta = 50 differs from the dataset's 30"):
+        check_dataset_params("adarft", {"eta": 50}, defaults)
+    with pytest.raises(ParamError, match="lr must lie in"):
+        dataset_rules({"sec": {"lr": 0}})
 
 
 def test_validation_normalises_and_is_idempotent():
@@ -91,6 +130,12 @@ def test_validation_normalises_and_is_idempotent():
         ("mopps", {"target": -0.1}, "target"),
         ("dps", {"entropy_weight": float("nan")}, "entropy_weight must be finite"),
         ("dps", {"entropy_weight": "0.1"}, "entropy_weight must be a number"),
+        ("sec", {"tau": 0}, r"tau must lie in \(0, 1e\+06\]"),
+        ("sec", {"lr": 1.5}, "lr must lie in"),
+        ("adarft", {"eta": 101}, r"eta must lie in \[0, 100\]"),
+        ("adarft", {"beta": -1}, "beta must lie in"),
+        ("adarft", {"candidate_ratio": 4}, "allowed: eta, alpha, beta"),
+        ("greso", {"p_easy": 0.5}, "allowed: none"),
     ],
 )
 def test_bad_params_say_what_to_fix(strategy, params, message):
@@ -115,9 +160,10 @@ def test_batches_are_distinct_valid_ids_and_reproducible(beliefs, strategy):
         assert scores is None and again_scores is None
 
 
-@pytest.mark.parametrize("strategy", ALL)
+@pytest.mark.parametrize("strategy", SEEDED)
 def test_a_different_seed_gives_a_different_batch(beliefs, strategy):
     fresh = BeliefArrays.new(2000)  # all prompts tie: only the seeded tie-breaking decides
+    apply_metadata(fresh, 0, None, np.arange(2000, dtype=np.int32) % 7)  # groups: no prior moves
     a, _ = run(fresh, strategy, seed=0)
     b, _ = run(fresh, strategy, seed=1)
     assert not np.array_equal(np.sort(a), np.sort(b))
@@ -138,7 +184,7 @@ def test_dps_ranks_predicted_partial_prompts_first(beliefs):
     np.testing.assert_array_equal(full[ids], scores)
 
 
-@pytest.mark.parametrize("strategy", DETERMINISTIC)
+@pytest.mark.parametrize("strategy", POOLED)
 @pytest.mark.parametrize("ratio", [None, 4])
 def test_full_scores_cache_gives_identical_results(beliefs, strategy, ratio):
     params = {"candidate_ratio": ratio}
@@ -152,7 +198,7 @@ def test_full_scores_cache_gives_identical_results(beliefs, strategy, ratio):
 
 @pytest.mark.parametrize("strategy", DETERMINISTIC)
 def test_score_gives_what_select_ranks_by(beliefs, strategy):
-    ids, scores = run(beliefs, strategy, {"candidate_ratio": None})
+    ids, scores = run(beliefs, strategy, {"candidate_ratio": None} if strategy in POOLED else {})
     direct = score(beliefs, strategy=strategy, params={}, ids=ids, step=5, seed=0, key="ds", dataset_k=8)
     np.testing.assert_array_equal(direct, scores)
 

@@ -9,6 +9,18 @@
 | mopps               | -(g - target)^2, g ~ Beta (1.2)   | pool                             | target 0.5, mode topk, candidate_ratio 16 |
 | expected_difficulty | -(m - target)^2 (METHODS 1.3)     | pool                             | target 0.5, candidate_ratio 16 |
 | inverse_evidence    | 1 / n (METHODS 1.3)               | pool                             | candidate_ratio 16 |
+| learnability        | E[phi (1 - phi)] (METHODS 7)      | pool                             | candidate_ratio 16 |
+| adarft              | -|d - T| (METHODS 7)              | whole dataset                    | eta 50, alpha 2, beta 0.5 (the dataset's) |
+| greso               | none: the walk with skips (M. 7)  | -                                | - |
+| sec                 | none: category walks (METHODS 7)  | prompts with a group             | lr 0.5 (the dataset's), tau 1.0 |
+
+Every Beta-family score (insight, mopps, expected_difficulty, inverse_evidence, learnability) reads a
+never-observed prompt's Beta as its cold prior (METHODS 6, coldstart.beta_for).
+
+Parameters marked "the dataset's" shape state that the dataset updates at every step close (SEC's Q,
+AdaRFT's T), so they are fixed per dataset: set them in the dataset's `defaults`; a select that names
+another value is refused (`check_dataset_params`). `dataset_rules` turns a dataset's defaults into the
+DatasetRules its beliefs are created with.
 
 `select` and `score` are pure functions of their arguments: every random choice comes from
 `make_rng(key, step, seed, purpose)` with purposes "candidates" (the pool), "thompson" (MoPPS draws) and
@@ -30,6 +42,8 @@ from typing import Any
 
 import numpy as np
 
+from .coldstart import beta_for
+from .curricula import adarft_scores, learnability_for
 from .mi import wmi_scores
 from .scores import dps_scores, expected_difficulty_scores, inverse_evidence_scores, thompson_scores
 from .select import (
@@ -39,8 +53,19 @@ from .select import (
     topk_random_ties,
     uniform_batch,
 )
+from .walks import WalkError, greso_batch, sec_batch
 
-__all__ = ["STRATEGIES", "Param", "ParamError", "StrategySpec", "score", "select", "validate_params"]
+__all__ = [
+    "STRATEGIES",
+    "Param",
+    "ParamError",
+    "StrategySpec",
+    "check_dataset_params",
+    "dataset_rules",
+    "score",
+    "select",
+    "validate_params",
+]
 
 #: Largest rollout count accepted for INSIGHT's `k`.
 K_LIMIT = 1024
@@ -112,6 +137,17 @@ def _finite(name: str) -> Callable[[Any], float]:
     return lambda v: _number(name, v)
 
 
+def _within(name: str, low: float, high: float, *, low_open: bool = False) -> Callable[[Any], float]:
+    def check(v: Any) -> float:
+        v = _number(name, v)
+        if not ((v > low if low_open else v >= low) and v <= high):
+            bound = "(" if low_open else "["
+            raise ParamError(f"{name} must lie in {bound}{low:g}, {high:g}], got {v}")
+        return v
+
+    return check
+
+
 @dataclass(frozen=True)
 class Param:
     """One selection parameter: its default and a checker that returns the normalised value."""
@@ -119,6 +155,8 @@ class Param:
     default: Any
     check: Callable[[Any], Any]
     help: str
+    #: Shapes state the dataset updates at step close: fixed per dataset (its `defaults`), see above.
+    dataset_level: bool = False
 
 
 @dataclass(frozen=True)
@@ -168,6 +206,33 @@ STRATEGIES: dict[str, StrategySpec] = {
         {"target": Param(0.5, _unit("target"), "success rate to aim at"), "candidate_ratio": _RATIO_16},
     ),
     "inverse_evidence": StrategySpec("inverse_evidence", {"candidate_ratio": _RATIO_16}),
+    "learnability": StrategySpec("learnability", {"candidate_ratio": _RATIO_16}),
+    "adarft": StrategySpec(
+        "adarft",
+        {
+            "eta": Param(50.0, _within("eta", 0.0, 100.0), "step of the target difficulty T", True),
+            "alpha": Param(2.0, _within("alpha", 0.0, 1000.0), "sensitivity of T's update to R - beta", True),
+            "beta": Param(0.5, _unit("beta"), "success rate T steers toward", True),
+        },
+    ),
+    "greso": StrategySpec("greso", scored=False, deterministic=False),
+    "sec": StrategySpec(
+        "sec",
+        {
+            "lr": Param(0.5, _within("lr", 0.0, 1.0, low_open=True), "learning rate of the Q values", True),
+            "tau": Param(1.0, _within("tau", 0.0, 1e6, low_open=True), "softmax temperature over Q"),
+        },
+        scored=False,
+        deterministic=False,
+    ),
+}
+
+#: DatasetRules field -> (strategy, parameter) it comes from.
+_RULES = {
+    "sec_lr": ("sec", "lr"),
+    "adarft_eta": ("adarft", "eta"),
+    "adarft_alpha": ("adarft", "alpha"),
+    "adarft_beta": ("adarft", "beta"),
 }
 
 
@@ -192,20 +257,53 @@ def validate_params(strategy: str, params: dict[str, Any] | None) -> dict[str, A
     return {name: p.check(params[name]) if name in params else p.default for name, p in spec.params.items()}
 
 
+def dataset_rules(defaults: dict[str, dict[str, Any]] | None) -> dict[str, float]:
+    """The DatasetRules fields set by the dataset-level parameters, from a dataset's `defaults` (the
+    registry's defaults where it names none); raises ParamError on a bad value."""
+    defaults = defaults or {}
+    out = {}
+    for rule, (strategy, name) in _RULES.items():
+        params = validate_params(strategy, defaults.get(strategy, {}))
+        out[rule] = float(params[name])
+    return out
+
+
+def check_dataset_params(
+    strategy: str, params: dict[str, Any] | None, defaults: dict[str, dict[str, Any]] | None
+) -> None:
+    """Raises ParamError when `params` names a dataset-level parameter (above) with a value other than
+    the dataset's (from its `defaults`, else the registry default)."""
+    spec = _spec(strategy)
+    given = validate_params(strategy, params)
+    fixed = validate_params(strategy, (defaults or {}).get(strategy, {}))
+    for name, param in spec.params.items():
+        if param.dataset_level and name in (params or {}) and given[name] != fixed[name]:
+            raise ParamError(
+                f"{strategy} parameter {name} = {given[name]:g} differs from the dataset's {fixed[name]:g}: "
+                f"it shapes state the dataset updates at every step close, so it is fixed per dataset; "
+                f"create the dataset with defaults {{{strategy!r}: {{{name!r}: {given[name]:g}}}}} to use it"
+            )
+
+
 def _insight_k(params: dict[str, Any], dataset_k: int) -> int:
     k = params["k"] if params["k"] is not None else dataset_k
     return _k(k)
 
 
 def _deterministic_scores(ba, strategy: str, params: dict[str, Any], ids, dataset_k: int) -> np.ndarray:
-    if strategy == "insight":
-        return wmi_scores(ba.alpha, ba.beta, ids, _insight_k(params, dataset_k), params["eta"], params["mu"])
     if strategy == "dps":
         return dps_scores(ba.hmm_prior, ids, params["entropy_weight"])
+    if strategy == "adarft":
+        return adarft_scores(ba, ids)
+    if strategy == "learnability":
+        return learnability_for(ba, ids)
+    alpha, beta, ids = beta_for(ba, ids)
+    if strategy == "insight":
+        return wmi_scores(alpha, beta, ids, _insight_k(params, dataset_k), params["eta"], params["mu"])
     if strategy == "expected_difficulty":
-        return expected_difficulty_scores(ba.alpha, ba.beta, ids, params["target"])
+        return expected_difficulty_scores(alpha, beta, ids, params["target"])
     if strategy == "inverse_evidence":
-        return inverse_evidence_scores(ba.alpha, ba.beta, ids)
+        return inverse_evidence_scores(alpha, beta, ids)
     raise AssertionError(f"no deterministic score for {strategy!r}")
 
 
@@ -241,17 +339,23 @@ def select(
         return uniform_batch(n, batch_size, step, seed, key), None
     if strategy == "history_resampling":
         return history_batch(n, batch_size, step, seed, key, ba.last_state), None
+    if strategy == "greso":
+        return greso_batch(ba, batch_size, key), None
+    if strategy == "sec":
+        try:
+            return sec_batch(ba, batch_size, step, seed, key, params["tau"]), None
+        except WalkError as exc:
+            raise ParamError(str(exc)) from None
 
-    ratio = params["candidate_ratio"]
+    ratio = params.get("candidate_ratio")  # adarft ranks the whole dataset
     pool_size = n if ratio is None else min(ratio * batch_size, n)
     whole = pool_size == n
     candidates = candidate_pool(n, pool_size, make_rng(key, step, seed, "candidates"))
     ties = make_rng(key, step, seed, "ties")
     if strategy == "mopps":
         rng = make_rng(key, step, seed, "thompson")
-        scores, draws = thompson_scores(
-            ba.alpha, ba.beta, None if whole else candidates, params["target"], rng
-        )
+        alpha, beta, sub = beta_for(ba, None if whole else candidates)
+        scores, draws = thompson_scores(alpha, beta, sub, params["target"], rng)
         if params["mode"] == "threshold":
             distance = np.maximum(0.3 - draws, 0.0) + np.maximum(draws - 0.7, 0.0)
             pos = topk_random_ties(-distance, batch_size, ties)
@@ -289,5 +393,6 @@ def score(
         raise ParamError(f"strategy {strategy!r} walks a permutation and has no per-prompt scores")
     if strategy == "mopps":
         rng = make_rng(key, step, seed, "thompson")
-        return thompson_scores(ba.alpha, ba.beta, ids, params["target"], rng)[0]
+        alpha, beta, sub = beta_for(ba, ids)
+        return thompson_scores(alpha, beta, sub, params["target"], rng)[0]
     return _deterministic_scores(ba, strategy, params, ids, dataset_k)

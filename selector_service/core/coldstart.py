@@ -1,0 +1,444 @@
+"""Cold start (METHODS 6): per-prompt metadata, group rates, cold priors and priors frozen at a prompt's
+first observation; and `SharedState`, what a dataset keeps beside its per-prompt arrays.
+
+Per-prompt metadata (BeliefArrays fields, set by `apply_metadata`, a log record in the service):
+
+    pass_rate   f32[N]  a reference model's pass rate in [0, 1]; NaN = unknown
+    group       i32[N]  category 0..MAX_GROUPS-1; NO_GROUP (-1) = none
+
+and per prompt, at its first observation, `prior_p0` (f64[N]) freezes the prior pass rate its Beta
+prior is built from (NaN: none, the plain Beta(alpha0, beta0)).
+
+With alpha0, beta0 the dataset's Beta prior, s its `prior_strength`, gamma its `group_decay`:
+
+    S_g, T_g   decayed sums of the successes and trials of every result of a prompt of group g
+               (added when the result is applied, multiplied by gamma at every step close)
+    m_g        (alpha0 + S_g) / (alpha0 + beta0 + T_g)                       group rate
+    p0_i       pass_rate_i if known, else m_g of its group if it has one, else none
+    cold prior Beta(alpha0 + s p0_i, beta0 + s (1 - p0_i)); Beta(alpha0, beta0) without p0_i
+
+A never-observed prompt's Beta is its cold prior, computed when it is scored (`beta_for`), so it costs
+no state until the prompt is observed. At the first observation the cold prior is frozen into
+`prior_p0`, and (alpha0_i, beta0_i) = (alpha0 + s p0_i, beta0 + s (1 - p0_i)) replace (alpha0, beta0)
+in the Beta update (beliefs.apply_results): results are applied in request order, so a frozen prior
+sees the group sums of every result before it, earlier results of the same request included.
+
+`SharedState` also holds the per-dataset state of the strategies of METHODS 7 (GRESO's p_easy / p_hard
+and walk position, SEC's Q values and per-category walk positions, AdaRFT's target difficulty T) and
+the statistics of the open step they are updated from when it closes (curricula.close_shared).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numba
+import numpy as np
+from numba import prange
+
+from ._parallel import CHUNK, PARALLEL_LOCK, PARALLEL_MIN
+
+__all__ = [
+    "MAX_GROUPS",
+    "NO_GROUP",
+    "DatasetRules",
+    "SharedState",
+    "apply_metadata",
+    "beta_for",
+    "group_rates",
+    "has_cold_priors",
+    "live_pass_rates",
+    "prior_pass_rates",
+]
+
+#: Groups are numbered 0..MAX_GROUPS-1 (METHODS 6: G <= 65,536).
+MAX_GROUPS = 65_536
+#: `group` value of a prompt without a group.
+NO_GROUP = -1
+
+#: Order of SharedState.step_counts: results applied at the open step, of which all-solved and
+#: all-failed (states SOLVED / UNSOLVED), and their summed successes and trials.
+STEP_RESULTS, STEP_EASY, STEP_HARD, STEP_SUCCESSES, STEP_TRIALS = range(5)
+
+
+def _finite(name: str, value: float, low: float, high: float, *, low_open: bool = False) -> float:
+    value = float(value)
+    ok = math.isfinite(value) and (value > low if low_open else value >= low) and value <= high
+    if not ok:
+        bound = "(" if low_open else "["
+        raise ValueError(f"{name} must lie in {bound}{low}, {high}], got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class DatasetRules:
+    """A dataset's constants that shape how its shared state evolves (fixed at creation).
+
+    alpha0, beta0: the Beta prior; prior_strength s and group_decay gamma (METHODS 6); sec_lr (SEC's
+    learning rate for Q) and adarft_eta / adarft_alpha / adarft_beta (AdaRFT's update of T), METHODS 7.
+    """
+
+    alpha0: float = 1.0
+    beta0: float = 1.0
+    prior_strength: float = 2.0
+    group_decay: float = 0.9
+    sec_lr: float = 0.5
+    adarft_eta: float = 50.0
+    adarft_alpha: float = 2.0
+    adarft_beta: float = 0.5
+
+    def __post_init__(self) -> None:
+        for name in ("alpha0", "beta0"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"the Beta prior's {name} must be finite and > 0, got {value!r}")
+        _finite("prior_strength", self.prior_strength, 0.0, 1e6)
+        _finite("group_decay", self.group_decay, 0.0, 1.0, low_open=True)
+        _finite("sec lr", self.sec_lr, 0.0, 1.0)
+        _finite("adarft eta", self.adarft_eta, 0.0, 100.0)
+        _finite("adarft alpha", self.adarft_alpha, 0.0, 1e3)
+        _finite("adarft beta", self.adarft_beta, 0.0, 1.0)
+
+
+def _zeros(n: int, dtype: Any = np.float64) -> np.ndarray:
+    return np.zeros(n, dtype=dtype)
+
+
+#: name -> dtype of the arrays of SharedState indexed by group (all of length n_groups).
+GROUP_FIELDS: dict[str, np.dtype] = {
+    "group_successes": np.dtype(np.float64),  # S_g
+    "group_trials": np.dtype(np.float64),  # T_g
+    "group_size": np.dtype(np.int64),  # prompts whose metadata puts them in g
+    "sec_q": np.dtype(np.float64),  # SEC's Q_g
+    "sec_pos": np.dtype(np.int64),  # SEC: position of g's walk (passes * size + offset)
+    "step_adv": np.dtype(np.float64),  # SEC: sum of the mean |advantage| of g's results at the open step
+    "step_adv_n": np.dtype(np.int64),  # ... and their number
+}
+
+#: Scalars of SharedState written to snapshots (JSON numbers; Python floats round-trip exactly).
+SCALARS = ("pass_rate_known", "grouped", "greso_pos", "p_easy", "p_hard", "adarft_t")
+
+
+@dataclass(eq=False)
+class SharedState:
+    """What one dataset keeps beside its per-prompt arrays (a plain container; see the module docstring)."""
+
+    rules: DatasetRules = field(default_factory=DatasetRules)
+    group_successes: np.ndarray = field(default_factory=lambda: _zeros(0))
+    group_trials: np.ndarray = field(default_factory=lambda: _zeros(0))
+    group_size: np.ndarray = field(default_factory=lambda: _zeros(0, np.int64))
+    sec_q: np.ndarray = field(default_factory=lambda: _zeros(0))
+    sec_pos: np.ndarray = field(default_factory=lambda: _zeros(0, np.int64))
+    step_adv: np.ndarray = field(default_factory=lambda: _zeros(0))
+    step_adv_n: np.ndarray = field(default_factory=lambda: _zeros(0, np.int64))
+    #: results, all-solved, all-failed, successes, trials applied at the open step (STEP_* indices)
+    step_counts: np.ndarray = field(default_factory=lambda: _zeros(5))
+    pass_rate_known: int = 0  # prompts with a known pass rate
+    grouped: int = 0  # prompts with a group
+    greso_pos: int = 0  # GRESO: global position of its walk over the concatenated epoch permutations
+    p_easy: float = 0.5
+    p_hard: float = 0.5
+    adarft_t: float = 0.0
+    #: Bumped whenever a cold prior may have changed (metadata, group sums); never persisted: caches
+    #: of this process compare it, a loaded state starts with fresh caches.
+    cold_version: int = 0
+    #: SEC's member index (walks.sec_members), built on first use; dropped by a metadata upload.
+    members_cache: Any = field(default=None, repr=False)
+
+    @property
+    def n_groups(self) -> int:
+        """Length of the per-group arrays: 1 + the largest group id ever uploaded (0 without groups)."""
+        return int(self.group_successes.shape[0])
+
+    def group_arrays(self) -> dict[str, np.ndarray]:
+        return {name: getattr(self, name) for name in GROUP_FIELDS}
+
+    def grow(self, n_groups: int) -> None:
+        """Extends the per-group arrays to `n_groups` (zeros for the new groups)."""
+        old = self.n_groups
+        if n_groups <= old:
+            return
+        for name, dtype in GROUP_FIELDS.items():
+            arr = np.zeros(n_groups, dtype=dtype)
+            arr[:old] = getattr(self, name)
+            setattr(self, name, arr)
+
+    def copy(self) -> SharedState:
+        return replace(
+            self,
+            **{name: arr.copy() for name, arr in self.group_arrays().items()},
+            step_counts=self.step_counts.copy(),
+            members_cache=None,
+        )
+
+    # ---- snapshots ----------------------------------------------------------------------------------
+    def header(self) -> dict[str, Any]:
+        """Scalars for a snapshot header (the rules come from the dataset spec, not from here)."""
+        doc = {name: getattr(self, name) for name in SCALARS}
+        doc["step_counts"] = [float(x) for x in self.step_counts]
+        return doc
+
+    @classmethod
+    def from_parts(
+        cls, rules: DatasetRules, header: dict[str, Any], arrays: dict[str, np.ndarray]
+    ) -> SharedState:
+        """Rebuilds the state from `header()` and `group_arrays()`; ValueError when they do not fit."""
+        missing = set(GROUP_FIELDS) - set(arrays)
+        unknown = set(arrays) - set(GROUP_FIELDS)
+        if missing or unknown:
+            raise ValueError(f"shared arrays: missing {sorted(missing)}, unknown {sorted(unknown)}")
+        lengths = {np.shape(arr) for arr in arrays.values()}
+        if len(lengths) != 1 or len(next(iter(lengths))) != 1 or next(iter(lengths))[0] > MAX_GROUPS:
+            raise ValueError(f"shared arrays must be 1-d of one length <= {MAX_GROUPS}, got {lengths}")
+        try:
+            counts = np.array(header["step_counts"], dtype=np.float64)
+            scalars = {
+                "pass_rate_known": int(header["pass_rate_known"]),
+                "grouped": int(header["grouped"]),
+                "greso_pos": int(header["greso_pos"]),
+                "p_easy": float(header["p_easy"]),
+                "p_hard": float(header["p_hard"]),
+                "adarft_t": float(header["adarft_t"]),
+            }
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"shared state header is incomplete or malformed: {exc!r}") from exc
+        if counts.shape != (5,):
+            raise ValueError(f"shared state step_counts must have 5 entries, got {counts.shape}")
+        typed = {
+            name: np.require(np.asarray(arrays[name]), dtype=dtype, requirements=["C", "W", "A"])
+            for name, dtype in GROUP_FIELDS.items()
+        }
+        return cls(rules=rules, step_counts=counts, **typed, **scalars)
+
+
+def has_cold_priors(shared: SharedState) -> bool:
+    """True when some never-observed prompt may have a prior other than Beta(alpha0, beta0)."""
+    return shared.pass_rate_known > 0 or shared.grouped > 0
+
+
+def group_rates(shared: SharedState) -> np.ndarray:
+    """m_g = (alpha0 + S_g) / (alpha0 + beta0 + T_g) for every group (float64[n_groups])."""
+    r = shared.rules
+    return (r.alpha0 + shared.group_successes) / (r.alpha0 + r.beta0 + shared.group_trials)
+
+
+# ---------------------------------------------------------------- metadata
+
+
+def _check_offset(offset: Any, length: int, n: int) -> int:
+    if isinstance(offset, bool) or not isinstance(offset, int | np.integer) or offset < 0:
+        raise ValueError(f"offset must be an integer >= 0, got {offset!r}")
+    if int(offset) + length > n:
+        raise ValueError(
+            f"metadata for prompts {offset}..{int(offset) + length - 1} runs past the dataset's last "
+            f"prompt id {n - 1}"
+        )
+    return int(offset)
+
+
+def check_metadata(
+    n: int, offset: Any, pass_rate: np.ndarray | None, group: np.ndarray | None
+) -> tuple[int, np.ndarray | None, np.ndarray | None]:
+    """Validated (offset, float32 pass rates, int32 groups) for prompts offset..offset+len-1 of a dataset
+    of n prompts; raises ValueError saying what is out of range. Pass rates: [0, 1] or NaN (unknown);
+    groups: 0..MAX_GROUPS-1 or NO_GROUP. Both given: the same length."""
+    if pass_rate is None and group is None:
+        raise ValueError("metadata needs pass_rate, group or both")
+    length = None
+    if pass_rate is not None:
+        raw = np.asarray(pass_rate)
+        if raw.ndim != 1 or not (
+            np.issubdtype(raw.dtype, np.floating) or np.issubdtype(raw.dtype, np.integer)
+        ):
+            raise ValueError(
+                f"pass_rate must be a 1-d array of numbers, got dtype {raw.dtype}, shape {raw.shape}"
+            )
+        with np.errstate(invalid="ignore", over="ignore"):
+            pass_rate = np.ascontiguousarray(raw, dtype=np.float32)
+        # A float64 outside float32's range becomes inf: refused below like any other out-of-range value.
+        known = ~np.isnan(pass_rate)
+        bad = known & ~((pass_rate >= 0.0) & (pass_rate <= 1.0))
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise ValueError(
+                f"pass_rate[{i}] = {raw[i]!r}: pass rates must lie in [0, 1] (NaN/null = unknown)"
+            )
+        length = pass_rate.size
+    if group is not None:
+        raw = np.asarray(group)
+        if raw.ndim != 1 or not np.issubdtype(raw.dtype, np.integer):
+            raise ValueError(f"group must be a 1-d integer array, got dtype {raw.dtype}, shape {raw.shape}")
+        bad = (raw < NO_GROUP) | (raw >= MAX_GROUPS)
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise ValueError(
+                f"group[{i}] = {int(raw[i])}: groups must lie in 0..{MAX_GROUPS - 1} ({NO_GROUP} = none)"
+            )
+        group = np.ascontiguousarray(raw, dtype=np.int32)
+        if length is not None and group.size != length:
+            raise ValueError(f"pass_rate has {length} values and group {group.size}: send one per prompt")
+        length = group.size
+    if length == 0:
+        raise ValueError("metadata arrays are empty: send at least one prompt's values")
+    return _check_offset(offset, length, n), pass_rate, group
+
+
+def apply_metadata(ba, offset: int, pass_rate: np.ndarray | None, group: np.ndarray | None) -> None:
+    """Sets the pass rates and/or groups of prompts offset..offset+len-1 of `ba` (a BeliefArrays).
+
+    Validates first (check_metadata); on error nothing changes. Frozen priors of prompts already observed
+    are kept (METHODS 6: a prior is frozen at the first observation). A group upload restarts SEC's
+    per-category walks (ours: their member lists changed).
+    """
+    offset, pass_rate, group = check_metadata(ba.n, offset, pass_rate, group)
+    sh = ba.shared
+    if pass_rate is not None:
+        end = offset + pass_rate.size
+        old_known = int(np.count_nonzero(~np.isnan(ba.pass_rate[offset:end])))
+        ba.pass_rate[offset:end] = pass_rate
+        sh.pass_rate_known += int(np.count_nonzero(~np.isnan(pass_rate))) - old_known
+    if group is not None:
+        end = offset + group.size
+        top = int(group.max())
+        sh.grow(top + 1)
+        old = ba.group[offset:end]
+        old_in = old[old >= 0]
+        new_in = group[group >= 0]
+        sh.group_size -= np.bincount(old_in, minlength=sh.n_groups)[: sh.n_groups]
+        sh.group_size += np.bincount(new_in, minlength=sh.n_groups)[: sh.n_groups]
+        sh.grouped += int(new_in.size) - int(old_in.size)
+        ba.group[offset:end] = group
+        sh.sec_pos[:] = 0
+        sh.members_cache = None
+    sh.cold_version += 1
+
+
+# ---------------------------------------------------------------- cold and frozen priors
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def _live_p0(pass_rate, group, rates, p):
+    """p0 of METHODS 6 now: the pass rate if known, else the group's rate, else NaN."""
+    p0 = np.float64(pass_rate[p])
+    if np.isnan(p0):
+        g = group[p]
+        if g >= 0:
+            p0 = rates[g]
+    return p0
+
+
+@numba.njit(nogil=True, cache=True)
+def _beta_range(src, rates, ids, use_all, a0, b0, s, out_a, out_b, out_p0, lo, hi):
+    """Beta and prior p0 of prompts lo..hi-1; src = (alpha, beta, n_obs, prior_p0, pass_rate, group)."""
+    alpha, beta, n_obs, prior_p0, pass_rate, group = src
+    for i in range(lo, hi):
+        p = i if use_all else ids[i]
+        if n_obs[p] > 0:
+            out_a[i] = alpha[p]
+            out_b[i] = beta[p]
+            out_p0[i] = prior_p0[p]
+        else:
+            p0 = _live_p0(pass_rate, group, rates, p)
+            out_p0[i] = p0
+            if np.isnan(p0):
+                out_a[i] = a0
+                out_b[i] = b0
+            else:
+                out_a[i] = a0 + s * p0
+                out_b[i] = b0 + s * (1.0 - p0)
+
+
+@numba.njit(nogil=True, cache=True)
+def _beta_serial(src, rates, ids, use_all, a0, b0, s, out_a, out_b, out_p0):
+    _beta_range(src, rates, ids, use_all, a0, b0, s, out_a, out_b, out_p0, 0, out_a.size)
+
+
+@numba.njit(nogil=True, cache=True, parallel=True)
+def _beta_parallel(src, rates, ids, use_all, a0, b0, s, out_a, out_b, out_p0):
+    m = out_a.size
+    for c in prange((m + CHUNK - 1) // CHUNK):
+        lo = c * CHUNK
+        _beta_range(src, rates, ids, use_all, a0, b0, s, out_a, out_b, out_p0, lo, min(m, lo + CHUNK))
+
+
+def _ids(ids: np.ndarray | None, n: int) -> tuple[np.ndarray, bool]:
+    if ids is None:
+        return np.empty(0, dtype=np.int64), True
+    ids = np.ascontiguousarray(ids)
+    if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer):
+        raise ValueError(f"ids must be a 1-d integer array, got dtype {ids.dtype} and shape {ids.shape}")
+    ids = ids.astype(np.int64, copy=False)
+    if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= n):
+        raise ValueError(f"ids must lie in [0, {n}); got values in [{int(ids.min())}, {int(ids.max())}]")
+    return ids, False
+
+
+def _beta_prior_arrays(ba, ids: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    ids, use_all = _ids(ids, ba.n)
+    m = ba.n if use_all else ids.size
+    out_a, out_b, out_p0 = np.empty(m), np.empty(m), np.empty(m)
+    r = ba.shared.rules
+    src = (ba.alpha, ba.beta, ba.n_obs, ba.prior_p0, ba.pass_rate, ba.group)
+    args = (
+        src,
+        group_rates(ba.shared),
+        ids,
+        use_all,
+        r.alpha0,
+        r.beta0,
+        r.prior_strength,
+        out_a,
+        out_b,
+        out_p0,
+    )
+    if m < PARALLEL_MIN:
+        _beta_serial(*args)
+    else:
+        with PARALLEL_LOCK:
+            _beta_parallel(*args)
+    return out_a, out_b, out_p0
+
+
+def beta_for(ba, ids: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """The Beta every score uses, as (alpha, beta, ids) for the Beta score functions.
+
+    Without metadata the stored arrays already are every prompt's Beta (a never-observed prompt holds
+    Beta(alpha0, beta0)): returns (ba.alpha, ba.beta, ids) untouched, no copy. Otherwise returns the
+    posteriors of observed prompts and the cold priors of the others gathered in the order of `ids`
+    (None: every prompt), and None for ids.
+    """
+    if not has_cold_priors(ba.shared):
+        return ba.alpha, ba.beta, ids
+    a, b, _ = _beta_prior_arrays(ba, ids)
+    return a, b, None
+
+
+def prior_pass_rates(ba, ids: np.ndarray | None) -> np.ndarray:
+    """The p0 each prompt's Beta prior is built from (float64, NaN = none): frozen at the first
+    observation for observed prompts, the live p0 (pass rate, else group rate) for the others."""
+    return _beta_prior_arrays(ba, ids)[2]
+
+
+@numba.njit(nogil=True, cache=True)
+def _live_kernel(alpha, beta, n_obs, pass_rate, group, rates, ids, use_all, a0, b0, out):
+    for i in range(out.size):
+        p = i if use_all else ids[i]
+        p0 = _live_p0(pass_rate, group, rates, p)
+        if np.isnan(p0):  # no metadata: the posterior mean (the cold prior's mean when never observed)
+            p0 = alpha[p] / (alpha[p] + beta[p]) if n_obs[p] > 0 else a0 / (a0 + b0)
+        out[i] = p0
+
+
+def live_pass_rates(ba, ids: np.ndarray | None) -> np.ndarray:
+    """Per prompt (float64, in the order of `ids`; None = all): its pass rate if known, else its group's
+    rate m_g, else its posterior mean (AdaRFT's difficulty source, METHODS 7)."""
+    ids, use_all = _ids(ids, ba.n)
+    out = np.empty(ba.n if use_all else ids.size)
+    r = ba.shared.rules
+    rates = group_rates(ba.shared)
+    _live_kernel(
+        ba.alpha, ba.beta, ba.n_obs, ba.pass_rate, ba.group, rates, ids, use_all, r.alpha0, r.beta0, out
+    )
+    return out

@@ -1,0 +1,109 @@
+"""Strategies from the field (METHODS 7): learnability, GRESO, SEC, AdaRFT; and the step close of the
+dataset's shared state (METHODS 6 group decay and the METHODS 7 adaptations).
+
+    learnability   E[phi (1 - phi)] = a b / ((a + b)(a + b + 1)) under the prompt's Beta (cold prior
+                   included); a candidate pool as INSIGHT
+    adarft         d_i = 100 (1 - p_i), p_i the prompt's pass rate, else its group's rate, else its
+                   posterior mean (coldstart.live_pass_rates); the B prompts with the smallest
+                   |d_i - T| over the whole dataset, ties at random
+    greso, sec     walks (walks module)
+
+At each step close (`close_shared`, before the DPS close, which resets the step states the walks read):
+
+    GRESO    easy share = all-solved results / results of the step; p_easy -= 0.01 if it is >= 0.25/3,
+             else += 0.01; p_hard likewise with all-failed results and 0.25 * 2/3; both clipped to
+             [0.05, 0.95]. A step without results leaves them (ours: no evidence).
+    AdaRFT   T <- clip(T + eta tanh(alpha (R - beta)), 0, 100), R = successes / trials of the step's
+             results; a step without results leaves T (ours).
+    SEC      r_g = mean over g's results at the step of their mean |advantage| (0 when none);
+             Q_g <- (1 - lr) Q_g + lr r_g for every category.
+    groups   S_g, T_g multiplied by group_decay (METHODS 6).
+
+then the open step's statistics are reset. The rules (lr, eta, alpha, beta, group_decay) are the
+dataset's (DatasetRules): they shape state that every replica derives from the log.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .coldstart import (
+    STEP_EASY,
+    STEP_HARD,
+    STEP_RESULTS,
+    STEP_SUCCESSES,
+    STEP_TRIALS,
+    beta_for,
+    live_pass_rates,
+)
+from .mi import _beta_params, _check_ids
+
+__all__ = [
+    "GRESO_EASY_TARGET",
+    "GRESO_HARD_TARGET",
+    "adarft_scores",
+    "close_shared",
+    "learnability_scores",
+]
+
+#: GRESO's targets for the shares of all-solved and all-failed groups (total 0.25, split 1:2).
+GRESO_EASY_TARGET = 0.25 / 3.0
+GRESO_HARD_TARGET = 0.25 * 2.0 / 3.0
+GRESO_STEP = 0.01
+GRESO_P_MIN, GRESO_P_MAX = 0.05, 0.95
+
+
+def learnability_scores(alpha: np.ndarray, beta: np.ndarray, ids: np.ndarray | None) -> np.ndarray:
+    """E[phi (1 - phi)] under Beta(alpha, beta): a b / ((a + b)(a + b + 1)) (float64, order of `ids`)."""
+    alpha, beta = _beta_params(alpha, beta)
+    if ids is not None:
+        ids = _check_ids(ids, alpha.size)
+        alpha, beta = alpha[ids], beta[ids]
+    n = alpha + beta
+    return alpha * beta / (n * (n + 1.0))
+
+
+def learnability_for(ba, ids: np.ndarray | None) -> np.ndarray:
+    """Learnability of `ids` (None: all) with cold priors for never-observed prompts."""
+    a, b, sub = beta_for(ba, ids)
+    return learnability_scores(a, b, sub)
+
+
+def adarft_scores(ba, ids: np.ndarray | None) -> np.ndarray:
+    """-|d_i - T| with d_i = 100 (1 - p_i) (module docstring), larger is better (float64)."""
+    d = 100.0 * (1.0 - live_pass_rates(ba, ids))
+    return -np.abs(d - ba.shared.adarft_t)
+
+
+def _step_adapt(p: float, share: float, target: float) -> float:
+    p = p - GRESO_STEP if share >= target else p + GRESO_STEP
+    return min(max(p, GRESO_P_MIN), GRESO_P_MAX)
+
+
+def close_shared(ba) -> None:
+    """Closes the open step of `ba.shared` (module docstring), in place. Walk positions are advanced by
+    walks.advance_walks, which must run before this (and before the DPS close)."""
+    sh = ba.shared
+    rules = sh.rules
+    counts = sh.step_counts
+    results = counts[STEP_RESULTS]
+    if results > 0:
+        sh.p_easy = _step_adapt(sh.p_easy, counts[STEP_EASY] / results, GRESO_EASY_TARGET)
+        sh.p_hard = _step_adapt(sh.p_hard, counts[STEP_HARD] / results, GRESO_HARD_TARGET)
+    if counts[STEP_TRIALS] > 0:
+        r = counts[STEP_SUCCESSES] / counts[STEP_TRIALS]
+        t = sh.adarft_t + rules.adarft_eta * math.tanh(rules.adarft_alpha * (r - rules.adarft_beta))
+        sh.adarft_t = min(max(t, 0.0), 100.0)
+    if sh.n_groups:
+        r_g = np.divide(sh.step_adv, sh.step_adv_n, out=np.zeros(sh.n_groups), where=sh.step_adv_n > 0)
+        sh.sec_q = (1.0 - rules.sec_lr) * sh.sec_q + rules.sec_lr * r_g
+        if rules.group_decay != 1.0 and (sh.group_trials.any() or sh.group_successes.any()):
+            sh.group_successes *= rules.group_decay
+            sh.group_trials *= rules.group_decay
+            if sh.grouped:
+                sh.cold_version += 1
+        sh.step_adv[:] = 0.0
+        sh.step_adv_n[:] = 0
+    counts[:] = 0.0

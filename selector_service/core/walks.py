@@ -1,0 +1,254 @@
+"""The walks of GRESO and SEC (METHODS 7), with positions that the dataset advances at step close.
+
+GRESO walks the concatenated epoch permutations of the dataset (epoch e: `epoch_permutation(n, key, e,
+0)`) from its position `greso_pos`. A prompt whose trailing run of all-solved results is z_easy > 0 is
+skipped with probability 1 - max(p_easy^z_easy, 0.01); otherwise, when its latest result was all-failed
+(trailing run z_hard), with 1 - max(p_hard^z_hard, 0.01); a prompt without such a run is never skipped.
+The first B survivors are the batch (an id met again across an epoch boundary is passed over). The draw
+deciding a skip belongs to the walk position (`make_rng(key, epoch, 0, "greso-skip")`, one uniform per
+position of the epoch), so the same position gives the same decision as long as the prompt's streak
+and p_easy / p_hard are unchanged.
+
+SEC draws B categories i.i.d. from pi = softmax(Q / tau) over the non-empty groups (`make_rng(key, step,
+seed, "sec-categories")`), and takes one prompt per draw from that category's own walk: its members
+(ids of the group, ascending) in the order of a permutation per pass (`make_rng(key, pass, 0,
+"sec-walk-<g>")`), without replacement within a pass, from the category's position `sec_pos[g]` (a
+walk that crosses into the next pass passes over the ids it already holds, as the uniform walk does). A
+category drawn more often than it has members takes all of them and its extra draws are drawn again
+among the others (ours: a batch has B distinct prompts).
+
+Positions are dataset state, derived from the log (ours; the authors' dataloaders consume prompts as
+they hand them out, and a select here writes nothing). At each step close, before anything resets the
+step's states, `advance_walks` moves each position past the prompts the walk would have consumed:
+walking from the position, a prompt observed at the step is consumed, a prompt not observed is
+consumed only when GRESO skips it now (its streak and p_easy / p_hard are exactly what the select saw,
+since neither changes until it is observed or the step closes), and the walk stops at the first prompt
+the select would have returned but was not observed. So a trainer that observes every prompt of the
+batch moves the walk exactly past the batch (skips included), one that observes part of it is offered
+the rest again, and other observations move nothing. Both walks and the replay ignore the request seed
+(GRESO: entirely; SEC: except for the category draws), because the close cannot know it.
+
+Random numbers come from `select.make_rng` (numpy's PCG64), like the other walks.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .select import epoch_permutation, make_rng
+
+__all__ = [
+    "GRESO_MIN_KEEP",
+    "advance_walks",
+    "greso_batch",
+    "greso_keep_probability",
+    "sec_batch",
+    "sec_members",
+    "sec_policy",
+]
+
+#: GRESO never skips with probability above 1 - GRESO_MIN_KEEP.
+GRESO_MIN_KEEP = 0.01
+#: Positions examined at a time by the walks (grows x2 per chunk).
+_CHUNK = 4096
+
+
+class WalkError(ValueError):
+    """A walk cannot produce a batch (e.g. SEC without groups); the message says what to do."""
+
+
+def greso_keep_probability(streak: np.ndarray, p_easy: float, p_hard: float) -> np.ndarray:
+    """max(p_easy^z, 0.01) for a trailing all-solved run z > 0, max(p_hard^z, 0.01) for an all-failed
+    run z > 0 (streak -z), 1 without a run (float64, elementwise)."""
+    z = np.asarray(streak, dtype=np.float64)
+    easy = np.maximum(np.power(p_easy, np.maximum(z, 0.0)), GRESO_MIN_KEEP)
+    hard = np.maximum(np.power(p_hard, np.maximum(-z, 0.0)), GRESO_MIN_KEEP)
+    return np.where(z > 0, easy, np.where(z < 0, hard, 1.0))
+
+
+def _skip_draws(key: str, epoch: int, offset: int, count: int) -> np.ndarray:
+    """The uniforms of positions offset..offset+count-1 of `epoch` (one 64-bit draw per position)."""
+    rng = make_rng(key, epoch, 0, "greso-skip")
+    if offset:
+        rng.bit_generator.advance(offset)
+    return rng.random(count)
+
+
+def _greso_chunks(n: int, key: str, pos: int, limit: int):
+    """Yields (start position, ids, uniforms) chunks of the walk from `pos`, at most `limit` positions,
+    never crossing an epoch boundary within a chunk."""
+    chunk = _CHUNK
+    end = pos + limit
+    while pos < end:
+        epoch, offset = divmod(pos, n)
+        take = min(chunk, n - offset, end - pos)
+        perm = epoch_permutation(n, key, epoch, 0)
+        yield pos, perm[offset : offset + take].astype(np.int64), _skip_draws(key, epoch, offset, take)
+        pos += take
+        chunk *= 2
+
+
+def greso_batch(ba, batch: int, key: str) -> np.ndarray:
+    """GRESO's batch (int64[batch], walk order) from `ba.shared.greso_pos` (module docstring). When two
+    epochs hold fewer than `batch` survivors, the batch is completed with skipped prompts in walk order."""
+    n = ba.n
+    if not 1 <= batch <= n:
+        raise WalkError(f"batch size must lie in [1, {n}], got {batch}")
+    sh = ba.shared
+    first_epoch = sh.greso_pos // n
+    picked: list[np.ndarray] = []
+    skipped: list[np.ndarray] = []
+    earlier = None  # survivors of the first epoch, once the walk reaches the next one
+    count = 0
+    for start, ids, u in _greso_chunks(n, key, sh.greso_pos, 2 * n):
+        keep = u < greso_keep_probability(ba.streak[ids], sh.p_easy, sh.p_hard)
+        if start // n != first_epoch:
+            if earlier is None:
+                earlier = np.concatenate(picked) if picked else np.zeros(0, dtype=np.int64)
+            keep &= ~np.isin(ids, earlier)
+        survivors = ids[keep][: batch - count]
+        picked.append(survivors)
+        skipped.append(ids[~keep])
+        count += survivors.size
+        if count >= batch:
+            break
+    out = np.concatenate(picked)
+    if out.size < batch:
+        rest = np.concatenate(skipped)
+        rest = rest[~np.isin(rest, out)]
+        _, first = np.unique(rest, return_index=True)
+        out = np.concatenate([out, rest[np.sort(first)][: batch - out.size]])
+    return out
+
+
+def _greso_advance(ba, key: str, observed: np.ndarray) -> None:
+    """Moves greso_pos past what the walk consumed at this step (module docstring)."""
+    n = ba.n
+    sh = ba.shared
+    for start, ids, u in _greso_chunks(n, key, sh.greso_pos, 2 * n):
+        consumed = observed[ids] | (u >= greso_keep_probability(ba.streak[ids], sh.p_easy, sh.p_hard))
+        stop = np.flatnonzero(~consumed)
+        if stop.size:
+            sh.greso_pos = start + int(stop[0])
+            return
+        sh.greso_pos = start + ids.size
+
+
+# ---------------------------------------------------------------- SEC
+
+
+def sec_members(ba) -> tuple[np.ndarray, np.ndarray]:
+    """(ids sorted by group then id, start offset of each group) for the grouped prompts; cached on the
+    shared state until the next metadata upload."""
+    sh = ba.shared
+    if sh.members_cache is None:
+        grouped = np.flatnonzero(ba.group >= 0)
+        order = grouped[np.argsort(ba.group[grouped], kind="stable")]
+        dtype = np.int32 if ba.n <= np.iinfo(np.int32).max else np.int64
+        starts = np.zeros(sh.n_groups + 1, dtype=np.int64)
+        np.cumsum(sh.group_size, out=starts[1:])
+        sh.members_cache = (order.astype(dtype), starts)
+    return sh.members_cache
+
+
+def _category_window(members: np.ndarray, g: int, pos: int, key: str) -> tuple[np.ndarray, np.ndarray]:
+    """Category g's walk from position `pos` to the end of the next pass: (ids int64, eligible bool).
+
+    Positions run over the concatenated pass orders (pass p: members in the order of make_rng(key, p,
+    0, "sec-walk-<g>")); an id already met in the window (the next pass's copy of one still ahead in
+    this pass) is not eligible and is passed over, so a window holds each member at most once.
+    """
+    size = members.size
+    passes, offset = divmod(pos, size)
+    orders = [members[make_rng(key, p, 0, f"sec-walk-{g}").permutation(size)] for p in (passes, passes + 1)]
+    window = np.concatenate([orders[0][offset:], orders[1]]).astype(np.int64)
+    eligible = np.ones(window.size, dtype=bool)
+    eligible[size - offset :] = ~np.isin(orders[1], orders[0][offset:])
+    return window, eligible
+
+
+def sec_policy(ba, tau: float) -> np.ndarray:
+    """pi = softmax(Q / tau) over the groups, 0 for groups without prompts (float64[n_groups])."""
+    sh = ba.shared
+    live = sh.group_size > 0
+    logits = np.where(live, sh.sec_q / tau, -np.inf)
+    top = logits[live].max() if live.any() else 0.0
+    weights = np.where(live, np.exp(logits - top), 0.0)
+    return weights / weights.sum() if live.any() else weights
+
+
+def sec_batch(ba, batch: int, step: int, seed: int, key: str, tau: float) -> np.ndarray:
+    """SEC's batch (int64[batch]; module docstring): ids in the order of the category draws."""
+    sh = ba.shared
+    if sh.grouped == 0:
+        raise WalkError(
+            "strategy sec draws prompts by group and this dataset has none: upload groups with "
+            "PUT /datasets/{name}/metadata first"
+        )
+    if batch > sh.grouped:
+        raise WalkError(f"batch size {batch} is larger than the {sh.grouped} prompts that have a group")
+    pi = sec_policy(ba, tau)
+    rng = make_rng(key, step, seed, "sec-categories")
+    size = sh.group_size
+    draws = rng.choice(pi.size, size=batch, p=pi)
+    # Cap each category at its size and redraw the excess among categories with room, until none is left.
+    while True:
+        counts = np.bincount(draws, minlength=pi.size)
+        rank = _rank_within(draws)
+        over = rank >= size[draws]
+        if not over.any():
+            break
+        room = np.where(counts < size, pi, 0.0)
+        if not room.sum() > 0:  # pi underflowed to 0 where there is room (tiny tau): uniform there
+            room = (counts < size).astype(np.float64)
+        draws = np.concatenate([draws[~over], rng.choice(pi.size, size=int(over.sum()), p=room / room.sum())])
+    members, starts = sec_members(ba)
+    rank = _rank_within(draws)
+    out = np.empty(batch, dtype=np.int64)
+    for g in np.unique(draws):
+        where = np.flatnonzero(draws == g)
+        window, eligible = _category_window(
+            members[starts[g] : starts[g + 1]], int(g), int(sh.sec_pos[g]), key
+        )
+        out[where] = window[eligible][rank[where]]
+    return out
+
+
+def _rank_within(draws: np.ndarray) -> np.ndarray:
+    """For each draw, how many earlier draws chose the same category."""
+    order = np.argsort(draws, kind="stable")
+    sorted_draws = draws[order]
+    first = np.searchsorted(sorted_draws, sorted_draws, side="left")
+    rank = np.empty(draws.size, dtype=np.int64)
+    rank[order] = np.arange(draws.size) - first
+    return rank
+
+
+def _sec_advance(ba, key: str, observed: np.ndarray) -> None:
+    """Moves each category's position past its members observed at this step, in walk order."""
+    sh = ba.shared
+    active = np.flatnonzero(sh.step_adv_n > 0)  # categories with a result at this step
+    if active.size == 0:
+        return
+    members, starts = sec_members(ba)
+    for g in active:
+        group_members = members[starts[g] : starts[g + 1]]
+        size = group_members.size
+        if size == 0:
+            continue
+        # Ids passed over in the next pass are ids of this pass's tail: the walk reaches them only when
+        # the whole tail was observed, so "observed" alone decides what was consumed.
+        window, _ = _category_window(group_members, int(g), int(sh.sec_pos[g]), key)
+        stop = np.flatnonzero(~observed[window])
+        sh.sec_pos[g] += int(stop[0]) if stop.size else window.size
+
+
+def advance_walks(ba, key: str) -> None:
+    """Advances GRESO's and SEC's positions at a step close (module docstring); call it before the DPS
+    close, which resets `ba.step_state`. Does nothing when the step had no results."""
+    if ba.shared.step_counts[0] == 0:
+        return
+    observed = ba.step_state != 0
+    _greso_advance(ba, key, observed)
+    if ba.shared.grouped:
+        _sec_advance(ba, key, observed)

@@ -9,7 +9,13 @@ Measures, each with a warm-up call and the median of --repeats timed calls:
   prompts/s on 2 cores. The pass is memory-bound at large N, so it also reports the floor: bytes read and
   written per prompt divided by the stream bandwidth of a numpy copy of a large array measured in the
   same run (read + write bytes / time), and the measured rate as a share of that floor.
-- Bytes of belief state per prompt (BeliefArrays; budget <= 128).
+- Bytes of belief state per prompt (BeliefArrays, metadata of METHODS 6 included; budget <= 128), and
+  memory measured with tracemalloc over a cold-start round at --n-cold prompts (default 1e6): metadata
+  upload (10 groups, pass rates for half), an observed step with its close, and one select of every
+  strategy: what stays allocated afterwards (state + caches: epoch permutations, SEC's member index)
+  and the peak, per prompt.
+- Cold priors: whole-dataset INSIGHT scores with metadata (cold priors gathered per prompt) against
+  the same scores without metadata, as a time ratio in one run.
 - topk_random_ties against plain np.argpartition(-scores, k-1) at 1e6 scores, as a time ratio: random
   scores, and three arrangements with 99% of the scores tied at 1/3 (as in DPS); CPU seconds of each
   (both run on one thread).
@@ -40,13 +46,17 @@ import numba
 import numpy as np
 
 from selector_service.core import (
+    STRATEGIES,
     BeliefArrays,
     apply_results,
     close_step,
     make_rng,
+    select,
     topk_random_ties,
     wmi_scores,
 )
+from selector_service.core.coldstart import apply_metadata
+from selector_service.core.curricula import close_open_step
 
 OUT = Path(__file__).resolve().parent / "out" / "kernels.json"
 #: Bytes close_step moves per prompt: reads hmm_d (36) + hmm_prior (12) + hmm_prev (12) + step_state (1),
@@ -61,16 +71,18 @@ import numpy as np
 from selector_service.core import (BeliefArrays, apply_results, close_step, dps_scores, outcomes_from_flat,
                                    select, STRATEGIES)
 from selector_service.core._parallel import PARALLEL_MIN
+from selector_service.core.coldstart import apply_metadata
 t1 = time.perf_counter()
 ba = BeliefArrays.new(PARALLEL_MIN + 1)
 outcomes_from_flat(np.array([1.0, 0.0]), np.array([0, 2]), "binary", 1.0)
 apply_results(ba, np.array([0]), np.array([1.0]), np.array([2.0]), np.array([2], np.int8), 1.0, 1.0, 1.0)
 for size in (100, PARALLEL_MIN + 1):  # serial and parallel kernels
     part = BeliefArrays.from_arrays({k: v[:size].copy() for k, v in ba.arrays().items()})
+    apply_metadata(part, 0, np.full(size, 0.5), np.arange(size, dtype=np.int32) % 3)
     close_step(part, 0.7)
     for name in STRATEGIES:
-        select(part, strategy=name, params={"candidate_ratio": None} if STRATEGIES[name].params else {},
-               batch_size=8, step=0, seed=0, key="b", dataset_k=8)
+        params = {"candidate_ratio": None} if "candidate_ratio" in STRATEGIES[name].params else {}
+        select(part, strategy=name, params=params, batch_size=8, step=0, seed=0, key="b", dataset_k=8)
     dps_scores(part.hmm_prior, None, 0.1)
 t2 = time.perf_counter()
 print(f"{t1 - t0:.3f} {t2 - t1:.3f}")
@@ -214,6 +226,83 @@ def bench_topk(results: dict, n: int, repeats: int) -> None:
         )
 
 
+def bench_cold_memory(results: dict, n: int) -> None:
+    """Bytes per prompt of a dataset with metadata over one round of every operation (tracemalloc sees
+    numpy's allocations): retained afterwards (state + caches) and the peak."""
+    import gc
+    import tracemalloc
+
+    rng = np.random.default_rng(3)
+    group = rng.integers(0, 10, n).astype(np.int32)
+    rates = np.where(rng.random(n) < 0.5, rng.random(n), np.nan).astype(np.float32)
+    batch = 256
+    gc.collect()
+    tracemalloc.start()
+    ba = BeliefArrays.new(n)
+    apply_metadata(ba, 0, rates, group)
+    del rates, group
+    for step in range(2):
+        for name in STRATEGIES:
+            params = {"candidate_ratio": None} if name == "insight" else {}
+            ids, _ = select(
+                ba, strategy=name, params=params, batch_size=batch, step=step, seed=0, key="m", dataset_k=8
+            )
+        states = rng.integers(1, 4, batch).astype(np.int8)
+        apply_results(ba, ids, np.where(states == 1, 0.0, 4.0), np.full(batch, 8.0), states, 1.0, 1.0, 1.0)
+        close_open_step(ba, hmm_decay=0.7, key="m")
+    gc.collect()
+    current, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    report(
+        results,
+        "cold_state_bytes_per_prompt",
+        ba.nbytes_per_prompt,
+        "bytes",
+        "per-prompt arrays, budget <= 128",
+    )
+    report(
+        results,
+        "cold_retained_bytes_per_prompt",
+        current / n,
+        "bytes",
+        f"n={n:,}, state + caches after a round",
+    )
+    report(results, "cold_peak_bytes_per_prompt", peak / n, "bytes", f"n={n:,}, during the round")
+    del ba
+
+
+def bench_cold_scores(results: dict, n: int, repeats: int) -> None:
+    """Whole-dataset INSIGHT with cold priors (metadata) vs without, CPU seconds on one thread."""
+    rng = np.random.default_rng(4)
+    plain = BeliefArrays.new(n)
+    cold = BeliefArrays.new(n)
+    apply_metadata(cold, 0, np.where(rng.random(n) < 0.5, rng.random(n), np.nan), rng.integers(0, 10, n))
+    ids = rng.choice(n, n // 10, replace=False)
+    states = rng.integers(1, 4, ids.size).astype(np.int8)
+    for ba in (plain, cold):
+        apply_results(ba, ids, np.where(states == 1, 0.0, 4.0), np.full(ids.size, 8.0), states, 1.0, 1.0, 1.0)
+    numba.set_num_threads(1)
+    kw = dict(
+        strategy="insight",
+        params={"candidate_ratio": None},
+        batch_size=256,
+        step=0,
+        seed=0,
+        key="c",
+        dataset_k=8,
+    )
+    with_meta = timed(lambda: select(cold, **kw), repeats, time.process_time)
+    without = timed(lambda: select(plain, **kw), repeats, time.process_time)
+    numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
+    report(
+        results,
+        "cold_insight_whole_dataset_ratio",
+        with_meta / without,
+        "x",
+        f"n={n:,}, with metadata vs without ({with_meta * 1e3:.1f} ms vs {without * 1e3:.1f} ms, 1 thread)",
+    )
+
+
 def bench_compile(results: dict) -> None:
     """Cold compile of every kernel (empty cache dir), then a run that loads them from that cache."""
     with tempfile.TemporaryDirectory() as cache:
@@ -237,6 +326,9 @@ def main() -> None:
     parser.add_argument(
         "--repeats", type=int, default=5, help="timed calls per figure, median reported (default 5)"
     )
+    parser.add_argument(
+        "--n-cold", type=int, default=1_000_000, help="prompts of the cold-start memory round (default 1e6)"
+    )
     parser.add_argument("--no-compile", action="store_true", help="skip the cold/cached compile measurement")
     args = parser.parse_args()
     if args.n < 1 or args.repeats < 1:
@@ -249,6 +341,8 @@ def main() -> None:
     bench_wmi(results, small, args.repeats, all_threads)
     bench_dps(results, args.n, args.repeats, all_threads)
     bench_topk(results, small, args.repeats)
+    bench_cold_memory(results, args.n_cold)
+    bench_cold_scores(results, small, args.repeats)
     if not args.no_compile:
         bench_compile(results)
     results["numba_threading_layer"] = numba.threading_layer()

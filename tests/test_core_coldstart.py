@@ -343,3 +343,19 @@ def test_shared_state_round_trips_through_header_and_arrays():
         SharedState.from_parts(sh.rules, {}, sh.group_arrays())
     with pytest.raises(ValueError, match="one length"):
         SharedState.from_parts(sh.rules, sh.header(), dict(sh.group_arrays(), sec_q=np.zeros(2)))
+
+
+@pytest.mark.parametrize("strategy", ["insight", "expected_difficulty", "inverse_evidence", "learnability"])
+def test_whole_dataset_scores_in_chunks_equal_scores_in_one_piece(monkeypatch, strategy):
+    from selector_service.core import coldstart
+
+    rng = np.random.default_rng(8)
+    n = 5000
+    ba = BeliefArrays.new(n)
+    apply_metadata(ba, 0, *random_metadata(rng, n, 4, 0.5, 0.8))
+    apply_results(ba, *random_results(rng, n, 800), 1.0, 1.0, 1.0)
+    kw = dict(strategy=strategy, params={}, ids=None, step=0, seed=0, key="c", dataset_k=8)
+    whole = score(ba, **kw)
+    monkeypatch.setattr(coldstart, "SCORE_CHUNK", 777)
+    np.testing.assert_array_equal(score(ba, **kw), whole)
+    np.testing.assert_array_equal(score(ba, **dict(kw, ids=np.arange(n))), whole)

@@ -7,13 +7,30 @@ bits in every process. Parallel kernels are launched under `PARALLEL_LOCK` (see 
 wrappers may be called from many threads at once.
 
 Modules: outcomes (rewards -> successes, trials, states), beliefs (BeliefArrays, Beta update),
+coldstart (METHODS 6: metadata, group rates, cold and frozen priors, the dataset's SharedState),
 dps (DPS step close), mi (INSIGHT's weighted mutual information), scores (MoPPS, baselines, DPS score),
-special (numba digamma), select (seeded streams, pools, top-k with random ties, epoch walks),
-strategies (registry, validation, select / score).
+curricula (METHODS 7: learnability, AdaRFT, the shared state's step close, `close_open_step`),
+walks (GRESO's and SEC's walks and their positions), special (numba digamma), select (seeded streams,
+pools, top-k with random ties, epoch walks), strategies (registry, validation, select / score).
+
+A step closes with `close_open_step` (walk positions, shared state, then DPS); `close_step` alone is
+the DPS update.
 """
 
 from ._parallel import PARALLEL_LOCK
 from .beliefs import BeliefArrays, apply_results
+from .coldstart import (
+    MAX_GROUPS,
+    NO_GROUP,
+    DatasetRules,
+    SharedState,
+    apply_metadata,
+    beta_for,
+    check_metadata,
+    group_rates,
+    prior_pass_rates,
+)
+from .curricula import close_open_step
 from .dps import CloseStats, close_step
 from .mi import K_MAX, mutual_information, wmi_scores, wmi_weight
 from .outcomes import (
@@ -42,6 +59,8 @@ from .strategies import STRATEGIES, ParamError, StrategySpec, score, select, val
 
 __all__ = [
     "K_MAX",
+    "MAX_GROUPS",
+    "NO_GROUP",
     "PARALLEL_LOCK",
     "PARTIAL",
     "REWARD_MODES",
@@ -51,10 +70,16 @@ __all__ = [
     "UNSOLVED",
     "BeliefArrays",
     "CloseStats",
+    "DatasetRules",
     "ParamError",
+    "SharedState",
     "StrategySpec",
+    "apply_metadata",
     "apply_results",
+    "beta_for",
     "candidate_pool",
+    "check_metadata",
+    "close_open_step",
     "close_step",
     "combine_state",
     "digamma",
@@ -62,6 +87,7 @@ __all__ = [
     "dps_scores",
     "epoch_permutation",
     "expected_difficulty_scores",
+    "group_rates",
     "history_batch",
     "inverse_evidence_scores",
     "make_rng",
@@ -70,6 +96,7 @@ __all__ = [
     "outcomes_from_counts",
     "outcomes_from_flat",
     "outcomes_from_rewards",
+    "prior_pass_rates",
     "score",
     "select",
     "thompson_scores",

@@ -47,6 +47,7 @@ __all__ = [
     "SharedState",
     "apply_metadata",
     "beta_for",
+    "beta_scores",
     "group_rates",
     "has_cold_priors",
     "live_pass_rates",
@@ -401,6 +402,24 @@ def _beta_prior_arrays(ba, ids: np.ndarray | None) -> tuple[np.ndarray, np.ndarr
     return out_a, out_b, out_p0
 
 
+#: Prompts gathered at a time by `beta_scores` when it scores the whole dataset.
+SCORE_CHUNK = 1 << 16
+
+
+def beta_scores(ba, ids: np.ndarray | None, score_fn) -> np.ndarray:
+    """score_fn(alpha, beta, ids) over the Betas of `beta_for`, for `ids` (None: every prompt). With
+    cold priors and ids=None the dataset is gathered and scored SCORE_CHUNK prompts at a time, so the
+    only whole-dataset allocation is the result (8 bytes per prompt)."""
+    if ids is not None or not has_cold_priors(ba.shared) or ba.n <= SCORE_CHUNK:
+        return score_fn(*beta_for(ba, ids))
+    out = np.empty(ba.n)
+    for lo in range(0, ba.n, SCORE_CHUNK):
+        hi = min(lo + SCORE_CHUNK, ba.n)
+        a, b, _ = _beta_prior_arrays(ba, np.arange(lo, hi, dtype=np.int64))
+        out[lo:hi] = score_fn(a, b, None)
+    return out
+
+
 def beta_for(ba, ids: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """The Beta every score uses, as (alpha, beta, ids) for the Beta score functions.
 
@@ -422,23 +441,26 @@ def prior_pass_rates(ba, ids: np.ndarray | None) -> np.ndarray:
 
 
 @numba.njit(nogil=True, cache=True)
-def _live_kernel(alpha, beta, n_obs, pass_rate, group, rates, ids, use_all, a0, b0, out):
+def _live_kernel(src, rates, ids, use_all, a0, b0, to_score, target, out):
+    alpha, beta, n_obs, pass_rate, group = src
     for i in range(out.size):
         p = i if use_all else ids[i]
         p0 = _live_p0(pass_rate, group, rates, p)
         if np.isnan(p0):  # no metadata: the posterior mean (the cold prior's mean when never observed)
             p0 = alpha[p] / (alpha[p] + beta[p]) if n_obs[p] > 0 else a0 / (a0 + b0)
-        out[i] = p0
+        out[i] = -abs(100.0 * (1.0 - p0) - target) if to_score else p0
 
 
-def live_pass_rates(ba, ids: np.ndarray | None) -> np.ndarray:
+def live_pass_rates(ba, ids: np.ndarray | None, target: float | None = None) -> np.ndarray:
     """Per prompt (float64, in the order of `ids`; None = all): its pass rate if known, else its group's
-    rate m_g, else its posterior mean (AdaRFT's difficulty source, METHODS 7)."""
+    rate m_g, else its posterior mean (AdaRFT's difficulty source, METHODS 7). With `target` T, returns
+    AdaRFT's score -|100 (1 - p) - T| instead, computed in the same pass."""
     ids, use_all = _ids(ids, ba.n)
     out = np.empty(ba.n if use_all else ids.size)
     r = ba.shared.rules
-    rates = group_rates(ba.shared)
+    src = (ba.alpha, ba.beta, ba.n_obs, ba.pass_rate, ba.group)
+    score = target is not None
     _live_kernel(
-        ba.alpha, ba.beta, ba.n_obs, ba.pass_rate, ba.group, rates, ids, use_all, r.alpha0, r.beta0, out
+        src, group_rates(ba.shared), ids, use_all, r.alpha0, r.beta0, score, float(target or 0.0), out
     )
     return out

@@ -35,15 +35,18 @@ from .coldstart import (
     STEP_RESULTS,
     STEP_SUCCESSES,
     STEP_TRIALS,
-    beta_for,
+    beta_scores,
     live_pass_rates,
 )
+from .dps import CloseStats, close_step
 from .mi import _beta_params, _check_ids
+from .walks import advance_walks
 
 __all__ = [
     "GRESO_EASY_TARGET",
     "GRESO_HARD_TARGET",
     "adarft_scores",
+    "close_open_step",
     "close_shared",
     "learnability_scores",
 ]
@@ -67,14 +70,12 @@ def learnability_scores(alpha: np.ndarray, beta: np.ndarray, ids: np.ndarray | N
 
 def learnability_for(ba, ids: np.ndarray | None) -> np.ndarray:
     """Learnability of `ids` (None: all) with cold priors for never-observed prompts."""
-    a, b, sub = beta_for(ba, ids)
-    return learnability_scores(a, b, sub)
+    return beta_scores(ba, ids, learnability_scores)
 
 
 def adarft_scores(ba, ids: np.ndarray | None) -> np.ndarray:
     """-|d_i - T| with d_i = 100 (1 - p_i) (module docstring), larger is better (float64)."""
-    d = 100.0 * (1.0 - live_pass_rates(ba, ids))
-    return -np.abs(d - ba.shared.adarft_t)
+    return live_pass_rates(ba, ids, target=ba.shared.adarft_t)
 
 
 def _step_adapt(p: float, share: float, target: float) -> float:
@@ -107,3 +108,12 @@ def close_shared(ba) -> None:
         sh.step_adv[:] = 0.0
         sh.step_adv_n[:] = 0
     counts[:] = 0.0
+
+
+def close_open_step(ba, *, hmm_decay: float, key: str, d0: float = 1.0) -> CloseStats:
+    """Closes the open step of `ba` completely, in the order that matters: the walks' positions (they
+    read the step states), the shared state (group decay, GRESO / AdaRFT / SEC adaptations), then DPS
+    (which resets the step states). `key` names the dataset's random streams (the walks')."""
+    advance_walks(ba, key)
+    close_shared(ba)
+    return close_step(ba, hmm_decay, d0)

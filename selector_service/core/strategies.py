@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from .coldstart import beta_for
+from .coldstart import beta_for, beta_scores
 from .curricula import adarft_scores, learnability_for
 from .mi import wmi_scores
 from .scores import dps_scores, expected_difficulty_scores, inverse_evidence_scores, thompson_scores
@@ -297,13 +297,13 @@ def _deterministic_scores(ba, strategy: str, params: dict[str, Any], ids, datase
         return adarft_scores(ba, ids)
     if strategy == "learnability":
         return learnability_for(ba, ids)
-    alpha, beta, ids = beta_for(ba, ids)
     if strategy == "insight":
-        return wmi_scores(alpha, beta, ids, _insight_k(params, dataset_k), params["eta"], params["mu"])
+        k = _insight_k(params, dataset_k)
+        return beta_scores(ba, ids, lambda a, b, sub: wmi_scores(a, b, sub, k, params["eta"], params["mu"]))
     if strategy == "expected_difficulty":
-        return expected_difficulty_scores(alpha, beta, ids, params["target"])
+        return beta_scores(ba, ids, lambda a, b, sub: expected_difficulty_scores(a, b, sub, params["target"]))
     if strategy == "inverse_evidence":
-        return inverse_evidence_scores(alpha, beta, ids)
+        return beta_scores(ba, ids, inverse_evidence_scores)
     raise AssertionError(f"no deterministic score for {strategy!r}")
 
 

@@ -53,25 +53,79 @@ import time
 import zlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from statistics import NormalDist
 from typing import Any
 
 import numpy as np
 
-from selector_service.core import BeliefArrays, apply_results, close_step, outcomes_from_counts
+from selector_service.core import (
+    BeliefArrays,
+    apply_metadata,
+    apply_results,
+    close_open_step,
+    outcomes_from_counts,
+)
 from selector_service.core.strategies import select, validate_params
 
-#: Strategy name in this benchmark -> the core registry's strategy that picks its prompts.
-STRATEGY_SOURCES: dict[str, str] = {
-    "uniform": "uniform",
-    "dynamic_sampling": "uniform",
-    "history_resampling": "history_resampling",
-    "mopps": "mopps",
-    "expected_difficulty": "expected_difficulty",
-    "inverse_evidence": "inverse_evidence",
-    "insight": "insight",
-    "dps": "dps",
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """How a strategy of this benchmark runs: the core strategy that picks prompts, the metadata its
+    dataset gets (METHODS 6: "groups", "pass_rate", "both" or none) and the trainer-side procedure
+    around the selection ("dynamic_sampling", "speed_rl" or none)."""
+
+    source: str
+    metadata: str = ""
+    trainer: str = ""
+
+
+#: Strategy name in this benchmark -> how it runs.
+VARIANTS: dict[str, Variant] = {
+    "uniform": Variant("uniform"),
+    "dynamic_sampling": Variant("uniform", trainer="dynamic_sampling"),
+    "speed_rl": Variant("uniform", trainer="speed_rl"),
+    "history_resampling": Variant("history_resampling"),
+    "mopps": Variant("mopps"),
+    "expected_difficulty": Variant("expected_difficulty"),
+    "inverse_evidence": Variant("inverse_evidence"),
+    "insight": Variant("insight"),
+    "insight+groups": Variant("insight", "groups"),
+    "insight+pass_rate": Variant("insight", "pass_rate"),
+    "dps": Variant("dps"),
+    "learnability": Variant("learnability"),
+    "learnability+groups": Variant("learnability", "groups"),
+    "greso": Variant("greso"),
+    "sec": Variant("sec", "groups"),
+    "adarft": Variant("adarft", "pass_rate"),
 }
-STRATEGY_NAMES: tuple[str, ...] = tuple(STRATEGY_SOURCES)
+#: Strategy name -> the core registry's strategy that picks its prompts.
+STRATEGY_SOURCES: dict[str, str] = {name: variant.source for name, variant in VARIANTS.items()}
+STRATEGY_NAMES: tuple[str, ...] = tuple(VARIANTS)
+#: What the default (small, well-observed) scenario runs.
+DEFAULT_STRATEGIES: tuple[str, ...] = (
+    "uniform",
+    "dynamic_sampling",
+    "history_resampling",
+    "mopps",
+    "expected_difficulty",
+    "inverse_evidence",
+    "insight",
+    "dps",
+)
+#: What the large-N cold-start scenario runs (`--scenario large`).
+LARGE_STRATEGIES: tuple[str, ...] = (
+    "uniform",
+    "insight",
+    "insight+groups",
+    "insight+pass_rate",
+    "dps",
+    "learnability+groups",
+    "adarft",
+    "sec",
+    "greso",
+    "dynamic_sampling",
+    "speed_rl",
+)
 BASELINE = "uniform"
 
 # Independent random streams per seed: the world is shared by all strategies of a seed, the rollout noise
@@ -107,6 +161,16 @@ class WorldConfig:
     memorization: float = 50.0
     #: Held-out prompts (same distribution, never trained on) that accuracy is measured on.
     n_heldout: int = 2000
+    #: Difficulty levels (0: continuous difficulty). With L > 0 each prompt gets a level 0..L-1 at
+    #: random and its difficulty is the level's centre (the Normal(difficulty_mean, difficulty_std)
+    #: quantile at (l + 0.5) / L) plus Normal(0, level_jitter): a MATH-style level that predicts the
+    #: pass rate well but not exactly. The prompts' group (METHODS 6) is their level; without levels
+    #: it is their skill.
+    n_levels: int = 0
+    level_jitter: float = 0.5
+    #: The pass rate a dataset ships per prompt (METHODS 6): the initial policy's true rate plus
+    #: Uniform(-noise, +noise), clipped to [0, 1] (a reference model's measurement).
+    pass_rate_noise: float = 0.15
 
     def __post_init__(self) -> None:
         _check(self.n_prompts >= 2, "n_prompts must be >= 2")
@@ -119,6 +183,9 @@ class WorldConfig:
         _check(0.0 <= self.transfer <= 1.0, "transfer must lie in [0, 1]")
         _check(self.memorization >= 0 and math.isfinite(self.memorization), "memorization must be >= 0")
         _check(self.n_heldout >= 1, "n_heldout must be >= 1")
+        _check(0 <= self.n_levels <= 65_536, "n_levels must lie in 0..65536")
+        _check(self.level_jitter >= 0 and math.isfinite(self.level_jitter), "level_jitter must be >= 0")
+        _check(0.0 <= self.pass_rate_noise <= 1.0, "pass_rate_noise must lie in [0, 1]")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,9 +200,16 @@ class TrainConfig:
     #: The service's dataset defaults (API.md): no Beta forgetting (INSIGHT), HMM decay 0.7 (DPS, math).
     beta_decay: float = 1.0
     hmm_decay: float = 0.7
-    #: Dynamic Sampling: each generation round rolls out `ds_oversample * batch_size` uniform prompts.
+    #: METHODS 6 dataset settings: weight of a prior pass rate, forgetting of group rates per step.
+    prior_strength: float = 2.0
+    group_decay: float = 0.9
+    #: Dynamic Sampling and SPEED-RL: each generation round draws `ds_oversample * batch_size` uniform
+    #: prompts, at most `ds_max_rounds` rounds per step.
     ds_oversample: int = 3
     ds_max_rounds: int = 10
+    #: SPEED-RL (METHODS 7): screening rollouts, and more rollouts for prompts the screen found mixed.
+    speed_init: int = 4
+    speed_cont: int = 12
 
     def __post_init__(self) -> None:
         _check(self.batch_size >= 1, "batch_size must be >= 1")
@@ -146,6 +220,9 @@ class TrainConfig:
         _check(0.0 <= self.hmm_decay <= 1.0, "hmm_decay must lie in [0, 1]")
         _check(self.ds_oversample >= 1, "ds_oversample must be >= 1")
         _check(self.ds_max_rounds >= 1, "ds_max_rounds must be >= 1")
+        _check(self.prior_strength >= 0, "prior_strength must be >= 0")
+        _check(0.0 < self.group_decay <= 1.0, "group_decay must lie in (0, 1]")
+        _check(self.speed_init >= 2 and self.speed_cont >= 0, "speed_init must be >= 2, speed_cont >= 0")
 
 
 def _check(ok: bool, message: str) -> None:
@@ -165,6 +242,12 @@ class PromptSet:
     skill_of: np.ndarray  # i64[n]
     difficulty: np.ndarray  # f64[n]
     solvable: np.ndarray  # bool[n]
+    level: np.ndarray | None = None  # i64[n], when the world has difficulty levels
+
+    @property
+    def groups(self) -> np.ndarray:
+        """The METHODS 6 group of each prompt (int32): its difficulty level, else its skill."""
+        return np.asarray(self.skill_of if self.level is None else self.level, dtype=np.int32)
 
     def __post_init__(self) -> None:
         n = np.shape(self.skill_of)[0] if np.ndim(self.skill_of) == 1 else -1
@@ -175,14 +258,23 @@ class PromptSet:
         object.__setattr__(self, "skill_of", np.asarray(self.skill_of, dtype=np.int64))
         object.__setattr__(self, "difficulty", np.asarray(self.difficulty, dtype=np.float64))
         object.__setattr__(self, "solvable", np.asarray(self.solvable, dtype=bool))
+        if self.level is not None:
+            _check(np.shape(self.level) == (n,), "level must have one entry per prompt")
+            object.__setattr__(self, "level", np.asarray(self.level, dtype=np.int64))
 
     @classmethod
     def sample(cls, config: WorldConfig, n: int, rng: np.random.Generator) -> PromptSet:
-        return cls(
-            skill_of=rng.integers(0, config.n_skills, size=n),
-            difficulty=rng.normal(config.difficulty_mean, config.difficulty_std, size=n),
-            solvable=rng.random(n) >= config.unsolvable_fraction,
-        )
+        skill_of = rng.integers(0, config.n_skills, size=n)
+        difficulty = rng.normal(config.difficulty_mean, config.difficulty_std, size=n)
+        solvable = rng.random(n) >= config.unsolvable_fraction
+        level = None
+        if config.n_levels:
+            levels = config.n_levels
+            spread = NormalDist(config.difficulty_mean, max(config.difficulty_std, 1e-12))
+            centres = np.array([spread.inv_cdf((i + 0.5) / levels) for i in range(levels)])
+            level = rng.integers(0, levels, size=n)
+            difficulty = centres[level] + rng.normal(0.0, config.level_jitter, size=n)
+        return cls(skill_of=skill_of, difficulty=difficulty, solvable=solvable, level=level)
 
     def __len__(self) -> int:
         return int(self.skill_of.shape[0])
@@ -204,6 +296,7 @@ class ToyWorld:
         transfer: float,
         memorization: float = 0.0,
         heldout: PromptSet | None = None,
+        reference_pass_rate: np.ndarray | None = None,
     ) -> None:
         self.pool = pool
         #: Evaluation prompts, never trained on; by default the pool itself, read without memorization.
@@ -222,6 +315,11 @@ class ToyWorld:
         self.learning_rate = float(learning_rate)
         self.transfer = float(transfer)
         self.memorization = float(memorization)
+        #: The pass rate the dataset ships per prompt (METHODS 6); default: the initial rates, exactly.
+        if reference_pass_rate is None:
+            reference_pass_rate = self.success_rates()
+        self.reference_pass_rate = np.asarray(reference_pass_rate, dtype=np.float64)
+        _check(self.reference_pass_rate.shape == (len(pool),), "reference_pass_rate: one per prompt")
 
     @classmethod
     def sample(cls, config: WorldConfig, seed: int) -> ToyWorld:
@@ -230,7 +328,7 @@ class ToyWorld:
         pool = PromptSet.sample(config, config.n_prompts, rng)
         skill = rng.normal(0.0, config.skill_std, size=config.n_skills)
         heldout = PromptSet.sample(config, config.n_heldout, rng)
-        return cls(
+        world = cls(
             pool=pool,
             skill=skill,
             learning_rate=config.learning_rate,
@@ -238,6 +336,10 @@ class ToyWorld:
             memorization=config.memorization,
             heldout=heldout,
         )
+        if config.pass_rate_noise:
+            noise = rng.uniform(-config.pass_rate_noise, config.pass_rate_noise, size=len(pool))
+            world.reference_pass_rate = np.clip(world.reference_pass_rate + noise, 0.0, 1.0)
+        return world
 
     def copy(self) -> ToyWorld:
         """An independent world in the same state (the prompt sets are shared: nothing mutates them)."""
@@ -248,6 +350,7 @@ class ToyWorld:
             transfer=self.transfer,
             memorization=self.memorization,
             heldout=self.heldout,
+            reference_pass_rate=self.reference_pass_rate,
         )
         twin.memorized[:] = self.memorized
         return twin
@@ -360,19 +463,31 @@ def run_strategy(
     `world` replaces the sampled world (tests build tiny exact worlds); it is not mutated. `trace`
     receives one StepRecord per step when given.
     """
-    if strategy not in STRATEGY_SOURCES:
+    if strategy not in VARIANTS:
         raise ValueError(f"unknown strategy {strategy!r}; choose from {', '.join(STRATEGY_NAMES)}")
+    variant = VARIANTS[strategy]
     cfg = train_config
     world = ToyWorld.sample(world_config, seed) if world is None else world.copy()
     n, k, batch = world.n_prompts, cfg.rollouts_per_prompt, cfg.batch_size
-    draw = batch * cfg.ds_oversample if strategy == "dynamic_sampling" else batch
+    draw = batch * cfg.ds_oversample if variant.trainer else batch
     _check(draw <= n, f"{strategy} draws {draw} prompts per round but the world has only {n}")
 
-    source = STRATEGY_SOURCES[strategy]
+    source = variant.source
     params = validate_params(source, {})
     key = f"toy-world-{seed}"
     rng = np.random.default_rng([seed, _ROLLOUT_STREAM, zlib.crc32(strategy.encode())])
-    beliefs = BeliefArrays.new(n, cfg.alpha0, cfg.beta0)
+    beliefs = BeliefArrays.new(
+        n, cfg.alpha0, cfg.beta0, prior_strength=cfg.prior_strength, group_decay=cfg.group_decay
+    )
+    if variant.metadata:  # what the dataset ships, uploaded before training (METHODS 6)
+        use_rate = variant.metadata in ("pass_rate", "both")
+        use_groups = variant.metadata in ("groups", "both")
+        apply_metadata(
+            beliefs,
+            0,
+            world.reference_pass_rate if use_rate else None,
+            world.pool.groups if use_groups else None,
+        )
 
     steps = cfg.steps
     series = {name: np.zeros(steps, dtype=np.int64) for name in _STEP_SERIES}
@@ -380,7 +495,7 @@ def run_strategy(
     rollouts = np.zeros(steps + 1, dtype=np.int64)
     train_accuracy = np.empty(steps + 1)
     accuracy[0], train_accuracy[0] = world.accuracy(), world.train_accuracy()
-    generation_round = 0  # Dynamic Sampling's position in its uniform stream, in rounds
+    generation_round = 0  # Dynamic Sampling's / SPEED-RL's position in their uniform stream, in rounds
     started = time.perf_counter()
 
     def select_batch(step: int, size: int) -> np.ndarray:
@@ -396,19 +511,22 @@ def run_strategy(
         )
         return ids
 
-    def observe(ids: np.ndarray) -> np.ndarray:
-        """Roll out K samples per prompt and report them like a trainer's /observe does."""
-        successes = world.rollout(ids, k, rng)
-        trials = np.full(ids.shape, float(k))
+    def report(ids: np.ndarray, successes: np.ndarray, trials: np.ndarray) -> None:
+        """Report results like a trainer's /observe does."""
         states = outcomes_from_counts(successes, trials)
         apply_results(beliefs, ids, successes, trials, states, cfg.beta_decay, cfg.alpha0, cfg.beta0)
+
+    def observe(ids: np.ndarray) -> np.ndarray:
+        """Roll out K samples per prompt and report them."""
+        successes = world.rollout(ids, k, rng)
+        report(ids, successes, np.full(ids.shape, float(k)))
         return successes
 
-    def mixed(successes: np.ndarray) -> np.ndarray:
-        return (successes > 0) & (successes < k)
+    def mixed(successes: np.ndarray, trials: float = k) -> np.ndarray:
+        return (successes > 0) & (successes < trials)
 
     for t in range(steps):
-        if strategy == "dynamic_sampling":
+        if variant.trainer == "dynamic_sampling":
             # Generation rounds walk one uniform stream across steps, as a dataloader would.
             id_parts, success_parts, n_mixed = [], [], 0
             for _ in range(cfg.ds_max_rounds):
@@ -420,25 +538,55 @@ def run_strategy(
                 if n_mixed >= batch:
                     break
             rolled_out, successes = np.concatenate(id_parts), np.concatenate(success_parts)
-            keep = np.flatnonzero(mixed(successes))[:batch]  # the first B mixed groups, in rollout order
-            trained, trained_successes = rolled_out[keep], successes[keep]
+            is_mixed = mixed(successes)
+            keep = np.flatnonzero(is_mixed)[:batch]  # the first B mixed groups, in rollout order
+            trained, trained_mixed = rolled_out[keep], is_mixed[keep]
+            spent = len(rolled_out) * k
+        elif variant.trainer == "speed_rl":
+            # METHODS 7: screen with speed_init rollouts; prompts with 0 < S < speed_init get speed_cont
+            # more (one group); the batch fills first-in first-out. Every rollout is reported and paid.
+            n_init, n_cont = cfg.speed_init, cfg.speed_cont
+            id_parts, success_parts, mixed_parts, kept_parts, spent, n_kept = [], [], [], [], 0, 0
+            for _ in range(cfg.ds_max_rounds):
+                ids = select_batch(generation_round, draw)
+                generation_round += 1
+                screen = world.rollout(ids, n_init, rng)
+                go_on = mixed(screen, n_init)
+                successes = screen.copy()
+                successes[go_on] += world.rollout(ids[go_on], n_cont, rng)
+                trials = np.where(go_on, float(n_init + n_cont), float(n_init))
+                report(ids, successes, trials)
+                spent += int(trials.sum())
+                id_parts.append(ids)
+                success_parts.append(successes)
+                mixed_parts.append(mixed(successes, trials))
+                kept_parts.append(ids[go_on])
+                n_kept += int(go_on.sum())
+                if n_kept >= batch:
+                    break
+            rolled_out, successes = np.concatenate(id_parts), np.concatenate(success_parts)
+            is_mixed = np.concatenate(mixed_parts)
+            trained = np.concatenate(kept_parts)[:batch]
+            trained_mixed = np.ones(trained.size, dtype=bool)  # mixed in the screen already
         else:
             rolled_out = select_batch(t, batch)
             successes = observe(rolled_out)
-            trained, trained_successes = rolled_out, successes
+            is_mixed = mixed(successes)
+            trained, trained_mixed = rolled_out, is_mixed
+            spent = len(rolled_out) * k
 
-        trained_mixed_ids = trained[mixed(trained_successes)]
+        trained_mixed_ids = trained[trained_mixed]
         world.learn(trained_mixed_ids, len(trained))
-        stats = close_step(beliefs, cfg.hmm_decay)
+        stats = close_open_step(beliefs, hmm_decay=cfg.hmm_decay, key=key)
 
         series["groups"][t] = len(rolled_out)
-        series["mixed"][t] = int(mixed(successes).sum())
+        series["mixed"][t] = int(is_mixed.sum())
         series["trained"][t] = len(trained)
         series["trained_mixed"][t] = len(trained_mixed_ids)
         series["observed"][t] = stats.observed
         series["correct"][t] = stats.correct
         series["predicted_partial"][t] = stats.predicted_partial
-        rollouts[t + 1] = rollouts[t] + len(rolled_out) * k
+        rollouts[t + 1] = rollouts[t] + spent
         accuracy[t + 1], train_accuracy[t + 1] = world.accuracy(), world.train_accuracy()
         if trace is not None:
             trace.append(StepRecord(t, rolled_out, successes, trained, stats))
@@ -574,10 +722,10 @@ def plot_curves(
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 3, figsize=(17, 5.2), constrained_layout=True)
-    colors = plt.get_cmap("tab10")
+    colors = plt.get_cmap("tab20")
     for i, (strategy, data) in enumerate(curve_data.items()):
-        color = "black" if strategy == BASELINE else colors(i % 10)
-        style = "--" if strategy in (BASELINE, "dynamic_sampling") else "-"
+        color = "black" if strategy == BASELINE else colors(i % 20)
+        style = "--" if strategy == BASELINE or VARIANTS.get(strategy, Variant("")).trainer else "-"
         mean = np.asarray(data["accuracy_mean"])
         std = np.asarray(data["accuracy_std"])
         steps = np.arange(len(mean))
@@ -653,10 +801,18 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     run = parser.add_argument_group("run")
+    run.add_argument(
+        "--scenario",
+        choices=("default", "large"),
+        default="default",
+        help="default: a well-observed pool of 2000 prompts; large: the cold-start world of METHODS 6 "
+        "(200k prompts in 10 difficulty levels with a noisy pass rate each, 120 steps, 5 seeds; "
+        "writes toy_world_large.*). Options given explicitly still win",
+    )
     run.add_argument("--seeds", type=int, default=10, help="number of seeds (0..seeds-1)")
     run.add_argument(
         "--strategies",
-        default=",".join(STRATEGY_NAMES),
+        default=",".join(DEFAULT_STRATEGIES),
         help=f"comma-separated subset of {', '.join(STRATEGY_NAMES)}; uniform always runs (the target)",
     )
     run.add_argument("--quick", action="store_true", help="a small world for a run of a few seconds")
@@ -693,6 +849,18 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     w.add_argument(
         "--heldout", type=int, default=world.n_heldout, help="held-out prompts accuracy is measured on"
     )
+    w.add_argument(
+        "--levels", type=int, default=world.n_levels, help="difficulty levels, the prompts' groups (0: none)"
+    )
+    w.add_argument(
+        "--level-jitter", type=float, default=world.level_jitter, help="spread of difficulty within a level"
+    )
+    w.add_argument(
+        "--pass-rate-noise",
+        type=float,
+        default=world.pass_rate_noise,
+        help="half-width of the uniform noise on the pass rate the dataset ships (probability)",
+    )
 
     t = parser.add_argument_group("training and dataset settings")
     t.add_argument("--batch-size", type=int, default=train.batch_size, help="prompts per step (B)")
@@ -706,7 +874,22 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     t.add_argument(
         "--ds-max-rounds", type=int, default=train.ds_max_rounds, help="Dynamic Sampling rounds cap"
     )
+    t.add_argument(
+        "--prior-strength", type=float, default=train.prior_strength, help="weight of a prior pass rate"
+    )
+    t.add_argument("--group-decay", type=float, default=train.group_decay, help="group-rate decay per step")
     args = parser.parse_args(argv)
+    if args.scenario == "large":
+        large = {
+            "n_prompts": 200_000,
+            "levels": 10,
+            "steps": 120,
+            "seeds": 5,
+            "strategies": ",".join(LARGE_STRATEGIES),
+        }
+        for name, value in large.items():
+            if getattr(args, name) == parser.get_default(name):
+                setattr(args, name, value)
     if args.quick:
         # Only the defaults shrink: sizes given explicitly on the command line still win.
         quick = {"n_prompts": 1000, "batch_size": 32, "steps": 80, "seeds": 2}
@@ -730,6 +913,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             transfer=args.transfer,
             memorization=args.memorization,
             n_heldout=args.heldout,
+            n_levels=args.levels,
+            level_jitter=args.level_jitter,
+            pass_rate_noise=args.pass_rate_noise,
         )
         train_config = TrainConfig(
             batch_size=args.batch_size,
@@ -739,13 +925,15 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             hmm_decay=args.hmm_decay,
             ds_oversample=args.ds_oversample,
             ds_max_rounds=args.ds_max_rounds,
+            prior_strength=args.prior_strength,
+            group_decay=args.group_decay,
         )
         _check(args.seeds >= 1, "--seeds must be >= 1")
         strategies = [name.strip() for name in args.strategies.split(",") if name.strip()]
         unknown = sorted(set(strategies) - set(STRATEGY_NAMES))
         _check(not unknown, f"unknown strategies {unknown}; choose from {', '.join(STRATEGY_NAMES)}")
         widest = train_config.batch_size * (
-            train_config.ds_oversample if "dynamic_sampling" in strategies else 1
+            train_config.ds_oversample if any(VARIANTS[s].trainer for s in strategies) else 1
         )
         _check(
             widest <= world_config.n_prompts,
@@ -779,8 +967,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     summary = summarize(runs)
     curve_data = curves(runs)
     args.out.mkdir(parents=True, exist_ok=True)
-    json_path, png_path = args.out / "toy_world.json", args.out / "toy_world.png"
+    stem = "toy_world" if args.scenario == "default" else f"toy_world_{args.scenario}"
+    json_path, png_path = args.out / f"{stem}.json", args.out / f"{stem}.png"
     report = {
+        "scenario": args.scenario,
         "world": dataclasses.asdict(world_config),
         "train": dataclasses.asdict(train_config),
         "seeds": seeds,
@@ -791,8 +981,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     }
     json_path.write_text(json.dumps(report, indent=1) + "\n")
     if not args.no_plot:
+        levels = f"{world_config.n_levels} difficulty levels, " if world_config.n_levels else ""
         title = (
-            f"toy world: N={world_config.n_prompts}, {world_config.n_skills} skills, "
+            f"toy world: N={world_config.n_prompts}, {world_config.n_skills} skills, {levels}"
             f"B={train_config.batch_size}, K={train_config.rollouts_per_prompt}, "
             f"memorization={world_config.memorization:g}, "
             f"beta_decay={train_config.beta_decay:g}, hmm_decay={train_config.hmm_decay:g}; "

@@ -198,6 +198,59 @@ def test_default_world_matches_its_documented_shape():
     assert 0.36 <= np.mean(shares) <= 0.46
 
 
+LEVEL_WORLD = tw.WorldConfig(n_prompts=4000, n_levels=10, n_heldout=500)
+
+
+def test_level_world_has_ordered_levels_and_a_noisy_reference_pass_rate():
+    world = tw.ToyWorld.sample(LEVEL_WORLD, seed=2)
+    pool = world.pool
+    assert pool.level is not None and set(np.unique(pool.level)) == set(range(10))
+    np.testing.assert_array_equal(pool.groups, pool.level)
+    means = [pool.difficulty[pool.level == level].mean() for level in range(10)]
+    assert np.all(np.diff(means) > 0)  # level 0 is the easiest
+    error = world.reference_pass_rate - world.success_rates()
+    assert np.all(np.abs(error) <= 0.15 + 1e-12) and np.abs(error).max() > 0.1
+    assert np.all((world.reference_pass_rate >= 0) & (world.reference_pass_rate <= 1))
+    # Without levels the groups are the skills, and the default world's draws are unchanged by levels.
+    plain = tw.ToyWorld.sample(tw.WorldConfig(n_prompts=300), seed=2)
+    np.testing.assert_array_equal(plain.pool.groups, plain.pool.skill_of)
+
+
+def test_metadata_lifts_insight_out_of_cold_start():
+    """N >> B * steps: without metadata INSIGHT ranks almost only Beta(1, 1) priors (uniform's mixed
+    share); with exact pass rates or levels its batches are mostly mixed from the first step."""
+    train = tw.TrainConfig(batch_size=16, steps=12)
+    exact = tw.WorldConfig(n_prompts=4000, n_levels=10, n_heldout=500, pass_rate_noise=0.0)
+    runs = {
+        name: tw.run_strategy(exact, train, name, seed=0)
+        for name in ("uniform", "insight", "insight+groups", "insight+pass_rate")
+    }
+    assert abs(runs["insight"].effective_ratio - runs["uniform"].effective_ratio) < 0.15
+    assert runs["insight+pass_rate"].effective_ratio > runs["uniform"].effective_ratio + 0.25
+    assert runs["insight+groups"].effective_ratio > runs["uniform"].effective_ratio + 0.2
+
+
+def test_speed_rl_screens_continues_mixed_prompts_and_pays_for_every_rollout():
+    world = _exact_world(20, 20, 20)
+    batch, oversample = 8, 2
+    train = tw.TrainConfig(batch_size=batch, steps=6, ds_oversample=oversample, speed_init=24, speed_cont=40)
+    trace: list = []
+    run = tw.run_strategy(TINY_WORLD, train, "speed_rl", seed=1, world=world, trace=trace)
+    draw = batch * oversample
+    for t, record in enumerate(trace):
+        rolled = record.rolled_out
+        go_on = rolled >= 40  # only the coin-flip prompts mix in the screen (24 rollouts: all-equal ~1e-7)
+        rounds = len(rolled) // draw
+        assert len(rolled) == rounds * draw and int(go_on[: (rounds - 1) * draw].sum()) < batch
+        np.testing.assert_array_equal(record.trained, rolled[go_on][:batch])  # first in, first out
+        spent = 24 * len(rolled) + 40 * int(go_on.sum())
+        assert run.rollouts[t + 1] - run.rollouts[t] == spent
+        assert np.all(record.successes[~go_on] % 24 == 0) and np.all(record.successes <= 64)
+    assert run.trained_effective_ratio == 1.0
+    # Every screened prompt was reported (one result per prompt per step).
+    assert run.times_observed.sum() == sum(len(r.rolled_out) for r in trace)
+
+
 @pytest.mark.parametrize(
     ("make", "message"),
     [
@@ -214,6 +267,8 @@ def test_default_world_matches_its_documented_shape():
             "draws 120 prompts",
         ),
         (lambda: tw.run_strategy(TINY_WORLD, TINY_TRAIN, "random", seed=0), "unknown strategy"),
+        (lambda: tw.WorldConfig(pass_rate_noise=2.0), "pass_rate_noise"),
+        (lambda: tw.TrainConfig(group_decay=0.0), "group_decay"),
     ],
 )
 def test_bad_settings_are_refused_with_a_message_that_names_them(make, message):
@@ -245,3 +300,32 @@ def test_command_line_run_writes_its_outputs_and_matches_an_in_process_run(tmp_p
         assert there["total_rollouts"] == int(here.rollouts[-1])
         assert there["effective_ratio"] == here.effective_ratio
         assert there["state_accuracy"] == here.state_accuracy
+
+
+def test_large_scenario_command_line_writes_its_own_outputs(tmp_path):
+    args = [
+        "--scenario",
+        "large",
+        "--n-prompts",
+        "3000",
+        "--steps",
+        "6",
+        "--seeds",
+        "1",
+        "--batch-size",
+        "16",
+    ]
+    args += ["--strategies", "uniform,insight+groups,sec,adarft", "--out", str(tmp_path), "--no-progress"]
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "toy_world.py"), *args],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+    last = json.loads(done.stdout.strip().splitlines()[-1])
+    assert set(last["strategies"]) == {"uniform", "insight+groups", "sec", "adarft"}
+    report = json.loads((tmp_path / "toy_world_large.json").read_text())
+    assert report["scenario"] == "large" and report["world"]["n_levels"] == 10
+    assert report["world"]["n_prompts"] == 3000 and (tmp_path / "toy_world_large.png").exists()

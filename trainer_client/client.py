@@ -22,8 +22,10 @@ answers are not retried: repeating them cannot help.
 
 from __future__ import annotations
 
+import array
 import asyncio
 import math
+import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -40,6 +42,7 @@ __all__ = [
     "Conflict",
     "DatasetInfo",
     "InvalidRequest",
+    "MetadataAck",
     "NotFound",
     "ObserveAck",
     "Result",
@@ -177,10 +180,16 @@ class DatasetInfo:
     hmm_decay: float
     reward_mode: str
     defaults: dict[str, Any]
+    prior_strength: float = 2.0
+    group_decay: float = 0.9
     open_step: int | None = None
     observations: int | None = None
     rollouts: int | None = None
     prompts_observed: int | None = None
+    #: Metadata coverage (METHODS 6): prompts with a pass rate, with a group, and distinct groups.
+    prompts_with_pass_rate: int | None = None
+    prompts_with_group: int | None = None
+    groups: int | None = None
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -203,10 +212,15 @@ class DatasetInfo:
             hmm_decay=float(spec.get("hmm_decay", 0.7)),
             reward_mode=str(spec.get("reward_mode", "binary")),
             defaults=dict(spec.get("defaults") or {}),
+            prior_strength=float(spec.get("prior_strength", 2.0)),
+            group_decay=float(spec.get("group_decay", 0.9)),
             open_step=_opt_int("open_step"),
             observations=_opt_int("observations"),
             rollouts=_opt_int("rollouts"),
             prompts_observed=_opt_int("prompts_observed"),
+            prompts_with_pass_rate=_opt_int("prompts_with_pass_rate"),
+            prompts_with_group=_opt_int("prompts_with_group"),
+            groups=_opt_int("groups"),
             raw=dict(body),
         )
 
@@ -231,6 +245,17 @@ class ObserveAck:
 
 
 @dataclass(frozen=True)
+class MetadataAck:
+    """The answer of a metadata upload: the prompts it set and the dataset's coverage afterwards."""
+
+    offset: int
+    count: int
+    prompts_with_pass_rate: int
+    prompts_with_group: int
+    groups: int
+
+
+@dataclass(frozen=True)
 class Belief:
     prompt_id: int
     alpha: float
@@ -238,6 +263,8 @@ class Belief:
     mean: float
     observations: int
     hmm_prior: tuple[float, float, float]
+    group: int = -1
+    prior_pass_rate: float | None = None
 
 
 @dataclass(frozen=True)
@@ -264,6 +291,13 @@ class _Call(Generic[T]):
     parse: Any  # Callable[[httpx.Response], T]
     json: Any = None
     params: dict[str, str] | None = None
+    content: bytes | None = None  # a raw body (sent as application/octet-stream)
+
+    def send_kwargs(self) -> dict[str, Any]:
+        if self.content is None:
+            return {"json": self.json, "params": self.params}
+        headers = {"Content-Type": "application/octet-stream"}
+        return {"content": self.content, "params": self.params, "headers": headers}
 
 
 def _json(response: httpx.Response) -> Any:
@@ -297,6 +331,8 @@ def _parse_beliefs(response: httpx.Response) -> Beliefs:
             mean=float(b["mean"]),
             observations=int(b["observations"]),
             hmm_prior=tuple(float(x) for x in b["hmm_prior"]),  # type: ignore[arg-type]
+            group=int(b.get("group", -1)),
+            prior_pass_rate=None if b.get("prior_pass_rate") is None else float(b["prior_pass_rate"]),
         )
         for b in body["beliefs"]
     ]
@@ -306,6 +342,18 @@ def _parse_beliefs(response: httpx.Response) -> Beliefs:
 def _parse_scores(response: httpx.Response) -> Scores:
     body = response.json()
     return Scores(open_step=int(body["open_step"]), scores=[float(s) for s in body["scores"]])
+
+
+def _parse_metadata_ack(response: httpx.Response) -> MetadataAck:
+    body = response.json()
+    coverage = body["coverage"]
+    return MetadataAck(
+        offset=int(body["offset"]),
+        count=int(body["count"]),
+        prompts_with_pass_rate=int(coverage["prompts_with_pass_rate"]),
+        prompts_with_group=int(coverage["prompts_with_group"]),
+        groups=int(coverage["groups"]),
+    )
 
 
 def _parse_dataset(response: httpx.Response) -> DatasetInfo:
@@ -332,6 +380,8 @@ def _create_dataset_call(
     hmm_decay: float,
     reward_mode: str,
     defaults: Mapping[str, Any] | None,
+    prior_strength: float | None = None,
+    group_decay: float | None = None,
 ) -> _Call[DatasetInfo]:
     body: dict[str, Any] = {
         "name": name,
@@ -343,6 +393,10 @@ def _create_dataset_call(
         "hmm_decay": float(hmm_decay),
         "reward_mode": reward_mode,
     }
+    if prior_strength is not None:  # sent only when set, so older services keep accepting the body
+        body["prior_strength"] = float(prior_strength)
+    if group_decay is not None:
+        body["group_decay"] = float(group_decay)
     if defaults is not None:
         body["defaults"] = dict(defaults)
     return _Call("POST", "/datasets", _parse_dataset, json=body)
@@ -378,6 +432,73 @@ def _observe_call(dataset: str, step: int, results: Iterable[Result], request_id
         raise ValueError("observe needs at least one Result")
     body = {"dataset": dataset, "step": int(step), "request_id": request_id, "results": payload}
     return _Call("POST", "/observe", _parse_ack, json=body)
+
+
+#: Prompts per JSON metadata request; larger uploads go in several requests (or raw, see below).
+METADATA_JSON_CHUNK = 100_000
+#: Prompts per raw metadata request (4 bytes each: 4 MB, well under the service's 16 MB body limit).
+METADATA_RAW_CHUNK = 1_000_000
+
+
+def _raw(values: list[float] | list[int], code: str) -> bytes:
+    """Little-endian float32 ('f') or int32 ('i') bytes of `values`."""
+    packed = array.array(code, values)
+    if sys.byteorder == "big":
+        packed.byteswap()
+    return packed.tobytes()
+
+
+def _metadata_calls(
+    dataset: str,
+    pass_rate: Sequence[float | None] | None,
+    group: Sequence[int] | None,
+    offset: int,
+    raw: bool | None,
+) -> list[_Call[MetadataAck]]:
+    """The requests of one metadata upload (API.md `PUT /datasets/{name}/metadata`), in order."""
+    if pass_rate is None and group is None:
+        raise ValueError("upload_metadata needs pass_rate, group or both")
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+        raise ValueError(f"offset must be an integer >= 0, got {offset!r}")
+    rates = None
+    if pass_rate is not None:
+        rates = [math.nan if r is None else float(r) for r in pass_rate]
+        for i, r in enumerate(rates):
+            if not (math.isnan(r) or 0.0 <= r <= 1.0):
+                raise ValueError(f"pass_rate[{i}] = {r}: pass rates lie in [0, 1] (None/NaN = unknown)")
+    groups = None
+    if group is not None:
+        groups = []
+        for i, g in enumerate(group):
+            if isinstance(g, bool) or int(g) != g or not -1 <= int(g) <= 65535:
+                raise ValueError(f"group[{i}] = {g!r}: groups are integers 0..65535 (-1 = none)")
+            groups.append(int(g))
+    n = len(rates) if rates is not None else len(groups)
+    if rates is not None and groups is not None and len(groups) != n:
+        raise ValueError(f"pass_rate has {n} values and group {len(groups)}: give one per prompt")
+    if n == 0:
+        raise ValueError("upload_metadata got empty arrays")
+    path = f"{_dataset_path(dataset)}/metadata"
+    if raw is None:
+        raw = n > METADATA_JSON_CHUNK
+    calls: list[_Call[MetadataAck]] = []
+    if raw:
+        for name, values, code in (("pass_rate", rates, "f"), ("group", groups, "i")):
+            if values is None:
+                continue
+            for lo in range(0, n, METADATA_RAW_CHUNK):
+                body = _raw(values[lo : lo + METADATA_RAW_CHUNK], code)
+                params = {"offset": str(offset + lo)}
+                calls.append(_Call("PUT", f"{path}/{name}", _parse_metadata_ack, params=params, content=body))
+        return calls
+    for lo in range(0, n, METADATA_JSON_CHUNK):
+        doc: dict[str, Any] = {"offset": offset + lo}
+        if rates is not None:
+            doc["pass_rate"] = [None if math.isnan(r) else r for r in rates[lo : lo + METADATA_JSON_CHUNK]]
+        if groups is not None:
+            doc["group"] = groups[lo : lo + METADATA_JSON_CHUNK]
+        calls.append(_Call("PUT", path, _parse_metadata_ack, json=doc))
+    return calls
 
 
 def _beliefs_call(dataset: str, ids: Iterable[int]) -> _Call[Beliefs]:
@@ -509,7 +630,7 @@ class SelectorClient(_Base):
     def _run(self, call: _Call[T]) -> T:
         for attempt in range(self.retries + 1):
             try:
-                response = self._http.request(call.method, call.path, json=call.json, params=call.params)
+                response = self._http.request(call.method, call.path, **call.send_kwargs())
             except httpx.TransportError as exc:  # connect errors, timeouts, dropped connections
                 if attempt == self.retries:
                     raise self._unreachable(call, exc, attempt + 1) from None
@@ -533,8 +654,11 @@ class SelectorClient(_Base):
         hmm_decay: float = 0.7,
         reward_mode: str = "binary",
         defaults: Mapping[str, Any] | None = None,
+        prior_strength: float | None = None,
+        group_decay: float | None = None,
     ) -> DatasetInfo:
-        """Create a dataset (or confirm an identical one); ``Conflict`` if the name has another spec."""
+        """Create a dataset (or confirm an identical one); ``Conflict`` if the name has another spec.
+        ``prior_strength`` / ``group_decay``: METHODS 6 (None: the service's defaults, 2.0 and 0.9)."""
         return self._run(
             _create_dataset_call(
                 name,
@@ -546,8 +670,30 @@ class SelectorClient(_Base):
                 hmm_decay,
                 reward_mode,
                 defaults,
+                prior_strength,
+                group_decay,
             )
         )
+
+    def upload_metadata(
+        self,
+        dataset: str,
+        *,
+        pass_rate: Sequence[float | None] | None = None,
+        group: Sequence[int] | None = None,
+        offset: int = 0,
+        raw: bool | None = None,
+    ) -> MetadataAck:
+        """Upload per-prompt prior pass rates (None/NaN = unknown) and/or groups (0..65535, -1 = none) for
+        prompts ``offset .. offset + len - 1`` (METHODS 6). Large uploads go in several requests, JSON
+        or (``raw``, default above 100k prompts) little-endian float32 / int32 bodies. Each request is
+        applied whole or not at all and re-sending the same values changes nothing, so a failed upload
+        is repaired by sending it again. Returns the last request's answer (coverage after all)."""
+        ack = None
+        for call in _metadata_calls(dataset, pass_rate, group, offset, raw):
+            ack = self._run(call)
+        assert ack is not None
+        return ack
 
     def get_dataset(self, name: str) -> DatasetInfo:
         return self._run(_Call("GET", _dataset_path(name), _parse_dataset))
@@ -639,9 +785,7 @@ class AsyncSelectorClient(_Base):
     async def _run(self, call: _Call[T]) -> T:
         for attempt in range(self.retries + 1):
             try:
-                response = await self._http.request(
-                    call.method, call.path, json=call.json, params=call.params
-                )
+                response = await self._http.request(call.method, call.path, **call.send_kwargs())
             except httpx.TransportError as exc:  # connect errors, timeouts, dropped connections
                 if attempt == self.retries:
                     raise self._unreachable(call, exc, attempt + 1) from None
@@ -664,6 +808,8 @@ class AsyncSelectorClient(_Base):
         hmm_decay: float = 0.7,
         reward_mode: str = "binary",
         defaults: Mapping[str, Any] | None = None,
+        prior_strength: float | None = None,
+        group_decay: float | None = None,
     ) -> DatasetInfo:
         return await self._run(
             _create_dataset_call(
@@ -676,8 +822,25 @@ class AsyncSelectorClient(_Base):
                 hmm_decay,
                 reward_mode,
                 defaults,
+                prior_strength,
+                group_decay,
             )
         )
+
+    async def upload_metadata(
+        self,
+        dataset: str,
+        *,
+        pass_rate: Sequence[float | None] | None = None,
+        group: Sequence[int] | None = None,
+        offset: int = 0,
+        raw: bool | None = None,
+    ) -> MetadataAck:
+        ack = None
+        for call in _metadata_calls(dataset, pass_rate, group, offset, raw):
+            ack = await self._run(call)
+        assert ack is not None
+        return ack
 
     async def get_dataset(self, name: str) -> DatasetInfo:
         return await self._run(_Call("GET", _dataset_path(name), _parse_dataset))

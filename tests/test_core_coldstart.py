@@ -359,3 +359,25 @@ def test_whole_dataset_scores_in_chunks_equal_scores_in_one_piece(monkeypatch, s
     monkeypatch.setattr(coldstart, "SCORE_CHUNK", 777)
     np.testing.assert_array_equal(score(ba, **kw), whole)
     np.testing.assert_array_equal(score(ba, **dict(kw, ids=np.arange(n))), whole)
+
+
+def test_group_statistics_by_hand():
+    from selector_service.core.coldstart import group_statistics
+
+    ba = BeliefArrays.new(6, prior_strength=2.0)
+    assert group_statistics(ba)["group"].size == 0
+    apply_metadata(
+        ba, 0, np.array([0.5, np.nan, np.nan, np.nan, np.nan, np.nan]), np.array([4, 4, 4, 1, -1, 1])
+    )
+    apply_results(
+        ba, np.array([1]), np.array([6.0]), np.array([8.0]), np.array([PARTIAL], np.int8), 1.0, 1.0, 1.0
+    )
+    stats = group_statistics(ba)
+    assert stats["group"].tolist() == [1, 4] and stats["size"].tolist() == [2, 3]
+    np.testing.assert_allclose(stats["observed_share"], [0.0, 1 / 3])
+    m4 = (1 + 6) / (2 + 8)
+    # Group 4: prompt 0 (pass rate 0.5: mean 0.5), prompt 1 (observed: prior m_4 before = 0.5 -> (2, 2) +
+    # (6, 2) = 8/12), prompt 2 (cold: Beta(1 + 2 m4, 1 + 2 (1 - m4)), mean (1 + 2 m4) / 4).
+    expected_4 = (0.5 + 8 / 12 + (1 + 2 * m4) / 4) / 3
+    np.testing.assert_allclose(stats["posterior_mean"], [0.5, expected_4])
+    np.testing.assert_allclose(stats["rate"], [0.5, m4])

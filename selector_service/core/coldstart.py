@@ -49,6 +49,7 @@ __all__ = [
     "beta_for",
     "beta_scores",
     "group_rates",
+    "group_statistics",
     "has_cold_priors",
     "live_pass_rates",
     "prior_pass_rates",
@@ -464,3 +465,27 @@ def live_pass_rates(ba, ids: np.ndarray | None, target: float | None = None) -> 
         src, group_rates(ba.shared), ids, use_all, r.alpha0, r.beta0, score, float(target or 0.0), out
     )
     return out
+
+
+def group_statistics(ba) -> dict[str, np.ndarray]:
+    """Per group with at least one prompt (for monitoring): `group` ids, `size` (prompts), `observed_share`
+    (share of them observed at least once), `posterior_mean` (mean over them of alpha / (alpha + beta),
+    cold priors included) and `rate` (m_g). Empty arrays without groups. O(N)."""
+    sh = ba.shared
+    live = np.flatnonzero(sh.group_size > 0)
+    if live.size == 0:
+        empty = np.zeros(0)
+        return {"group": live, "size": live, "observed_share": empty, "posterior_mean": empty, "rate": empty}
+    grouped = ba.group >= 0
+    groups = ba.group[grouped]
+    counts = np.bincount(groups, minlength=sh.n_groups)
+    observed = np.bincount(groups, weights=(ba.n_obs[grouped] > 0), minlength=sh.n_groups)
+    means = beta_scores(ba, None, lambda a, b, _ids: a / (a + b))[grouped]
+    mean_sum = np.bincount(groups, weights=means, minlength=sh.n_groups)
+    return {
+        "group": live,
+        "size": counts[live],
+        "observed_share": observed[live] / counts[live],
+        "posterior_mean": mean_sum[live] / counts[live],
+        "rate": group_rates(sh)[live],
+    }

@@ -42,7 +42,7 @@ def _busy_state(size: int = 3000, seed: int = 0) -> DatasetState:
 def _same_beliefs(a: DatasetState, b: DatasetState) -> bool:
     left, right = a.arrays.arrays(), b.arrays.arrays()
     return left.keys() == right.keys() and all(
-        left[k].dtype == right[k].dtype and np.array_equal(left[k], right[k]) for k in left
+        left[k].dtype == right[k].dtype and np.array_equal(left[k], right[k], equal_nan=True) for k in left
     )
 
 

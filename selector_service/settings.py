@@ -67,6 +67,12 @@ class Settings(BaseSettings):
         le=512 * 2**20,
         description="Snapshot chunk size (a Redis value holds <= 512 MB).",
     )
+    sync_batch: int = Field(
+        2000,
+        ge=1,
+        le=100_000,
+        description="Log records a process reads per round trip while catching up with a dataset's log.",
+    )
     store_timeout_s: float = Field(5.0, gt=0, description="Timeout of one store operation (seconds).")
     log_level: str = Field("info", description="uvicorn/app log level.")
 

@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from selector_service.core.domain import K_MAX, PRIOR_MAX, PRIOR_MIN, TRIALS_MAX, prior_problem
 from selector_service.state import MAX_LAG
 
 DatasetName = Annotated[
@@ -33,10 +34,13 @@ class _Request(BaseModel):
 class DatasetCreate(_Request):
     name: DatasetName
     size: int = Field(ge=1, description="Prompt ids are 0..size-1 (verl's extra_info.index).")
-    rollouts_per_prompt: int = Field(8, ge=1, le=1024, description="K, rollouts per prompt per step.")
+    rollouts_per_prompt: int = Field(8, ge=1, le=K_MAX, description="K, rollouts per prompt per step.")
     success_threshold: float = Field(1.0, description="A reward >= threshold is a success (binary mode).")
     beta_prior: list[float] = Field(
-        [1.0, 1.0], min_length=2, max_length=2, description="[alpha0, beta0], both > 0."
+        [1.0, 1.0],
+        min_length=2,
+        max_length=2,
+        description=f"[alpha0, beta0], each in [{PRIOR_MIN:g}, {PRIOR_MAX:g}] (the numerically safe domain).",
     )
     beta_decay: float = Field(1.0, gt=0, le=1, description="Forgetting factor of the Beta update, in (0, 1].")
     hmm_decay: float = Field(0.7, gt=0, le=1, description="Forgetting factor of the DPS update, in (0, 1].")
@@ -57,8 +61,9 @@ class DatasetCreate(_Request):
     @field_validator("beta_prior")
     @classmethod
     def _prior(cls, v: list[float]) -> list[float]:
-        if not (v[0] > 0 and v[1] > 0):
-            raise ValueError("beta_prior must be two positive numbers (alpha0, beta0), e.g. [1.0, 1.0]")
+        problem = prior_problem(v)
+        if problem:
+            raise ValueError(problem)
         return v
 
 
@@ -112,7 +117,7 @@ class Result(_Request):
     prompt_id: PromptId
     rewards: list[float] | None = Field(None, max_length=65536, description="One reward per rollout.")
     successes: float | None = Field(None, ge=0, description="With trials, instead of rewards.")
-    trials: int | None = Field(None, ge=1, le=10**9)
+    trials: int | None = Field(None, ge=1, le=TRIALS_MAX)
 
 
 class ObserveRequest(_Request):

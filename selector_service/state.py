@@ -30,6 +30,7 @@ import zstandard
 
 from selector_service.core import strategies
 from selector_service.core.beliefs import BeliefArrays, CloseStats, apply_results, close_step
+from selector_service.core.domain import K_MAX, prior_problem
 
 SNAPSHOT_MAGIC = b"RLVRSNAP"
 SNAPSHOT_VERSION = 1
@@ -83,14 +84,11 @@ class DatasetSpec:
         checks = [
             (self.size >= 1, f"size {self.size} must be >= 1"),
             (
-                1 <= self.rollouts_per_prompt <= 1024,
-                f"rollouts_per_prompt {self.rollouts_per_prompt} not in 1..1024",
+                1 <= self.rollouts_per_prompt <= K_MAX,
+                f"rollouts_per_prompt {self.rollouts_per_prompt} not in 1..{K_MAX}",
             ),
             (math.isfinite(self.success_threshold), "success_threshold must be finite"),
-            (
-                all(math.isfinite(x) and x > 0 for x in self.beta_prior),
-                "beta_prior must be two positive numbers",
-            ),
+            (prior_problem(self.beta_prior) is None, prior_problem(self.beta_prior)),
             (0 < self.beta_decay <= 1, f"beta_decay {self.beta_decay} not in (0, 1]"),
             (0 < self.hmm_decay <= 1, f"hmm_decay {self.hmm_decay} not in (0, 1]"),
             (self.reward_mode in ("binary", "fractional"), f"reward_mode {self.reward_mode!r} is unknown"),

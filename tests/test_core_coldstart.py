@@ -31,7 +31,7 @@ from selector_service.core.coldstart import (
     prior_pass_rates,
 )
 from selector_service.core.curricula import adarft_scores, close_shared, learnability_scores
-from selector_service.core.select import make_rng
+from selector_service.core.rng import stream
 from tests import naive
 
 PER_PROMPT = (
@@ -235,7 +235,7 @@ def test_every_beta_family_score_reads_cold_priors():
         score(ba, strategy="learnability", params={}, **kw), naive.learnability(a, b), rtol=1e-12
     )
     mopps = score(ba, strategy="mopps", params={}, **kw)
-    ref, _ = thompson_scores(a, b, None, 0.5, make_rng("cold", 4, 1, "thompson"))
+    ref, _ = thompson_scores(a, b, None, 0.5, stream("cold", 4, 1, "thompson"), items=ids)  # keyed by prompt
     np.testing.assert_array_equal(mopps, ref)
     np.testing.assert_allclose(
         wmi_scores(a, b, None, 8, 3.0, 0.3), score(ba, strategy="insight", params={}, **kw)

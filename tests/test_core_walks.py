@@ -1,8 +1,8 @@
 """GRESO's and SEC's walks and the positions the dataset advances at step close (core/walks.py, METHODS 7).
 
-The twins below walk position by position with the same random streams (select.make_rng and
-epoch_permutation, drawn whole rather than advanced), so a test against them checks the fast walks'
-chunking, epoch and pass boundaries, skip rule, capping and bookkeeping.
+The twins below walk position by position with the same random streams, drawn from the pure-Python twin
+of the generator (tests/naive.py), so a test against them checks the fast walks' chunking, epoch and
+pass boundaries, skip rule, category draws, capping and bookkeeping.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from selector_service.core import (
 )
 from selector_service.core.coldstart import apply_metadata
 from selector_service.core.curricula import close_shared
-from selector_service.core.select import epoch_permutation, make_rng
+from selector_service.core.select import epoch_permutation
 from selector_service.core.walks import (
     WalkError,
     advance_walks,
@@ -38,14 +38,15 @@ from tests import naive
 
 def twin_greso_walk(n, key, pos, streak, p_easy, p_hard):
     """Yields (position, id, survives) along GRESO's walk, one position at a time, over two epochs."""
-    draws = {}
+    perms = {}
     for q in range(pos, pos + 2 * n):
         epoch, offset = divmod(q, n)
-        if epoch not in draws:
-            draws[epoch] = make_rng(key, epoch, 0, "greso-skip").random(n)
-        pid = int(epoch_permutation(n, key, epoch, 0)[offset])
+        if epoch not in perms:
+            perms[epoch] = naive.rng_permutation(naive.rng_stream_id(key, epoch, 0, "uniform-epoch"), n)
+        pid = perms[epoch][offset]
         keep = naive.greso_keep(int(streak[pid]), p_easy, p_hard)
-        yield q, pid, draws[epoch][offset] < keep
+        u = naive.rng_uniform(naive.rng_stream_id(key, epoch, 0, "greso-skip"), offset)
+        yield q, pid, u < keep
 
 
 def twin_greso_batch(ba, batch, key):
@@ -80,7 +81,7 @@ def twin_category_order(members, g, key, passes):
     return [
         int(x)
         for p in range(passes)
-        for x in members[make_rng(key, p, 0, f"sec-walk-{g}").permutation(members.size)]
+        for x in members[naive.rng_permutation(naive.rng_stream_id(key, p, 0, f"sec-walk-{g}"), members.size)]
     ]
 
 
@@ -235,7 +236,11 @@ def test_sec_batch_matches_the_twin():
         logits = ba.shared.sec_q / tau
         expected_pi = np.where(live, np.exp(logits - logits[live].max()), 0.0)
         np.testing.assert_allclose(pi, expected_pi / expected_pi.sum(), rtol=1e-14)
-        draws = make_rng("sec", step, seed, "sec-categories").choice(pi.size, size=40, p=pi)
+        sid = naive.rng_child(naive.rng_stream_id("sec", step, seed, "sec-categories"), 0)
+        cdf = np.cumsum(pi)
+        draws = [
+            int(np.searchsorted(cdf, naive.rng_uniform(sid, i) * cdf[-1], side="right")) for i in range(40)
+        ]
         assert all(ba.shared.group_size[g] >= np.sum(draws == g) for g in draws)  # no capping here
         taken = {g: 0 for g in members}
         expected = []

@@ -8,7 +8,8 @@ Exception tree (each carries ``status`` (int | None) and the server's ``detail``
     ├── ServiceUnavailable        cannot connect, timed out, or 502/503/504 after all retries
     ├── AuthError                 401 (token missing) / 403 (token wrong)
     ├── NotFound                  404 (unknown dataset)
-    ├── Conflict                  409 (name taken with another spec; step already closed)
+    ├── Conflict                  409 (name taken with another spec; step closed beyond max_lag;
+    │                                  request id already used with another body or dataset)
     └── InvalidRequest            400 / 413 / 422 (malformed or out-of-range input; nothing applied)
 
 Retries: connect errors, timeouts and 502/503/504 are retried ``retries`` times with exponential
@@ -180,6 +181,7 @@ class DatasetInfo:
     hmm_decay: float
     reward_mode: str
     defaults: dict[str, Any]
+    max_lag: int = 0
     prior_strength: float = 2.0
     group_decay: float = 0.9
     open_step: int | None = None
@@ -212,6 +214,7 @@ class DatasetInfo:
             hmm_decay=float(spec.get("hmm_decay", 0.7)),
             reward_mode=str(spec.get("reward_mode", "binary")),
             defaults=dict(spec.get("defaults") or {}),
+            max_lag=int(spec.get("max_lag", 0)),
             prior_strength=float(spec.get("prior_strength", 2.0)),
             group_decay=float(spec.get("group_decay", 0.9)),
             open_step=_opt_int("open_step"),
@@ -238,10 +241,12 @@ class Selection:
 
 @dataclass(frozen=True)
 class ObserveAck:
-    """``applied``: results recorded by this request; ``duplicate``: the request id was seen before."""
+    """``applied``: results recorded by this request; ``duplicate``: the request id was seen before;
+    ``lag``: how many steps late the results were applied (0 on time; > 0 only with ``max_lag``)."""
 
     applied: int
     duplicate: bool
+    lag: int = 0
 
 
 @dataclass(frozen=True)
@@ -318,7 +323,9 @@ def _parse_selection(response: httpx.Response) -> Selection:
 
 def _parse_ack(response: httpx.Response) -> ObserveAck:
     body = response.json()
-    return ObserveAck(applied=int(body["applied"]), duplicate=bool(body["duplicate"]))
+    return ObserveAck(
+        applied=int(body["applied"]), duplicate=bool(body["duplicate"]), lag=int(body.get("lag", 0))
+    )
 
 
 def _parse_beliefs(response: httpx.Response) -> Beliefs:
@@ -380,6 +387,7 @@ def _create_dataset_call(
     hmm_decay: float,
     reward_mode: str,
     defaults: Mapping[str, Any] | None,
+    max_lag: int = 0,
     prior_strength: float | None = None,
     group_decay: float | None = None,
 ) -> _Call[DatasetInfo]:
@@ -399,6 +407,8 @@ def _create_dataset_call(
         body["group_decay"] = float(group_decay)
     if defaults is not None:
         body["defaults"] = dict(defaults)
+    if max_lag:  # sent only when used, so a spec without it also creates on a service without it
+        body["max_lag"] = int(max_lag)
     return _Call("POST", "/datasets", _parse_dataset, json=body)
 
 
@@ -654,10 +664,12 @@ class SelectorClient(_Base):
         hmm_decay: float = 0.7,
         reward_mode: str = "binary",
         defaults: Mapping[str, Any] | None = None,
+        max_lag: int = 0,
         prior_strength: float | None = None,
         group_decay: float | None = None,
     ) -> DatasetInfo:
         """Create a dataset (or confirm an identical one); ``Conflict`` if the name has another spec.
+        ``max_lag``: accept results up to this many steps late (asynchronous trainers).
         ``prior_strength`` / ``group_decay``: METHODS 6 (None: the service's defaults, 2.0 and 0.9)."""
         return self._run(
             _create_dataset_call(
@@ -670,6 +682,7 @@ class SelectorClient(_Base):
                 hmm_decay,
                 reward_mode,
                 defaults,
+                max_lag,
                 prior_strength,
                 group_decay,
             )
@@ -808,6 +821,7 @@ class AsyncSelectorClient(_Base):
         hmm_decay: float = 0.7,
         reward_mode: str = "binary",
         defaults: Mapping[str, Any] | None = None,
+        max_lag: int = 0,
         prior_strength: float | None = None,
         group_decay: float | None = None,
     ) -> DatasetInfo:
@@ -822,6 +836,7 @@ class AsyncSelectorClient(_Base):
                 hmm_decay,
                 reward_mode,
                 defaults,
+                max_lag,
                 prior_strength,
                 group_decay,
             )

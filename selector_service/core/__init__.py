@@ -10,8 +10,9 @@ Modules: outcomes (rewards -> successes, trials, states), beliefs (BeliefArrays,
 coldstart (METHODS 6: metadata, group rates, cold and frozen priors, the dataset's SharedState),
 dps (DPS step close), mi (INSIGHT's weighted mutual information), scores (MoPPS, baselines, DPS score),
 curricula (METHODS 7: learnability, AdaRFT, the shared state's step close, `close_open_step`),
-walks (GRESO's and SEC's walks and their positions), special (numba digamma), select (seeded streams,
-pools, top-k with random ties, epoch walks), strategies (registry, validation, select / score).
+walks (GRESO's and SEC's walks and their positions), special (numba digamma), rng (the counter-based
+generator behind every random choice), select (pools, top-k with random ties, epoch walks), domain (the
+accepted range of every setting and parameter), strategies (registry, validation, select / score).
 
 A step closes with `close_open_step` (walk positions, shared state, then DPS); `close_step` alone is
 the DPS update.
@@ -44,12 +45,12 @@ from .outcomes import (
     outcomes_from_flat,
     outcomes_from_rewards,
 )
+from .rng import Stream, stream
 from .scores import dps_scores, expected_difficulty_scores, inverse_evidence_scores, thompson_scores
 from .select import (
     candidate_pool,
     epoch_permutation,
     history_batch,
-    make_rng,
     mopps_threshold_select,
     topk_random_ties,
     uniform_batch,
@@ -74,6 +75,7 @@ __all__ = [
     "ParamError",
     "SharedState",
     "StrategySpec",
+    "Stream",
     "apply_metadata",
     "apply_results",
     "beta_for",
@@ -90,7 +92,6 @@ __all__ = [
     "group_rates",
     "history_batch",
     "inverse_evidence_scores",
-    "make_rng",
     "mopps_threshold_select",
     "mutual_information",
     "outcomes_from_counts",
@@ -99,6 +100,7 @@ __all__ = [
     "prior_pass_rates",
     "score",
     "select",
+    "stream",
     "thompson_scores",
     "topk_random_ties",
     "uniform_batch",

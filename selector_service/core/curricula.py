@@ -65,7 +65,8 @@ def learnability_scores(alpha: np.ndarray, beta: np.ndarray, ids: np.ndarray | N
         ids = _check_ids(ids, alpha.size)
         alpha, beta = alpha[ids], beta[ids]
     n = alpha + beta
-    return alpha * beta / (n * (n + 1.0))
+    # As a product of two ratios <= 1: alpha * beta and n * (n + 1) overflow at reachable n ~ 1e300.
+    return (alpha / n) * (beta / (n + 1.0))
 
 
 def learnability_for(ba, ids: np.ndarray | None) -> np.ndarray:

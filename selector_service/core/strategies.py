@@ -22,14 +22,14 @@ AdaRFT's T), so they are fixed per dataset: set them in the dataset's `defaults`
 another value is refused (`check_dataset_params`). `dataset_rules` turns a dataset's defaults into the
 DatasetRules its beliefs are created with.
 
-`select` and `score` are pure functions of their arguments: every random choice comes from
-`make_rng(key, step, seed, purpose)` with purposes "candidates" (the pool), "thompson" (MoPPS draws) and
-"ties" (top-k tie-breaking), so the same (beliefs, strategy, params, batch, step, seed, key) gives the
-same batch in every process.
+`select` and `score` are pure functions of their arguments: every random choice comes from the
+project's counter-based generator (rng.py), `stream(key, step, seed, purpose)` with purposes
+"candidates" (the pool), "thompson" (MoPPS draws) and "ties" (top-k tie-breaking), so the same
+(beliefs, strategy, params, batch, step, seed, key) gives the same batch in every process and with every
+numpy version (tests/test_golden_batches.py pins a few).
 
-MoPPS draws are positional (one per candidate, in pool order), so `score` for mopps returns fresh draws
-for the requested ids from the same seeded stream, a sample of the same distribution rather than the
-draws a `select` made for those prompts (ours). With mode "threshold" the batch is chosen by the band
+MoPPS draws are keyed by prompt id, so `score` for mopps returns exactly the draws a `select` at the
+same (step, seed) made for those prompts. With mode "threshold" the batch is chosen by the band
 [0.3, 0.7] (select.mopps_threshold_select) and the scores returned are still -(g - target)^2.
 """
 
@@ -44,15 +44,11 @@ import numpy as np
 
 from .coldstart import beta_for, beta_scores
 from .curricula import adarft_scores, learnability_for
+from .domain import ENTROPY_WEIGHT_MAX, K_MAX
 from .mi import wmi_scores
+from .rng import stream
 from .scores import dps_scores, expected_difficulty_scores, inverse_evidence_scores, thompson_scores
-from .select import (
-    candidate_pool,
-    history_batch,
-    make_rng,
-    topk_random_ties,
-    uniform_batch,
-)
+from .select import candidate_pool, history_batch, topk_random_ties, uniform_batch
 from .walks import WalkError, greso_batch, sec_batch
 
 __all__ = [
@@ -68,7 +64,7 @@ __all__ = [
 ]
 
 #: Largest rollout count accepted for INSIGHT's `k`.
-K_LIMIT = 1024
+K_LIMIT = K_MAX
 
 
 class ParamError(ValueError):
@@ -133,8 +129,13 @@ def _mode(v: Any) -> str:
     return v
 
 
-def _finite(name: str) -> Callable[[Any], float]:
-    return lambda v: _number(name, v)
+def _entropy_weight(v: Any) -> float:
+    v = _number("entropy_weight", v)
+    if not -ENTROPY_WEIGHT_MAX <= v <= ENTROPY_WEIGHT_MAX:
+        raise ParamError(
+            f"entropy_weight must lie in [{-ENTROPY_WEIGHT_MAX:g}, {ENTROPY_WEIGHT_MAX:g}], got {v}"
+        )
+    return v
 
 
 def _within(name: str, low: float, high: float, *, low_open: bool = False) -> Callable[[Any], float]:
@@ -188,7 +189,7 @@ STRATEGIES: dict[str, StrategySpec] = {
     "dps": StrategySpec(
         "dps",
         {
-            "entropy_weight": Param(0.0, _finite("entropy_weight"), "weight of the prior's entropy (nats)"),
+            "entropy_weight": Param(0.0, _entropy_weight, "weight of the prior's entropy (nats)"),
             "candidate_ratio": Param(None, _ratio, "null = rank the whole dataset (the paper's setting)"),
         },
     ),
@@ -350,12 +351,11 @@ def select(
     ratio = params.get("candidate_ratio")  # adarft ranks the whole dataset
     pool_size = n if ratio is None else min(ratio * batch_size, n)
     whole = pool_size == n
-    candidates = candidate_pool(n, pool_size, make_rng(key, step, seed, "candidates"))
-    ties = make_rng(key, step, seed, "ties")
+    candidates = candidate_pool(n, pool_size, stream(key, step, seed, "candidates"))
+    ties = stream(key, step, seed, "ties")
     if strategy == "mopps":
-        rng = make_rng(key, step, seed, "thompson")
-        alpha, beta, sub = beta_for(ba, None if whole else candidates)
-        scores, draws = thompson_scores(alpha, beta, sub, params["target"], rng)
+        rng = stream(key, step, seed, "thompson")
+        scores, draws = _thompson(ba, None if whole else candidates, params["target"], rng)
         if params["mode"] == "threshold":
             distance = np.maximum(0.3 - draws, 0.0) + np.maximum(draws - 0.7, 0.0)
             pos = topk_random_ties(-distance, batch_size, ties)
@@ -392,7 +392,13 @@ def score(
     if not spec.scored:
         raise ParamError(f"strategy {strategy!r} walks a permutation and has no per-prompt scores")
     if strategy == "mopps":
-        rng = make_rng(key, step, seed, "thompson")
-        alpha, beta, sub = beta_for(ba, ids)
-        return thompson_scores(alpha, beta, sub, params["target"], rng)[0]
+        return _thompson(ba, ids, params["target"], stream(key, step, seed, "thompson"))[0]
     return _deterministic_scores(ba, strategy, params, ids, dataset_k)
+
+
+def _thompson(ba, ids: np.ndarray | None, target: float, rng) -> tuple[np.ndarray, np.ndarray]:
+    """MoPPS draws for `ids` (None: all) from the Betas of `beta_for` (cold priors), keyed by prompt id."""
+    alpha, beta, sub = beta_for(ba, ids)
+    if sub is None and ids is not None:  # gathered: the draws still belong to the prompt ids
+        return thompson_scores(alpha, beta, None, target, rng, items=ids)
+    return thompson_scores(alpha, beta, sub, target, rng)

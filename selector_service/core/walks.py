@@ -5,14 +5,14 @@ GRESO walks the concatenated epoch permutations of the dataset (epoch e: `epoch_
 skipped with probability 1 - max(p_easy^z_easy, 0.01); otherwise, when its latest result was all-failed
 (trailing run z_hard), with 1 - max(p_hard^z_hard, 0.01); a prompt without such a run is never skipped.
 The first B survivors are the batch (an id met again across an epoch boundary is passed over). The draw
-deciding a skip belongs to the walk position (`make_rng(key, epoch, 0, "greso-skip")`, one uniform per
-position of the epoch), so the same position gives the same decision as long as the prompt's streak
+deciding a skip belongs to the walk position (output `offset` of `stream(key, epoch, 0, "greso-skip")`),
+so the same position gives the same decision as long as the prompt's streak
 and p_easy / p_hard are unchanged.
 
-SEC draws B categories i.i.d. from pi = softmax(Q / tau) over the non-empty groups (`make_rng(key, step,
-seed, "sec-categories")`), and takes one prompt per draw from that category's own walk: its members
-(ids of the group, ascending) in the order of a permutation per pass (`make_rng(key, pass, 0,
-"sec-walk-<g>")`), without replacement within a pass, from the category's position `sec_pos[g]` (a
+SEC draws B categories i.i.d. from pi = softmax(Q / tau) over the non-empty groups (inverse CDF of the
+uniforms of `stream(key, step, seed, "sec-categories")`), and takes one prompt per draw from that
+category's own walk: its members (ids of the group, ascending) in the order of a permutation per pass
+(`stream(key, pass, 0, "sec-walk-<g>").permutation`), without replacement within a pass, from the category's position `sec_pos[g]` (a
 walk that crosses into the next pass passes over the ids it already holds, as the uniform walk does). A
 category drawn more often than it has members takes all of them and its extra draws are drawn again
 among the others (ours: a batch has B distinct prompts).
@@ -28,14 +28,15 @@ batch moves the walk exactly past the batch (skips included), one that observes 
 the rest again, and other observations move nothing. Both walks and the replay ignore the request seed
 (GRESO: entirely; SEC: except for the category draws), because the close cannot know it.
 
-Random numbers come from `select.make_rng` (numpy's PCG64), like the other walks.
+Random numbers come from the counter-based generator (rng.stream), like every other random choice.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .select import epoch_permutation, make_rng
+from .rng import stream
+from .select import epoch_permutation
 
 __all__ = [
     "GRESO_MIN_KEEP",
@@ -67,11 +68,8 @@ def greso_keep_probability(streak: np.ndarray, p_easy: float, p_hard: float) -> 
 
 
 def _skip_draws(key: str, epoch: int, offset: int, count: int) -> np.ndarray:
-    """The uniforms of positions offset..offset+count-1 of `epoch` (one 64-bit draw per position)."""
-    rng = make_rng(key, epoch, 0, "greso-skip")
-    if offset:
-        rng.bit_generator.advance(offset)
-    return rng.random(count)
+    """The uniforms of positions offset..offset+count-1 of `epoch` (output i belongs to position i)."""
+    return stream(key, epoch, 0, "greso-skip").uniforms(count, start=offset)
 
 
 def _greso_chunks(n: int, key: str, pos: int, limit: int):
@@ -98,14 +96,11 @@ def greso_batch(ba, batch: int, key: str) -> np.ndarray:
     first_epoch = sh.greso_pos // n
     picked: list[np.ndarray] = []
     skipped: list[np.ndarray] = []
-    earlier = None  # survivors of the first epoch, once the walk reaches the next one
     count = 0
     for start, ids, u in _greso_chunks(n, key, sh.greso_pos, 2 * n):
         keep = u < greso_keep_probability(ba.streak[ids], sh.p_easy, sh.p_hard)
-        if start // n != first_epoch:
-            if earlier is None:
-                earlier = np.concatenate(picked) if picked else np.zeros(0, dtype=np.int64)
-            keep &= ~np.isin(ids, earlier)
+        if start // n != first_epoch and picked:  # a later epoch may meet ids already picked
+            keep &= ~np.isin(ids, np.concatenate(picked))
         survivors = ids[keep][: batch - count]
         picked.append(survivors)
         skipped.append(ids[~keep])
@@ -154,13 +149,13 @@ def sec_members(ba) -> tuple[np.ndarray, np.ndarray]:
 def _category_window(members: np.ndarray, g: int, pos: int, key: str) -> tuple[np.ndarray, np.ndarray]:
     """Category g's walk from position `pos` to the end of the next pass: (ids int64, eligible bool).
 
-    Positions run over the concatenated pass orders (pass p: members in the order of make_rng(key, p,
-    0, "sec-walk-<g>")); an id already met in the window (the next pass's copy of one still ahead in
+    Positions run over the concatenated pass orders (pass p: members in the order of stream(key, p, 0,
+    "sec-walk-<g>").permutation); an id already met in the window (the next pass's copy of one still ahead in
     this pass) is not eligible and is passed over, so a window holds each member at most once.
     """
     size = members.size
     passes, offset = divmod(pos, size)
-    orders = [members[make_rng(key, p, 0, f"sec-walk-{g}").permutation(size)] for p in (passes, passes + 1)]
+    orders = [members[stream(key, p, 0, f"sec-walk-{g}").permutation(size)] for p in (passes, passes + 1)]
     window = np.concatenate([orders[0][offset:], orders[1]]).astype(np.int64)
     eligible = np.ones(window.size, dtype=bool)
     eligible[size - offset :] = ~np.isin(orders[1], orders[0][offset:])
@@ -188,10 +183,10 @@ def sec_batch(ba, batch: int, step: int, seed: int, key: str, tau: float) -> np.
     if batch > sh.grouped:
         raise WalkError(f"batch size {batch} is larger than the {sh.grouped} prompts that have a group")
     pi = sec_policy(ba, tau)
-    rng = make_rng(key, step, seed, "sec-categories")
     size = sh.group_size
-    draws = rng.choice(pi.size, size=batch, p=pi)
+    draws = _categorical(pi, batch, stream(key, step, seed, "sec-categories"), 0)
     # Cap each category at its size and redraw the excess among categories with room, until none is left.
+    redraw = 0
     while True:
         counts = np.bincount(draws, minlength=pi.size)
         rank = _rank_within(draws)
@@ -201,7 +196,9 @@ def sec_batch(ba, batch: int, step: int, seed: int, key: str, tau: float) -> np.
         room = np.where(counts < size, pi, 0.0)
         if not room.sum() > 0:  # pi underflowed to 0 where there is room (tiny tau): uniform there
             room = (counts < size).astype(np.float64)
-        draws = np.concatenate([draws[~over], rng.choice(pi.size, size=int(over.sum()), p=room / room.sum())])
+        redraw += 1
+        extra = _categorical(room, int(over.sum()), stream(key, step, seed, "sec-categories"), redraw)
+        draws = np.concatenate([draws[~over], extra])
     members, starts = sec_members(ba)
     rank = _rank_within(draws)
     out = np.empty(batch, dtype=np.int64)
@@ -212,6 +209,15 @@ def sec_batch(ba, batch: int, step: int, seed: int, key: str, tau: float) -> np.
         )
         out[where] = window[eligible][rank[where]]
     return out
+
+
+def _categorical(weights: np.ndarray, count: int, rng, part: int) -> np.ndarray:
+    """`count` i.i.d. categories with probabilities proportional to `weights` (>= 0, some > 0): the
+    inverse CDF at the uniforms of rng.child(part). A zero weight is never drawn."""
+    cdf = np.cumsum(weights)
+    u = rng.child(part).uniforms(count) * cdf[-1]
+    last = int(np.flatnonzero(weights > 0)[-1])
+    return np.minimum(np.searchsorted(cdf, u, side="right"), last).astype(np.int64)
 
 
 def _rank_within(draws: np.ndarray) -> np.ndarray:

@@ -11,7 +11,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import numpy as np
 from fastapi import APIRouter, Depends, FastAPI, Path, Query, Request, Response
@@ -22,6 +22,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from selector_service import metrics
+from selector_service.core.coldstart import prior_arrays as cold_betas
 from selector_service.engine import Engine, check_ids
 from selector_service.errors import InvalidRequest, NotFound, PayloadTooLarge, ServiceError
 from selector_service.schemas import (
@@ -32,6 +33,8 @@ from selector_service.schemas import (
     DatasetList,
     ErrorBody,
     Health,
+    MetadataRequest,
+    MetadataResponse,
     ObserveRequest,
     ObserveResponse,
     ScoreRequest,
@@ -191,7 +194,7 @@ NamePath = Annotated[str, Path(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$", de
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
-    collector = metrics.DatasetCollector()
+    collector = metrics.DatasetCollector(settings.max_group_labels)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -241,8 +244,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         responses={200: {"model": DatasetInfo, "description": "same spec already exists"}},
     )
     async def create_dataset(body: DatasetCreate, engine: EngineDep, response: Response) -> DatasetInfo:
-        for strategy, params in body.defaults.items():
-            Engine.resolve_params(DatasetSpec(name=body.name, size=body.size), strategy, params)
         spec = DatasetSpec(
             name=body.name,
             size=body.size,
@@ -254,7 +255,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             reward_mode=body.reward_mode,
             defaults=body.defaults,
             max_lag=body.max_lag,
+            prior_strength=body.prior_strength,
+            group_decay=body.group_decay,
         )
+        for strategy in body.defaults:
+            Engine.resolve_params(spec, strategy, {})
         created, stored = await engine.create_dataset(spec)
         if not created:
             response.status_code = 200
@@ -371,8 +376,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
         def read(st):
             a = st.arrays
-            al, be = a.alpha[arr], a.beta[arr]
+            al, be, p0 = cold_betas(a, arr)  # a never-observed prompt reports its cold prior
             pri = a.hmm_prior[arr].astype(np.float64)
+            rows = zip(arr, al, be, a.n_obs[arr], pri, a.group[arr], p0, strict=True)
             return st.open_step, [
                 Belief(
                     prompt_id=int(i),
@@ -381,12 +387,74 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                     mean=float(x / (x + y)),
                     observations=int(o),
                     hmm_prior=p.tolist(),
+                    group=int(g),
+                    prior_pass_rate=None if np.isnan(r) else float(r),
                 )
-                for i, x, y, o, p in zip(arr, al, be, a.n_obs[arr], pri, strict=True)
+                for i, x, y, o, p, g, r in rows
             ]
 
         open_step, rows = await engine.read(name, read)
         return BeliefsResponse(open_step=open_step, beliefs=rows)
+
+    metadata_doc = (
+        "Per-prompt prior pass rates and groups for prompts offset .. offset + len - 1 (METHODS 6). A log "
+        "record like an observation: every replica applies it, exports carry it. Out-of-range values or "
+        "lengths: 422, nothing applied."
+    )
+
+    @api.put("/datasets/{name}/metadata", response_model=MetadataResponse, description=metadata_doc)
+    async def put_metadata(name: NamePath, body: MetadataRequest, engine: EngineDep) -> MetadataResponse:
+        count = len(body.pass_rate if body.pass_rate is not None else body.group or [])
+        if count > settings.max_ids_per_request:
+            raise PayloadTooLarge(
+                f"{count} prompts in one request; the limit is {settings.max_ids_per_request}: "
+                "send several requests with offsets"
+            )
+        rates = None
+        if body.pass_rate is not None:
+            rates = np.array([np.nan if r is None else r for r in body.pass_rate], dtype=np.float64)
+        groups = None if body.group is None else np.asarray(body.group, dtype=np.int64)
+        answer = await engine.upload_metadata(name, offset=body.offset, pass_rate=rates, group=groups)
+        return MetadataResponse(**answer)
+
+    @api.put(
+        "/datasets/{name}/metadata/{field}",
+        response_model=MetadataResponse,
+        description="The same upload as raw little-endian arrays, for very large datasets: pass_rate as "
+        "float32 (NaN = unknown), group as int32 (-1 = none).",
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+            }
+        },
+    )
+    async def put_metadata_raw(
+        name: NamePath,
+        field: Annotated[Literal["pass_rate", "group"], Path(description="which array the body holds")],
+        request: Request,
+        engine: EngineDep,
+        offset: Annotated[int, Query(ge=0, le=2**62, description="Prompt id of the first value.")] = 0,
+    ) -> MetadataResponse:
+        raw = await request.body()
+        if not raw or len(raw) % 4:
+            raise InvalidRequest(
+                f"the body has {len(raw)} bytes: send 4 bytes per prompt (little-endian "
+                f"{'float32' if field == 'pass_rate' else 'int32'}); nothing was applied"
+            )
+        if len(raw) // 4 > settings.max_ids_per_request:
+            raise PayloadTooLarge(
+                f"{len(raw) // 4} prompts in one request; the limit is {settings.max_ids_per_request}: "
+                "send several requests with offsets"
+            )
+        values = np.frombuffer(raw, dtype="<f4" if field == "pass_rate" else "<i4")
+        kwargs = (
+            {"pass_rate": values, "group": None}
+            if field == "pass_rate"
+            else {"pass_rate": None, "group": values}
+        )
+        answer = await engine.upload_metadata(name, offset=offset, **kwargs)
+        return MetadataResponse(**answer)
 
     @api.post("/score", response_model=ScoreResponse)
     async def score(body: ScoreRequest, engine: EngineDep) -> ScoreResponse:

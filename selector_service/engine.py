@@ -32,6 +32,7 @@ import numpy as np
 from redis.exceptions import RedisError
 
 from selector_service.core import strategies
+from selector_service.core.coldstart import check_metadata
 from selector_service.core.outcomes import outcomes_from_counts, outcomes_from_flat
 from selector_service.errors import Conflict, InvalidRequest, NotFound, PayloadTooLarge, Unavailable
 from selector_service.settings import Settings
@@ -43,6 +44,7 @@ from selector_service.state import (
     deserialize_snapshot,
     iter_snapshot_chunks,
     load_snapshot_chunks,
+    pack_metadata,
     pack_results,
     serialize_snapshot,
 )
@@ -362,7 +364,7 @@ class Engine:
         state.seq = 0  # the new incarnation's log starts empty: its first record is number 1
         # The state is not shared yet: its arrays are compressed in place, no copy. Chunks are made in
         # a worker thread (slicing one blob would copy it on the event loop).
-        header, arrays = state.snapshot_header(), state.arrays.arrays()
+        header, arrays = state.snapshot_header(), state.snapshot_arrays()
         size = self.settings.snapshot_chunk_bytes
         chunks = await asyncio.to_thread(lambda: list(iter_snapshot_chunks(header, arrays, size)))
         async with self._lock(name):
@@ -403,6 +405,9 @@ class Engine:
                 f"batch_size {batch_size} is larger than dataset {name!r} ({spec.size} prompts)"
             )
         merged = self.resolve_params(spec, strategy, params)
+        if strategy == "sec":  # refused before the step moves: a request that fails applies nothing
+            grouped = await self.read(name, lambda st: st.arrays.shared.grouped)
+            _check_sec(name, grouped, batch_size)
         res = await self._io(self.store.advance(name, spec.uid, step))
         if res.status == "gone":
             self._states.pop(name, None)
@@ -417,7 +422,10 @@ class Engine:
                 raise Conflict(
                     f"step {step} of dataset {name!r} is closed; the open step is {state.open_step}"
                 )
-            ids, scores = state.select(strategy, merged, batch_size, seed)
+            try:
+                ids, scores = state.select(strategy, merged, batch_size, seed)
+            except strategies.ParamError as exc:
+                raise InvalidRequest(str(exc)) from None
             return ids, scores, state.open_step
 
         return await self.read(name, run)
@@ -451,9 +459,32 @@ class Engine:
         merged = dict(spec.defaults.get(strategy, {}))
         merged.update(params)
         try:
+            strategies.check_dataset_params(strategy, params, spec.defaults)
             return strategies.validate_params(strategy, merged)
         except strategies.ParamError as exc:
             raise InvalidRequest(str(exc)) from exc
+
+    async def upload_metadata(
+        self, name: str, *, offset: int, pass_rate: np.ndarray | None, group: np.ndarray | None
+    ) -> dict[str, Any]:
+        """Checks a metadata upload (METHODS 6) against the dataset, appends it to the log as one record,
+        and answers with the prompts it covers and the dataset's coverage once it is applied."""
+        spec = await self.spec(name)
+        try:
+            offset, pass_rate, group = check_metadata(spec.size, offset, pass_rate, group)
+        except ValueError as exc:
+            raise InvalidRequest(f"{exc}; nothing was applied") from None
+        count = len(pass_rate) if pass_rate is not None else len(group)
+        if count > INLINE_RESULTS:
+            payload = await asyncio.to_thread(pack_metadata, offset, pass_rate, group)
+        else:
+            payload = pack_metadata(offset, pass_rate, group)
+        res = await self._io(self.store.append_metadata(name, spec.uid, payload))
+        if res.status == "gone":
+            self._states.pop(name, None)
+            raise NotFound(f"dataset {name!r} does not exist (it may have been deleted or recreated)")
+        coverage = await self.read(name, lambda st: st.coverage())
+        return {"dataset": name, "offset": offset, "count": count, "coverage": coverage}
 
     async def observe(
         self, name: str, *, step: int, request_id: str, results: Sequence[Any]
@@ -519,6 +550,19 @@ def _behind_a_trim(state: DatasetState, view: LogView) -> bool:
         return True
     trim = view.meta.get("trim")
     return bool(trim) and parse_id(state.cursor) < parse_id(trim)
+
+
+def _check_sec(name: str, grouped: int, batch_size: int) -> None:
+    if grouped == 0:
+        raise InvalidRequest(
+            f"strategy sec draws prompts by group and dataset {name!r} has none: upload groups with "
+            f"PUT /datasets/{name}/metadata first"
+        )
+    if batch_size > grouped:
+        raise InvalidRequest(
+            f"batch_size {batch_size} is larger than the {grouped} prompts of dataset {name!r} that have "
+            "a group (strategy sec selects only those)"
+        )
 
 
 def _apply_entries(state: DatasetState, entries: list) -> tuple[int, bool]:

@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.multiprocess import MultiProcessCollector
 
+from selector_service.core.coldstart import group_statistics
 from selector_service.state import LAG_LABELS, DatasetState
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -41,16 +42,18 @@ CATCHUP = Histogram(
 class DatasetCollector:
     """Per-dataset gauges from the beliefs this process holds (call `update` before collecting)."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_group_labels: int = 64) -> None:
         self._rows: dict[str, dict[str, Any]] = {}
         self._cache: dict[str, tuple[tuple, dict[str, Any]]] = {}
+        #: Per-group gauges only for datasets with at most this many groups (bounded label values).
+        self.max_group_labels = max_group_labels
 
     def row(self, st: DatasetState) -> dict[str, Any]:
         """The dataset's statistics (O(N) work, cached until its beliefs move). Call with the lock held."""
         key = (st.spec.uid, st.cursor, st.open_step)
         cached = self._cache.get(st.spec.name)
         if cached is None or cached[0] != key:
-            cached = (key, _heavy_stats(st))
+            cached = (key, _heavy_stats(st, self.max_group_labels))
             self._cache[st.spec.name] = cached
         return cached[1]
 
@@ -92,6 +95,22 @@ class DatasetCollector:
                 "Log records this process caught up at its last sync of the dataset.",
                 labels=["dataset"],
             ),
+            "group_mean": GaugeMetricFamily(
+                "selector_group_posterior_mean",
+                "Mean over a group's prompts of their posterior mean, cold priors included (datasets with "
+                "at most SELECTOR_MAX_GROUP_LABELS groups).",
+                labels=["dataset", "group"],
+            ),
+            "group_observed": GaugeMetricFamily(
+                "selector_group_observed_share",
+                "Share of a group's prompts observed at least once.",
+                labels=["dataset", "group"],
+            ),
+            "group_rate": GaugeMetricFamily(
+                "selector_group_rate",
+                "A group's success rate (alpha0 + S_g) / (alpha0 + beta0 + T_g) from its decayed sums.",
+                labels=["dataset", "group"],
+            ),
         }
         results = CounterMetricFamily(
             "selector_dataset_results", "Observation results received.", labels=["dataset"]
@@ -126,11 +145,28 @@ class DatasetCollector:
             for lag, count in r["by_lag"].items():
                 by_lag.add_metric([name, lag], count)
             hist.add_metric([name], r["buckets"], r["mean_sum"])
+            for group, mean, observed, rate in r["groups"]:
+                fam["group_mean"].add_metric([name, group], mean)
+                fam["group_observed"].add_metric([name, group], observed)
+                fam["group_rate"].add_metric([name, group], rate)
         yield from fam.values()
         yield from (results, rollouts, closed, by_lag, hist)
 
 
-def _heavy_stats(st: DatasetState) -> dict[str, Any]:
+def _group_rows(st: DatasetState, max_labels: int) -> list[tuple[str, float, float, float]]:
+    """(group, posterior mean, observed share, rate) per group in use, when there are at most `max_labels`."""
+    if not st.arrays.shared.n_groups > 0 or np.count_nonzero(st.arrays.shared.group_size) > max_labels:
+        return []
+    stats = group_statistics(st.arrays)
+    return [
+        (str(int(g)), float(m), float(o), float(r))
+        for g, m, o, r in zip(
+            stats["group"], stats["posterior_mean"], stats["observed_share"], stats["rate"], strict=True
+        )
+    ]
+
+
+def _heavy_stats(st: DatasetState, max_group_labels: int = 64) -> dict[str, Any]:
     """O(N) statistics, cached per (uid, cursor, open step) so repeated scrapes cost nothing."""
     a = st.arrays
     n = st.spec.size
@@ -166,6 +202,7 @@ def _heavy_stats(st: DatasetState) -> dict[str, Any]:
         },
         "buckets": buckets,
         "mean_sum": float(mean.sum()),
+        "groups": _group_rows(st, max_group_labels),
     }
 
 

@@ -8,10 +8,33 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from selector_service.core.domain import K_MAX, PRIOR_MAX, PRIOR_MIN, TRIALS_MAX, prior_problem
+from selector_service.core.coldstart import MAX_GROUPS
+from selector_service.core.domain import (
+    K_MAX,
+    PRIOR_MAX,
+    PRIOR_MIN,
+    PRIOR_STRENGTH_MAX,
+    TRIALS_MAX,
+    prior_problem,
+)
+from selector_service.core.strategies import STRATEGIES
 from selector_service.state import MAX_LAG
+
+
+def _strategies_doc() -> str:
+    """Every strategy with its parameters and defaults, from the registry (core/strategies.py)."""
+    parts = []
+    for name, spec in STRATEGIES.items():
+        params = ", ".join(
+            f"{p} ({'null' if param.default is None else param.default}"
+            f"{'; fixed by the dataset: set it in its defaults' if param.dataset_level else ''})"
+            for p, param in spec.params.items()
+        )
+        parts.append(f"{name}: {params or '-'}")
+    return "; ".join(parts)
+
 
 DatasetName = Annotated[
     str,
@@ -57,6 +80,20 @@ class DatasetCreate(_Request):
         description="Late observations: an observe for a step closed at most this many steps ago is applied "
         "(Beta at once, DPS pooled into the open step) and answered with its lag; 0 = strict (409).",
     )
+    prior_strength: float = Field(
+        2.0,
+        ge=0,
+        le=PRIOR_STRENGTH_MAX,
+        description="Cold start (METHODS 6): weight, in rollouts, of a prompt's prior pass rate (its own "
+        "from PUT /datasets/{name}/metadata, else its group's rate) in its Beta prior.",
+    )
+    group_decay: float = Field(
+        0.9,
+        gt=0,
+        le=1,
+        description="Cold start (METHODS 6): the group rates' successes and trials are multiplied by this "
+        "at every step close, in (0, 1].",
+    )
 
     @field_validator("beta_prior")
     @classmethod
@@ -78,11 +115,14 @@ class DatasetInfo(BaseModel):
     reward_mode: str
     defaults: dict[str, dict[str, Any]]
     max_lag: int = 0
+    prior_strength: float = 2.0
+    group_decay: float = 0.9
     created: bool | None = Field(None, description="On POST: true when this call created it.")
     summary: dict[str, Any] | None = Field(
         None,
         description="open_step, observations, rollouts, prompts_observed, steps_closed, "
-        "last_step_partial_share, last_step_dps_accuracy",
+        "last_step_partial_share, last_step_dps_accuracy, and metadata coverage: "
+        "prompts_with_pass_rate, prompts_with_group, groups (groups with at least one prompt)",
     )
 
 
@@ -94,12 +134,11 @@ class SelectRequest(_Request):
     dataset: DatasetName
     step: Step
     batch_size: int = Field(ge=1, description="How many distinct prompts to return.")
-    strategy: str = Field(
-        "insight",
-        description="uniform | insight | dps | mopps | expected_difficulty | inverse_evidence | history_resampling",
-    )
+    strategy: str = Field("insight", description=" | ".join(STRATEGIES))
     params: dict[str, Any] | None = Field(
-        None, description="Strategy parameter overrides (unknown names: 422)."
+        None,
+        description="Strategy parameter overrides (unknown names: 422). Parameters (default): "
+        + _strategies_doc(),
     )
     seed: Seed = 0
     return_scores: bool = False
@@ -139,11 +178,17 @@ class ObserveResponse(BaseModel):
 
 class Belief(BaseModel):
     prompt_id: int
-    alpha: float
+    alpha: float = Field(description="Beta posterior now; a never-observed prompt's cold prior (METHODS 6).")
     beta: float
     mean: float
     observations: int
     hmm_prior: list[float]
+    group: int = Field(-1, description="The prompt's group (METHODS 6); -1 = none.")
+    prior_pass_rate: float | None = Field(
+        None,
+        description="The pass rate its Beta prior is built from: frozen at its first observation; before "
+        "it, its own pass rate or its group's current rate. null = none (Beta(alpha0, beta0)).",
+    )
 
 
 class BeliefsResponse(BaseModel):
@@ -162,6 +207,48 @@ class ScoreRequest(_Request):
 class ScoreResponse(BaseModel):
     open_step: int
     scores: list[float]
+
+
+PassRate = Annotated[float, Field(ge=0, le=1)]
+GroupId = Annotated[int, Field(ge=-1, le=MAX_GROUPS - 1)]
+
+
+class MetadataRequest(_Request):
+    """Per-prompt metadata for prompts offset .. offset + len - 1 (METHODS 6)."""
+
+    offset: int = Field(0, ge=0, le=2**62, description="Prompt id of the first value.")
+    pass_rate: list[PassRate | None] | None = Field(
+        None, description="A reference pass rate in [0, 1] per prompt; null = unknown."
+    )
+    group: list[GroupId] | None = Field(
+        None, description=f"A group in 0..{MAX_GROUPS - 1} per prompt; -1 = none. Same length as pass_rate."
+    )
+
+    @model_validator(mode="after")
+    def _lengths(self) -> MetadataRequest:
+        if self.pass_rate is None and self.group is None:
+            raise ValueError("send pass_rate, group or both")
+        lengths = {len(v) for v in (self.pass_rate, self.group) if v is not None}
+        if len(lengths) != 1:
+            raise ValueError(
+                f"pass_rate has {len(self.pass_rate)} values and group {len(self.group)}: send one per prompt"
+            )
+        if lengths == {0}:
+            raise ValueError("the arrays are empty: send at least one prompt's values")
+        return self
+
+
+class MetadataCoverage(BaseModel):
+    prompts_with_pass_rate: int
+    prompts_with_group: int
+    groups: int = Field(description="Groups with at least one prompt.")
+
+
+class MetadataResponse(BaseModel):
+    dataset: str
+    offset: int
+    count: int = Field(description="Prompts this upload set.")
+    coverage: MetadataCoverage = Field(description="The dataset's metadata once this upload is applied.")
 
 
 class ErrorBody(BaseModel):

@@ -51,8 +51,15 @@ class Settings(BaseSettings):
     max_dataset_size: int = Field(
         100_000_000,
         ge=1,
-        description="Largest dataset a client may create or import (prompts). Beliefs take 82 bytes per prompt "
-        "in every service process that serves the dataset (8.2 GB at the default): size the hosts for it.",
+        description="Largest dataset a client may create or import (prompts). Beliefs take 100 bytes per prompt "
+        "in every service process that serves the dataset (10 GB at the default): size the hosts for it.",
+    )
+    max_group_labels: int = Field(
+        64,
+        ge=0,
+        le=65536,
+        description="Per-group Prometheus gauges (selector_group_*) only for datasets with at most this many "
+        "groups (METHODS 6): each group is a label value, and label values must stay few.",
     )
     max_step_gap: int = Field(
         1000,

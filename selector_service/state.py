@@ -29,8 +29,15 @@ import numpy as np
 import zstandard
 
 from selector_service.core import strategies
-from selector_service.core.beliefs import BeliefArrays, CloseStats, apply_results, close_step
-from selector_service.core.domain import K_MAX, prior_problem
+from selector_service.core.beliefs import _FRESH, FIELDS, BeliefArrays, CloseStats, apply_results
+from selector_service.core.coldstart import (
+    MAX_GROUPS,
+    DatasetRules,
+    SharedState,
+    apply_metadata,
+)
+from selector_service.core.curricula import close_open_step
+from selector_service.core.domain import K_MAX, PRIOR_STRENGTH_MAX, prior_problem
 
 SNAPSHOT_MAGIC = b"RLVRSNAP"
 SNAPSHOT_VERSION = 1
@@ -42,7 +49,13 @@ _INFLATE_STEP_BYTES = 32 * 2**20  # about how much one decompression call may pr
 _RESULT_DTYPES = (("ids", "<i8"), ("successes", "<f8"), ("trials", "<f8"), ("states", "<i1"))
 MAX_LAG = 1000  # the most steps late an observation may be accepted (DatasetSpec.max_lag)
 # Spec fields added after the first release, with the default that leaves them out of the fingerprint.
-_LATER_FIELDS: dict[str, Any] = {"max_lag": 0}
+_LATER_FIELDS: dict[str, Any] = {"max_lag": 0, "prior_strength": 2.0, "group_decay": 0.9}
+# DatasetRules fields beyond the Beta prior (passed to BeliefArrays.new).
+_RULE_FIELDS = ("prior_strength", "group_decay", "sec_lr", "adarft_eta", "adarft_alpha", "adarft_beta")
+# Per-prompt fields added with metadata (METHODS 6, 7): absent from snapshots written before them.
+_METADATA_FIELDS = ("pass_rate", "group", "prior_p0", "streak")
+# Snapshot arrays of the dataset's shared state (per group, not per prompt) carry this name prefix.
+SHARED_PREFIX = "shared."
 # Late observations are counted by lag up to this value; larger lags share the label f"{LAG_LABELS}+".
 LAG_LABELS = 8
 
@@ -71,6 +84,8 @@ class DatasetSpec:
     reward_mode: str = "binary"
     defaults: dict[str, dict[str, Any]] = field(default_factory=dict)
     max_lag: int = 0
+    prior_strength: float = 2.0
+    group_decay: float = 0.9
     uid: str = ""
 
     def public(self) -> dict[str, Any]:
@@ -94,6 +109,11 @@ class DatasetSpec:
             (self.reward_mode in ("binary", "fractional"), f"reward_mode {self.reward_mode!r} is unknown"),
             (isinstance(self.defaults, dict), "defaults must be an object"),
             (0 <= self.max_lag <= MAX_LAG, f"max_lag {self.max_lag} not in 0..{MAX_LAG}"),
+            (
+                math.isfinite(self.prior_strength) and 0 <= self.prior_strength <= PRIOR_STRENGTH_MAX,
+                f"prior_strength {self.prior_strength} not in [0, {PRIOR_STRENGTH_MAX:g}]",
+            ),
+            (0 < self.group_decay <= 1, f"group_decay {self.group_decay} not in (0, 1]"),
         ]
         bad = [msg for ok, msg in checks if not ok]
         return "; ".join(bad) if bad else None
@@ -120,7 +140,19 @@ class DatasetSpec:
             reward_mode=doc.get("reward_mode", "binary"),
             defaults=doc.get("defaults") or {},
             max_lag=int(doc.get("max_lag", 0)),
+            prior_strength=float(doc.get("prior_strength", 2.0)),
+            group_decay=float(doc.get("group_decay", 0.9)),
             uid=doc.get("uid", ""),
+        )
+
+    def rules(self) -> DatasetRules:
+        """The constants the dataset's shared state evolves by (METHODS 6 and 7's dataset-level params)."""
+        return DatasetRules(
+            alpha0=self.beta_prior[0],
+            beta0=self.beta_prior[1],
+            prior_strength=self.prior_strength,
+            group_decay=self.group_decay,
+            **strategies.dataset_rules(self.defaults),
         )
 
 
@@ -131,6 +163,36 @@ def pack_results(ids: np.ndarray, successes: np.ndarray, trials: np.ndarray, sta
     for (_, dtype), arr in zip(_RESULT_DTYPES, (ids, successes, trials, states), strict=True):
         parts.append(np.ascontiguousarray(arr, dtype=dtype).tobytes())
     return b"".join(parts)
+
+
+_METADATA_HEAD = struct.Struct("<QBBI")  # offset, has pass rates, has groups, count
+
+
+def pack_metadata(offset: int, pass_rate: np.ndarray | None, group: np.ndarray | None) -> bytes:
+    """Packs a metadata upload into a log payload: offset, which arrays follow, their length, then the
+    pass rates (float32 LE) and / or the groups (int32 LE)."""
+    count = len(pass_rate) if pass_rate is not None else len(group)
+    parts = [_METADATA_HEAD.pack(offset, pass_rate is not None, group is not None, count)]
+    if pass_rate is not None:
+        parts.append(np.ascontiguousarray(pass_rate, dtype="<f4").tobytes())
+    if group is not None:
+        parts.append(np.ascontiguousarray(group, dtype="<i4").tobytes())
+    return b"".join(parts)
+
+
+def unpack_metadata(payload: bytes) -> tuple[int, np.ndarray | None, np.ndarray | None]:
+    offset, has_rate, has_group, count = _METADATA_HEAD.unpack_from(payload, 0)
+    at = _METADATA_HEAD.size
+    rate = group = None
+    if has_rate:
+        rate = np.frombuffer(payload, dtype="<f4", count=count, offset=at).astype(np.float32)
+        at += 4 * count
+    if has_group:
+        group = np.frombuffer(payload, dtype="<i4", count=count, offset=at).astype(np.int32)
+        at += 4 * count
+    if at != len(payload):
+        raise ValueError(f"metadata payload has {len(payload)} bytes, expected {at}")
+    return offset, rate, group
 
 
 def unpack_results(payload: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -148,8 +210,9 @@ def unpack_results(payload: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray, 
 class _ScoreCache:
     """Whole-dataset scores of one deterministic Beta strategy, rescored only where beliefs changed."""
 
-    def __init__(self, scores: np.ndarray) -> None:
+    def __init__(self, scores: np.ndarray, cold_version: int = 0) -> None:
         self.scores = scores
+        self.cold_version = cold_version
         self.pending: list[np.ndarray] = []
         self.pending_count = 0
 
@@ -162,7 +225,14 @@ class DatasetState:
 
     def __init__(self, spec: DatasetSpec, arrays: BeliefArrays | None = None) -> None:
         self.spec = spec
-        self.arrays = arrays if arrays is not None else BeliefArrays.new(spec.size, *spec.beta_prior)
+        if arrays is None:
+            rules = spec.rules()
+            arrays = BeliefArrays.new(
+                spec.size,
+                *spec.beta_prior,
+                **{k: getattr(rules, k) for k in _RULE_FIELDS},
+            )
+        self.arrays = arrays
         self.open_step = 0
         self.cursor = ""  # id of the last log record applied ("" = none)
         self.seq = 0  # sequence number of the last log record applied (0 = none)
@@ -191,11 +261,16 @@ class DatasetState:
         if number is not None and number != self.seq + 1:
             raise LogGap(f"record {log_id} is number {number}; this state applied up to {self.seq}")
         kind = get["k"].decode() if isinstance(get["k"], bytes) else get["k"]
-        if kind not in ("o", "a"):
+        if kind not in ("o", "a", "m"):
             raise ValueError(f"unknown log record kind {kind!r} at {log_id}")
         step = int(get["s"])
         outcomes = unpack_results(get["p"]) if kind == "o" else None
+        metadata = unpack_metadata(get["p"]) if kind == "m" else None
         self.close_until(step)
+        if metadata is not None:
+            # Checked again (the engine checked before appending): a log record is applied whole or
+            # raises before changing anything.
+            apply_metadata(self.arrays, *metadata)
         if outcomes is not None:
             ids, succ, trials, states = outcomes
             self.apply_outcomes(ids, succ, trials, states)
@@ -217,9 +292,10 @@ class DatasetState:
             cache.pending_count += len(ids)
 
     def close_until(self, step: int) -> None:
-        """Closes every open step below `step` (each one a DPS update over all prompts)."""
+        """Closes every open step below `step` (each: the walks' positions, the shared state of METHODS 6
+        and 7, then a DPS update over all prompts; core.close_open_step)."""
         while self.open_step < step:
-            self.last_close = close_step(self.arrays, self.spec.hmm_decay)
+            self.last_close = close_open_step(self.arrays, hmm_decay=self.spec.hmm_decay, key=self.spec.name)
             self.open_step += 1
             self.steps_closed += 1
             self.closes_since_snapshot += 1
@@ -231,6 +307,9 @@ class DatasetState:
         key = (strategy, tuple(sorted(params.items())))
         cache = self._caches.pop(key, None)
         n = self.spec.size
+        cold = self.arrays.shared.cold_version  # cold priors moved: every never-observed prompt may have
+        if cache is not None and cache.cold_version != cold:
+            cache = None
         kw = dict(
             strategy=strategy,
             params=params,
@@ -240,7 +319,7 @@ class DatasetState:
             dataset_k=self.spec.rollouts_per_prompt,
         )
         if cache is None or cache.pending_count > n // 4:
-            cache = _ScoreCache(strategies.score(self.arrays, ids=np.arange(n, dtype=np.int64), **kw))
+            cache = _ScoreCache(strategies.score(self.arrays, ids=np.arange(n, dtype=np.int64), **kw), cold)
         elif cache.pending:
             ids = np.unique(np.concatenate(cache.pending))
             cache.scores[ids] = strategies.score(self.arrays, ids=ids, **kw)
@@ -290,6 +369,16 @@ class DatasetState:
             "steps_closed": self.steps_closed,
             "last_step_partial_share": (lc.partial / lc.observed) if lc and lc.observed else None,
             "last_step_dps_accuracy": (lc.correct / lc.observed) if lc and lc.observed else None,
+            **self.coverage(),
+        }
+
+    def coverage(self) -> dict[str, int]:
+        """Metadata coverage (METHODS 6): prompts with a pass rate, with a group, and groups in use."""
+        sh = self.arrays.shared
+        return {
+            "prompts_with_pass_rate": int(sh.pass_rate_known),
+            "prompts_with_group": int(sh.grouped),
+            "groups": int(np.count_nonzero(sh.group_size)),
         }
 
     # ---- snapshots ------------------------------------------------------------------------------
@@ -305,11 +394,19 @@ class DatasetState:
             "rollouts": self.rollouts,
             "steps_closed": self.steps_closed,
             "last_close": list(self.last_close) if self.last_close else None,
+            "shared": self.arrays.shared.header(),
         }
+
+    def snapshot_arrays(self) -> dict[str, np.ndarray]:
+        """The live arrays a snapshot holds: every per-prompt field, then the shared per-group arrays."""
+        arrays = dict(self.arrays.arrays())
+        for name, arr in self.arrays.shared.group_arrays().items():
+            arrays[SHARED_PREFIX + name] = arr
+        return arrays
 
     def copy_for_snapshot(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         """A consistent copy (header + arrays) that can be serialized while the live state moves on."""
-        return self.snapshot_header(), {k: v.copy() for k, v in self.arrays.arrays().items()}
+        return self.snapshot_header(), {k: v.copy() for k, v in self.snapshot_arrays().items()}
 
 
 def _snapshot_prefix(header: dict[str, Any], arrays: dict[str, np.ndarray]) -> bytes:
@@ -433,14 +530,42 @@ def _parse_header(head: bytes, max_prompts: int | None) -> tuple[DatasetSpec, di
         raise ValueError(f"snapshot spec has size {spec.size}; a dataset has at least one prompt")
     if max_prompts is not None and spec.size > max_prompts:
         raise ValueError(f"the snapshot holds {spec.size} prompts; this service's limit is {max_prompts}")
-    if any(not shape or shape[0] != spec.size or min(shape) < 0 for _, _, shape in layout):
+    per_prompt = [shape for name, _, shape in layout if not name.startswith(SHARED_PREFIX)]
+    per_group = [shape for name, _, shape in layout if name.startswith(SHARED_PREFIX)]
+    if any(not shape or shape[0] != spec.size or min(shape) < 0 for shape in per_prompt):
         raise ValueError(f"snapshot arrays do not match the dataset size {spec.size}")
+    if any(len(shape) != 1 or not 0 <= shape[0] <= MAX_GROUPS for shape in per_group):
+        raise ValueError(f"snapshot group arrays must be 1-d with at most {MAX_GROUPS} entries")
     expected = sum(math.prod(shape) * dt.itemsize for _, dt, shape in layout)
     return spec, header, layout, expected
 
 
+def _beliefs_from(spec: DatasetSpec, header: dict[str, Any], arrays: dict[str, np.ndarray]) -> BeliefArrays:
+    """Per-prompt arrays and shared state from a snapshot. A snapshot from before metadata existed has
+    neither the metadata fields nor the shared state: they start empty (no pass rates, no groups), as
+    they were."""
+    rules = spec.rules()
+    group_arrays = {k[len(SHARED_PREFIX) :]: v for k, v in arrays.items() if k.startswith(SHARED_PREFIX)}
+    prompt_arrays = {k: v for k, v in arrays.items() if not k.startswith(SHARED_PREFIX)}
+    if "shared" in header:
+        shared = SharedState.from_parts(rules, header["shared"], group_arrays)
+    else:
+        if group_arrays:
+            raise ValueError("snapshot has group arrays but no shared state in its header")
+        shared = SharedState(rules=rules)
+    if "shared" not in header:
+        for name in _METADATA_FIELDS:
+            dtype, shape = FIELDS[name]
+            prompt_arrays.setdefault(name, np.full((spec.size, *shape), _FRESH[name], dtype=dtype))
+    beliefs = BeliefArrays.from_arrays(prompt_arrays, shared)
+    top = int(beliefs.group.max()) if beliefs.n else -1
+    if top >= shared.n_groups or int(beliefs.group.min()) < -1:
+        raise ValueError(f"snapshot groups reach {top} but its shared state has {shared.n_groups} groups")
+    return beliefs
+
+
 def _state_from(spec: DatasetSpec, header: dict[str, Any], arrays: dict[str, np.ndarray]) -> DatasetState:
-    state = DatasetState(spec, BeliefArrays.from_arrays(arrays))
+    state = DatasetState(spec, _beliefs_from(spec, header, arrays))
     try:
         state.open_step = int(header["open_step"])
         state.cursor = str(header["cursor"])

@@ -20,8 +20,9 @@ Keys (``P`` = settings.key_prefix, ``v1`` = layout version, ``N`` = dataset name
 
 Log entries (stream fields): ``n`` sequence number (1, 2, 3, ... per dataset incarnation, written in the
 same script that appends, so the log is numbered without holes), ``k`` kind (``o`` observe, ``a``
-advance), ``s`` step, ``r`` request id (observe), ``p`` payload (observe; packed arrays, see
-engine.pack_results).
+advance, ``m`` metadata), ``s`` step (a metadata record carries the open step it was appended at, so it
+closes nothing), ``r`` request id (observe), ``p`` payload (observe: packed arrays, see
+state.pack_results; metadata: state.pack_metadata).
 
 The replica protocol (what makes replicas and restarts agree, and what a replica checks rather than
 assumes): what a replica has applied is always a contiguous prefix 1..n of the log. It reads the records
@@ -105,6 +106,18 @@ local n = redis.call('HINCRBY', KEYS[1], 'seq', 1)
 local id = redis.call('XADD', KEYS[2], '*', 'n', n, 'k', 'a', 's', ARGV[2])
 redis.call('HSET', KEYS[1], 'open_step', ARGV[2])
 return {'ok', id, ARGV[2]}
+"""
+
+# KEYS: 1 meta, 2 log.  ARGV: 1 uid, 2 payload.  Appends a metadata record (METHODS 6: pass rates and
+# groups of a range of prompts) at the open step, numbered like every other record.
+# Returns {status, log id or "", open step}; status: ok | gone.
+_METADATA = """
+local uid = redis.call('HGET', KEYS[1], 'uid')
+if uid ~= ARGV[1] then return {'gone', '', '-1'} end
+local open = redis.call('HGET', KEYS[1], 'open_step') or '0'
+local n = redis.call('HINCRBY', KEYS[1], 'seq', 1)
+local id = redis.call('XADD', KEYS[2], '*', 'n', n, 'k', 'm', 's', open, 'p', ARGV[2])
+return {'ok', id, open}
 """
 
 # KEYS: 1 spec, 2 meta.  ARGV: 1 spec JSON, 2 uid, 3 spec fingerprint (JSON of the user-visible fields).
@@ -299,6 +312,7 @@ class Store:
         self.max_step_gap = max_step_gap
         self._observe = client.register_script(_OBSERVE)
         self._advance = client.register_script(_ADVANCE)
+        self._metadata = client.register_script(_METADATA)
         self._create = client.register_script(_CREATE)
         self._commit = client.register_script(_COMMIT_SNAPSHOT)
         self._import = client.register_script(_IMPORT)
@@ -401,6 +415,11 @@ class Store:
             args=[uid, step, request_id, payload, self.rid_ttl, self.max_step_gap, digest, max_lag],
         )
         return WriteResult(_s(res[0]), _s(res[1]), int(_s(res[2])), int(_s(res[3])))
+
+    async def append_metadata(self, name: str, uid: str, payload: bytes) -> WriteResult:
+        """Appends a metadata record (status ok) or reports the dataset gone."""
+        res = await self._metadata(keys=[self.keys.meta(name), self.keys.log(name)], args=[uid, payload])
+        return WriteResult(_s(res[0]), _s(res[1]), int(_s(res[2])))
 
     async def advance(self, name: str, uid: str, step: int) -> WriteResult:
         res = await self._advance(

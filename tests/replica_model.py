@@ -9,7 +9,8 @@ the acknowledged results step by step in a canonical order on a fresh single-pro
 and every replica's beliefs, counts and batches must equal the model's bit for bit. The one exception
 is `last_state` (the state of a prompt's latest result, used by history resampling), which depends on
 the log's order among the results of a prompt's last step: the model gives the set of states it may
-take, and replicas must agree on it with each other.
+take, and replicas must agree on it with each other. The same holds for `streak` (GRESO's trailing run
+of all-solved or all-failed results) and what depends on it (GRESO's batches and walk position).
 """
 
 from __future__ import annotations
@@ -135,11 +136,20 @@ def differences(replica: DatasetState, model: DatasetState, last: dict[int, set[
             if int(left["last_state"][pid]) not in allowed:
                 diffs.append(f"last_state of prompt {pid} is {left['last_state'][pid]}, not in {allowed}")
     for name in right:
-        if last is not None and name == "last_state":
+        if last is not None and name in ("last_state", "streak"):
             continue
-        if not np.array_equal(left[name], right[name]):
-            bad = np.flatnonzero((left[name] != right[name]).reshape(len(left[name]), -1).any(axis=1))
+        if left[name].tobytes() != right[name].tobytes():  # bit for bit (NaN metadata included)
+            differ = left[name] != right[name]
+            if left[name].dtype.kind == "f":
+                differ &= ~(np.isnan(left[name]) & np.isnan(right[name]))
+            bad = np.flatnonzero(differ.reshape(len(left[name]), -1).any(axis=1))
             diffs.append(f"{name} differs at prompts {bad[:8].tolist()}")
+    shared_left, shared_right = replica.arrays.shared.header(), model.arrays.shared.header()
+    if last is not None:
+        shared_left.pop("greso_pos")
+        shared_right.pop("greso_pos")
+    if shared_left != shared_right:
+        diffs.append(f"shared state: replica {shared_left}, model {shared_right}")
     for attr in ("open_step", "results", "rollouts", "steps_closed", "results_by_lag"):
         if getattr(replica, attr) != getattr(model, attr):
             diffs.append(f"{attr}: replica {getattr(replica, attr)!r}, model {getattr(model, attr)!r}")
@@ -155,8 +165,10 @@ SELECTIONS = (
     ("mopps", {}, 2),
     ("uniform", {}, 5),
     ("expected_difficulty", {"candidate_ratio": None}, 4),
+    ("learnability", {}, 6),
+    ("adarft", {}, 7),
 )
-ORDER_DEPENDENT = (("history_resampling", {}, 0),)
+ORDER_DEPENDENT = (("history_resampling", {}, 0), ("greso", {}, 0))
 
 
 def model_batches(spec: DatasetSpec, st: DatasetState, batch_size: int, selections=SELECTIONS):

@@ -42,7 +42,7 @@ from tests.servers import ServiceProcess
 
 pytestmark = pytest.mark.slow
 
-# Cases per (operation, mode) at most; all 23 (operation, mode) pairs take about a minute here.
+# Cases per (operation, mode) at most; all 27 (operation, mode) pairs take about a minute here.
 MAX_EXAMPLES = 100
 
 # What the service serves; test_every_served_operation_is_fuzzed fails when an endpoint is added or removed.
@@ -54,6 +54,8 @@ OPERATIONS = [
     ("GET", "/datasets/{name}/export"),
     ("POST", "/datasets/{name}/import"),
     ("GET", "/datasets/{name}/beliefs"),
+    ("PUT", "/datasets/{name}/metadata"),
+    ("PUT", "/datasets/{name}/metadata/{field}"),
     ("POST", "/select"),
     ("POST", "/observe"),
     ("POST", "/score"),
@@ -80,6 +82,10 @@ STRATEGIES = [
     "expected_difficulty",
     "inverse_evidence",
     "history_resampling",
+    "learnability",
+    "adarft",
+    "greso",
+    "sec",
 ]
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
 

@@ -191,7 +191,7 @@ async def _check(cluster: Cluster, model: ReplicaModel, name: str, seed: int, ph
     expected, last = model.state(), model.last_states()
     batches = model_batches(model.spec, expected, 3)
     fresh = await cluster.start_replica()
-    seen_last = seen_history = None
+    seen_last = seen_history = seen_streak = None
     replay = f"  (replay: REPLICA_SEARCH_SEEDS={seed})"
     try:
         for index, replica in enumerate([*cluster.replicas, fresh]):
@@ -209,7 +209,9 @@ async def _check(cluster: Cluster, model: ReplicaModel, name: str, seed: int, ph
             assert got_batches == batches, f"{who}: batches differ from the model's" + replay
             if seen_last is None:
                 seen_last, seen_history = got.arrays.last_state.copy(), history
+                seen_streak = got.arrays.streak.copy()
             assert (got.arrays.last_state == seen_last).all(), f"{who}: last_state differs" + replay
+            assert (got.arrays.streak == seen_streak).all(), f"{who}: streak differs" + replay
             assert history == seen_history, f"{who}: history resampling batches differ" + replay
     finally:
         await fresh.kill()

@@ -39,6 +39,7 @@ import numpy as np
 from numba import prange
 
 from ._parallel import CHUNK, PARALLEL_LOCK, PARALLEL_MIN
+from .domain import PRIOR_STRENGTH_MAX
 
 __all__ = [
     "MAX_GROUPS",
@@ -52,6 +53,7 @@ __all__ = [
     "group_statistics",
     "has_cold_priors",
     "live_pass_rates",
+    "prior_arrays",
     "prior_pass_rates",
 ]
 
@@ -96,7 +98,7 @@ class DatasetRules:
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"the Beta prior's {name} must be finite and > 0, got {value!r}")
-        _finite("prior_strength", self.prior_strength, 0.0, 1e6)
+        _finite("prior_strength", self.prior_strength, 0.0, PRIOR_STRENGTH_MAX)
         _finite("group_decay", self.group_decay, 0.0, 1.0, low_open=True)
         _finite("sec lr", self.sec_lr, 0.0, 1.0)
         _finite("adarft eta", self.adarft_eta, 0.0, 100.0)
@@ -433,6 +435,12 @@ def beta_for(ba, ids: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.nda
         return ba.alpha, ba.beta, ids
     a, b, _ = _beta_prior_arrays(ba, ids)
     return a, b, None
+
+
+def prior_arrays(ba, ids: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(alpha, beta, p0) per prompt of `ids` (None: all): the posterior of an observed prompt and the
+    frozen p0 its prior was built from; a never-observed prompt's cold prior and its live p0 (NaN: none)."""
+    return _beta_prior_arrays(ba, ids)
 
 
 def prior_pass_rates(ba, ids: np.ndarray | None) -> np.ndarray:

@@ -13,6 +13,12 @@ Dataset settings
     beta_decay, hmm_decay        in (0, 1]
     success_threshold            any finite number (only compared with rewards)
     size                         integer >= 1 (and the service's SELECTOR_MAX_DATASET_SIZE)
+    prior_strength s             in [0, PRIOR_STRENGTH_MAX] = [0, 1e6]   (METHODS 6)
+    group_decay                  in (0, 1]
+
+Metadata (METHODS 6): pass rates in [0, 1] or unknown (NaN), groups in 0..65535 or -1. A cold prior
+Beta(alpha0 + s p0, beta0 + s (1 - p0)) then has each parameter in [PRIOR_MIN, PRIOR_MAX + 1e6]: inside
+the range the Beta bounds below are argued for.
 
 Observations: trials per result in [1, TRIALS_MAX] = [1, 1e9], 0 <= successes <= trials, rewards finite.
 
@@ -45,7 +51,15 @@ Why these bounds, and what they make reachable:
 
 from __future__ import annotations
 
-__all__ = ["ENTROPY_WEIGHT_MAX", "K_MAX", "PRIOR_MAX", "PRIOR_MIN", "TRIALS_MAX", "prior_problem"]
+__all__ = [
+    "ENTROPY_WEIGHT_MAX",
+    "K_MAX",
+    "PRIOR_MAX",
+    "PRIOR_MIN",
+    "PRIOR_STRENGTH_MAX",
+    "TRIALS_MAX",
+    "prior_problem",
+]
 
 import math
 
@@ -58,6 +72,8 @@ K_MAX = 1024
 TRIALS_MAX = 10**9
 #: Largest |entropy_weight| of DPS.
 ENTROPY_WEIGHT_MAX = 1e6
+#: Largest prior_strength (METHODS 6): a pass rate worth a million rollouts at most.
+PRIOR_STRENGTH_MAX = 1e6
 
 
 def prior_problem(prior) -> str | None:

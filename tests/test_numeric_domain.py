@@ -19,7 +19,9 @@ from selector_service.core import (
     STRATEGIES,
     BeliefArrays,
     ParamError,
+    apply_metadata,
     apply_results,
+    close_open_step,
     close_step,
     mutual_information,
     outcomes_from_counts,
@@ -27,7 +29,14 @@ from selector_service.core import (
     select,
     validate_params,
 )
-from selector_service.core.domain import ENTROPY_WEIGHT_MAX, K_MAX, PRIOR_MAX, PRIOR_MIN, TRIALS_MAX
+from selector_service.core.domain import (
+    ENTROPY_WEIGHT_MAX,
+    K_MAX,
+    PRIOR_MAX,
+    PRIOR_MIN,
+    PRIOR_STRENGTH_MAX,
+    TRIALS_MAX,
+)
 from selector_service.schemas import DatasetCreate
 from selector_service.state import DatasetSpec, DatasetState, serialize_snapshot
 from tests import naive
@@ -235,6 +244,50 @@ def test_beta_scores_agree_with_their_float64_twins_at_the_edges():
 
 
 # ---------------------------------------------------------------- reachable states
+
+
+@settings(max_examples=150, deadline=None, database=None)
+@given(data=st.data())
+def test_cold_priors_and_field_strategies_are_total(data):
+    """Metadata at its edges (pass rates 0, 1, unknown; groups; prior strength 0 .. 1e6), extreme priors
+    and maximal results: every strategy selects distinct prompts with finite scores (sec: or refuses a
+    dataset without enough grouped prompts)."""
+    n = data.draw(st.integers(2, 10))
+    prior = data.draw(st.sampled_from(EDGE_PRIORS))
+    ba = BeliefArrays.new(
+        n,
+        *prior,
+        prior_strength=data.draw(st.sampled_from([0.0, 2.0, PRIOR_STRENGTH_MAX])),
+        group_decay=data.draw(st.sampled_from([1.0, 0.5, 1e-9])),
+    )
+    rate = st.sampled_from([0.0, 1.0, math.nan]) | st.floats(0.0, 1.0)
+    rates = np.array(data.draw(st.lists(rate, min_size=n, max_size=n)))
+    groups = np.array(data.draw(st.lists(st.integers(-1, 3), min_size=n, max_size=n)), dtype=np.int32)
+    apply_metadata(ba, 0, rates, groups)
+    for _ in range(data.draw(st.integers(0, 3))):
+        ids = np.array(data.draw(st.lists(st.integers(0, n - 1), min_size=1, max_size=2 * n)), dtype=np.int64)
+        trials = np.full(ids.size, float(data.draw(st.sampled_from([1, 8, TRIALS_MAX]))))
+        successes = trials * np.array(
+            data.draw(st.lists(st.sampled_from([0.0, 0.5, 1.0]), min_size=ids.size, max_size=ids.size))
+        )
+        successes = np.floor(successes)
+        apply_results(ba, ids, successes, trials, outcomes_from_counts(successes, trials), 0.5, *prior)
+        close_open_step(ba, hmm_decay=0.7, key="dom")
+    for strategy in sorted(STRATEGIES):
+        params = validate_params(strategy, param_variants(strategy, data))
+        batch = data.draw(st.integers(1, n))
+        kw = dict(
+            strategy=strategy, params=params, step=3, seed=data.draw(st.integers(0, 2**63 - 1)), key="dom"
+        )
+        try:
+            ids, scores = select(ba, batch_size=batch, dataset_k=8, **kw)
+        except ParamError:
+            assert strategy == "sec" and batch > ba.shared.grouped
+            continue
+        assert np.unique(ids).size == ids.size == batch
+        assert scores is None or np.all(np.isfinite(scores)), (strategy, scores)
+        if STRATEGIES[strategy].scored:
+            assert np.all(np.isfinite(score(ba, ids=None, dataset_k=8, **kw)))
 
 
 @pytest.mark.parametrize("prior", EDGE_PRIORS)

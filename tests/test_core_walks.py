@@ -351,3 +351,19 @@ def test_sec_position_crosses_a_pass_boundary_past_ids_already_walked():
         pos += 1
     assert ba.shared.sec_pos[0] == pos
     assert sec_batch(ba, 1, 1, 0, "cross", 1.0)[0] == walked[4]
+
+
+def test_sec_members_are_each_groups_ids_ascending():
+    from selector_service.core.walks import sec_members
+
+    rng = np.random.default_rng(9)
+    ba = BeliefArrays.new(500)
+    apply_metadata(ba, 0, None, rng.integers(-1, 7, 500).astype(np.int32))
+    apply_metadata(ba, 100, None, rng.integers(-1, 9, 50).astype(np.int32))  # grows to 9 groups
+    members, starts = sec_members(ba)
+    assert starts.size == ba.shared.n_groups + 1 and starts[-1] == ba.shared.grouped
+    for g in range(ba.shared.n_groups):
+        np.testing.assert_array_equal(members[starts[g] : starts[g + 1]], np.flatnonzero(ba.group == g))
+    apply_metadata(ba, 0, None, np.array([8], np.int32))  # an upload drops the cached index
+    members, starts = sec_members(ba)
+    assert members[starts[8]] == 0

@@ -351,17 +351,18 @@ def select(
     ratio = params.get("candidate_ratio")  # adarft ranks the whole dataset
     pool_size = n if ratio is None else min(ratio * batch_size, n)
     whole = pool_size == n
-    candidates = candidate_pool(n, pool_size, stream(key, step, seed, "candidates"))
+    # The whole dataset needs no id array (candidate_pool would give 0..n-1): positions are the ids.
+    candidates = None if whole else candidate_pool(n, pool_size, stream(key, step, seed, "candidates"))
     ties = stream(key, step, seed, "ties")
     if strategy == "mopps":
         rng = stream(key, step, seed, "thompson")
-        scores, draws = _thompson(ba, None if whole else candidates, params["target"], rng)
+        scores, draws = _thompson(ba, candidates, params["target"], rng)
         if params["mode"] == "threshold":
             distance = np.maximum(0.3 - draws, 0.0) + np.maximum(draws - 0.7, 0.0)
             pos = topk_random_ties(-distance, batch_size, ties)
         else:
             pos = topk_random_ties(scores, batch_size, ties)
-        return candidates[pos], scores[pos]
+        return (pos if whole else candidates[pos]), scores[pos]
 
     if full_scores is not None and spec.deterministic:
         full_scores = np.asarray(full_scores, dtype=np.float64)
@@ -369,9 +370,9 @@ def select(
             raise ValueError(f"full_scores must have shape ({n},), got {full_scores.shape}")
         scores = full_scores if whole else full_scores[candidates]
     else:
-        scores = _deterministic_scores(ba, strategy, params, None if whole else candidates, dataset_k)
+        scores = _deterministic_scores(ba, strategy, params, candidates, dataset_k)
     pos = topk_random_ties(scores, batch_size, ties)
-    return candidates[pos], scores[pos]
+    return (pos if whole else candidates[pos]), scores[pos]
 
 
 def score(

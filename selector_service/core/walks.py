@@ -33,6 +33,10 @@ Random numbers come from the counter-based generator (rng.stream), like every ot
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
+
+import numba
 import numpy as np
 
 from .rng import stream
@@ -137,29 +141,79 @@ def sec_members(ba) -> tuple[np.ndarray, np.ndarray]:
     shared state until the next metadata upload."""
     sh = ba.shared
     if sh.members_cache is None:
-        grouped = np.flatnonzero(ba.group >= 0)
-        order = grouped[np.argsort(ba.group[grouped], kind="stable")]
-        dtype = np.int32 if ba.n <= np.iinfo(np.int32).max else np.int64
         starts = np.zeros(sh.n_groups + 1, dtype=np.int64)
         np.cumsum(sh.group_size, out=starts[1:])
-        sh.members_cache = (order.astype(dtype), starts)
+        dtype = np.int32 if ba.n <= np.iinfo(np.int32).max else np.int64
+        members = np.empty(int(starts[-1]), dtype=dtype)
+        _bucket_by_group(ba.group, starts[:-1].copy(), members)
+        sh.members_cache = (members, starts)
     return sh.members_cache
 
 
-def _category_window(members: np.ndarray, g: int, pos: int, key: str) -> tuple[np.ndarray, np.ndarray]:
-    """Category g's walk from position `pos` to the end of the next pass: (ids int64, eligible bool).
+@numba.njit(nogil=True, cache=True)
+def _bucket_by_group(group, fill, members):
+    """Counting sort: the ids of each group, ascending, at members[start_g ...] (fill starts at start_g).
+    4 bytes per grouped prompt and nothing else, where an argsort would allocate 16."""
+    for i in range(group.size):
+        g = group[i]
+        if g >= 0:
+            members[fill[g]] = i
+            fill[g] += 1
+
+
+class _PassOrders:
+    """LRU of the per-pass orders of SEC's categories (a permutation of 0..size-1, int32): a select and a
+    close need a few elements of them, and computing one costs O(size). Bounded by elements held."""
+
+    def __init__(self, max_elements: int = 1 << 26) -> None:
+        self._items: OrderedDict[tuple, np.ndarray] = OrderedDict()
+        self._held = 0
+        self._max = max_elements
+        self._lock = threading.Lock()
+
+    def get(self, key: str, g: int, p: int, size: int) -> np.ndarray:
+        k = (key, g, p, size)
+        with self._lock:
+            order = self._items.get(k)
+            if order is not None:
+                self._items.move_to_end(k)
+                return order
+        order = stream(key, p, 0, f"sec-walk-{g}").permutation(size)
+        order.setflags(write=False)
+        with self._lock:
+            if k not in self._items:
+                self._items[k] = order
+                self._held += order.size
+            while self._held > self._max and len(self._items) > 1:
+                _, old = self._items.popitem(last=False)
+                self._held -= old.size
+        return order
+
+
+_PASS_ORDERS = _PassOrders()
+
+
+def _category_window(
+    members: np.ndarray, g: int, pos: int, key: str, limit: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Category g's walk from position `pos`: (ids int64, eligible bool) for at most `limit` positions
+    (default: to the end of the next pass).
 
     Positions run over the concatenated pass orders (pass p: members in the order of stream(key, p, 0,
-    "sec-walk-<g>").permutation); an id already met in the window (the next pass's copy of one still ahead in
-    this pass) is not eligible and is passed over, so a window holds each member at most once.
+    "sec-walk-<g>").permutation); an id already met in the window (the next pass's copy of one still
+    ahead in this pass) is not eligible and is passed over, so a window holds each member at most once.
     """
     size = members.size
     passes, offset = divmod(pos, size)
-    orders = [members[stream(key, p, 0, f"sec-walk-{g}").permutation(size)] for p in (passes, passes + 1)]
-    window = np.concatenate([orders[0][offset:], orders[1]]).astype(np.int64)
-    eligible = np.ones(window.size, dtype=bool)
-    eligible[size - offset :] = ~np.isin(orders[1], orders[0][offset:])
-    return window, eligible
+    end = 2 * size - offset if limit is None else min(limit, 2 * size - offset)
+    first = _PASS_ORDERS.get(key, g, passes, size)
+    head = members[first[offset : min(size, offset + end)]].astype(np.int64)
+    if end <= size - offset:
+        return head, np.ones(head.size, dtype=bool)
+    tail = members[first[offset:]]
+    nxt = members[_PASS_ORDERS.get(key, g, passes + 1, size)[: end - (size - offset)]].astype(np.int64)
+    eligible = np.concatenate([np.ones(head.size, dtype=bool), ~np.isin(nxt, tail)])
+    return np.concatenate([head, nxt]), eligible
 
 
 def sec_policy(ba, tau: float) -> np.ndarray:
@@ -204,9 +258,11 @@ def sec_batch(ba, batch: int, step: int, seed: int, key: str, tau: float) -> np.
     out = np.empty(batch, dtype=np.int64)
     for g in np.unique(draws):
         where = np.flatnonzero(draws == g)
-        window, eligible = _category_window(
-            members[starts[g] : starts[g + 1]], int(g), int(sh.sec_pos[g]), key
-        )
+        size = int(starts[g + 1] - starts[g])
+        pos = int(sh.sec_pos[g])
+        # Enough positions for where.size eligible ids: at most the rest of this pass is ineligible.
+        limit = where.size + (size - pos % size if where.size > size - pos % size else 0)
+        window, eligible = _category_window(members[starts[g] : starts[g + 1]], int(g), pos, key, limit)
         out[where] = window[eligible][rank[where]]
     return out
 
@@ -243,8 +299,14 @@ def _sec_advance(ba, key: str, observed: np.ndarray) -> None:
         if size == 0:
             continue
         # Ids passed over in the next pass are ids of this pass's tail: the walk reaches them only when
-        # the whole tail was observed, so "observed" alone decides what was consumed.
-        window, _ = _category_window(group_members, int(g), int(sh.sec_pos[g]), key)
+        # the whole tail was observed, so "observed" alone decides what was consumed. At most
+        # step_adv_n[g] members were observed: the walk stops within that many positions plus one,
+        # unless it crosses into the next pass (then it may also pass over the tail's ids there).
+        pos = int(sh.sec_pos[g])
+        left = size - pos % size
+        results = int(sh.step_adv_n[g])
+        limit = results + 1 if results + 1 <= left else None
+        window, _ = _category_window(group_members, int(g), pos, key, limit)
         stop = np.flatnonzero(~observed[window])
         sh.sec_pos[g] += int(stop[0]) if stop.size else window.size
 

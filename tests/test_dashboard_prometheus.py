@@ -2,7 +2,7 @@
 
 A real `prometheus` binary (Debian package `prometheus`) scrapes a real selector service (subprocess,
 real Redis under a key prefix of its own) every second with the shipped scrape job, while a small
-training-like workload runs: a dataset, several select/observe steps with uniform, insight, dps and
+training-like workload runs: a dataset with groups, several select/observe steps with uniform, insight, dps and
 mopps, one rejected observation (409). Then every panel query, with $dataset and the interval
 variables replaced by concrete values, goes through Prometheus's HTTP API and must come back with at
 least one finite sample; the `dataset` variable's label_values() query must list the dataset.
@@ -211,6 +211,9 @@ def dataset(selector: str, prometheus: Prometheus) -> Iterator[str]:
             return response.json() if response.content else {}
 
         call("POST", "/datasets", 201, json={"name": name, "size": DATASET_SIZE, "rollouts_per_prompt": K})
+        # Groups (and a few pass rates) for the per-group panel, as a dataset's metadata would give them.
+        metadata = {"group": [i % 3 for i in range(DATASET_SIZE)], "pass_rate": [0.5] * 8 + [None] * 40}
+        call("PUT", f"/datasets/{name}/metadata", 200, json=metadata)
         results_sent = 0
         for step, strategy in enumerate(STRATEGIES):
             batch = {"dataset": name, "step": step, "batch_size": BATCH, "strategy": strategy, "seed": step}

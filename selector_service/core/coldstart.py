@@ -189,6 +189,8 @@ class SharedState:
         cls, rules: DatasetRules, header: dict[str, Any], arrays: dict[str, np.ndarray]
     ) -> SharedState:
         """Rebuilds the state from `header()` and `group_arrays()`; ValueError when they do not fit."""
+        if not arrays:  # no group was ever uploaded: a writer may leave the empty arrays out
+            arrays = {name: np.zeros(0, dtype=dtype) for name, dtype in GROUP_FIELDS.items()}
         missing = set(GROUP_FIELDS) - set(arrays)
         unknown = set(arrays) - set(GROUP_FIELDS)
         if missing or unknown:

@@ -224,10 +224,12 @@ class Selection:
 
 @dataclass(frozen=True)
 class ObserveAck:
-    """``applied``: results recorded by this request; ``duplicate``: the request id was seen before."""
+    """``applied``: results recorded by this request; ``duplicate``: the request id was seen before;
+    ``lag``: how many steps late the results arrived (0 on time; > 0 only for datasets with ``max_lag``)."""
 
     applied: int
     duplicate: bool
+    lag: int = 0
 
 
 @dataclass(frozen=True)
@@ -284,7 +286,9 @@ def _parse_selection(response: httpx.Response) -> Selection:
 
 def _parse_ack(response: httpx.Response) -> ObserveAck:
     body = response.json()
-    return ObserveAck(applied=int(body["applied"]), duplicate=bool(body["duplicate"]))
+    return ObserveAck(
+        applied=int(body["applied"]), duplicate=bool(body["duplicate"]), lag=int(body.get("lag") or 0)
+    )
 
 
 def _parse_beliefs(response: httpx.Response) -> Beliefs:
@@ -332,6 +336,7 @@ def _create_dataset_call(
     hmm_decay: float,
     reward_mode: str,
     defaults: Mapping[str, Any] | None,
+    max_lag: int = 0,
 ) -> _Call[DatasetInfo]:
     body: dict[str, Any] = {
         "name": name,
@@ -345,6 +350,8 @@ def _create_dataset_call(
     }
     if defaults is not None:
         body["defaults"] = dict(defaults)
+    if max_lag:
+        body["max_lag"] = int(max_lag)
     return _Call("POST", "/datasets", _parse_dataset, json=body)
 
 
@@ -533,8 +540,12 @@ class SelectorClient(_Base):
         hmm_decay: float = 0.7,
         reward_mode: str = "binary",
         defaults: Mapping[str, Any] | None = None,
+        max_lag: int = 0,
     ) -> DatasetInfo:
-        """Create a dataset (or confirm an identical one); ``Conflict`` if the name has another spec."""
+        """Create a dataset (or confirm an identical one); ``Conflict`` if the name has another spec.
+
+        ``max_lag``: results for a step up to this many steps behind the open step are still applied
+        (asynchronous trainers); 0 refuses any result for a closed step."""
         return self._run(
             _create_dataset_call(
                 name,
@@ -546,6 +557,7 @@ class SelectorClient(_Base):
                 hmm_decay,
                 reward_mode,
                 defaults,
+                max_lag,
             )
         )
 
@@ -664,6 +676,7 @@ class AsyncSelectorClient(_Base):
         hmm_decay: float = 0.7,
         reward_mode: str = "binary",
         defaults: Mapping[str, Any] | None = None,
+        max_lag: int = 0,
     ) -> DatasetInfo:
         return await self._run(
             _create_dataset_call(
@@ -676,6 +689,7 @@ class AsyncSelectorClient(_Base):
                 hmm_decay,
                 reward_mode,
                 defaults,
+                max_lag,
             )
         )
 

@@ -44,7 +44,9 @@ def run_driver(venv: str, script: str, args: list[str], timeout: float = 900) ->
     )
     output = proc.stdout + proc.stderr
     lines = [line for line in proc.stdout.splitlines() if line.startswith("DRIVER-REPORT ")]
-    assert proc.returncode == 0 and lines, f"{script} in {venv} failed (exit {proc.returncode}):\n{output[-8000:]}"
+    assert proc.returncode == 0 and lines, (
+        f"{script} in {venv} failed (exit {proc.returncode}):\n{output[-8000:]}"
+    )
     return json.loads(lines[-1].removeprefix("DRIVER-REPORT "))
 
 

@@ -29,12 +29,11 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tests.frameworks import common  # noqa: E402
+from tests.frameworks import common
 
 VERSION = tuple(int(p) for p in metadata.version("verl").split(".")[:2])
 N = 4  # rollouts per prompt
@@ -61,10 +60,9 @@ def write_parquet(path: Path) -> None:
 
 
 def compose(args: argparse.Namespace, model: Path, data: Path, steps: int, resume: str | None) -> Any:
+    import verl
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
-
-    import verl
 
     config_dir = str(Path(verl.__file__).parent / "trainer" / "config")
     selector = [
@@ -202,7 +200,9 @@ class FakeLLMServers:
     def __init__(self, policy: common.Policy) -> None:
         self.policy = policy
 
-    async def generate(self, request_id: str, *, prompt_ids: list[int], sampling_params: Any, **_: Any) -> Any:
+    async def generate(
+        self, request_id: str, *, prompt_ids: list[int], sampling_params: Any, **_: Any
+    ) -> Any:
         from verl.workers.rollout.replica import TokenOutput
 
         return TokenOutput(token_ids=self.policy.respond_ids(list(prompt_ids)))
@@ -231,6 +231,7 @@ class FakeActorWorkers:
 
     def update_actor(self, batch: Any) -> Any:
         from verl import DataProto
+
         from trainer_client.integrations.verl import batch_prompt_ids
 
         mask = batch.batch["response_mask"]
@@ -284,7 +285,9 @@ def rollout_manager(config: Any, policy: common.Policy) -> Any:
 
         reward_workers = [Actor(lambda: RewardLoopWorker(config))]
         worker = Actor(
-            lambda: Worker(config, servers=[], load_balancer_handle=None, reward_loop_worker_handles=reward_workers)
+            lambda: Worker(
+                config, servers=[], load_balancer_handle=None, reward_loop_worker_handles=reward_workers
+            )
         )
         manager.rollout_config, manager.model_config = al._get_rollout_and_model_config(config)
         manager.reward_loop_worker_handles = reward_workers

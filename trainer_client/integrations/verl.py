@@ -140,8 +140,8 @@ def verl_version() -> tuple[int, int] | None:
         version = metadata.version("verl")
     except metadata.PackageNotFoundError:
         return None
-    parts = [int(part) for part in version.split(".")[:2] if part.isdigit()]
-    return (parts + [0, 0])[0], (parts + [0, 0])[1]
+    major, minor, *_ = [*(int(part) for part in version.split(".")[:2] if part.isdigit()), 0, 0]
+    return major, minor
 
 
 def _check_verl_version(trainer_reports: bool) -> None:

@@ -41,7 +41,7 @@ from typing import Any
 
 from trainer_client.integrations.verl import SelectorCurriculumSampler, verl_version
 
-__all__ = ["SelectorRayPPOTrainer", "install", "main", "selector_sampler"]
+__all__ = ["install", "main", "selector_sampler"]  # and SelectorRayPPOTrainer, built on first access
 
 logger = logging.getLogger(__name__)
 

@@ -103,6 +103,7 @@ def main() -> None:
     parser.add_argument("--url", required=True)
     parser.add_argument("--dataset", required=True)
     parser.add_argument("--workdir", required=True)
+    parser.add_argument("--max-lag", type=int, default=STALENESS + 2)
     args = parser.parse_args()
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)
@@ -133,7 +134,7 @@ def main() -> None:
     trainer_class = adapter._trainer_class()
     shell = trainer_class.__new__(trainer_class)
     shell.selector, shell.selector_client = options, client
-    shell.selector_max_lag = STALENESS + 2
+    shell.selector_max_lag = args.max_lag
     shell.config = type("Config", (), {"gconfig": gconfig})()
     actor = PPOActor(PPOActorConfig(experiment_name="selector", trial_name="t0"), engine=None)
     report: dict[str, Any] = {"areal": metadata.version("areal"), "runs": []}
@@ -149,7 +150,7 @@ def main() -> None:
             setup_timeout=60,
         )
         rollout = RemoteSGLangEngine(config)
-        rollout.initialize(addr=address)
+        rollout.initialize(addr=address, train_data_parallel_size=1)
         return rollout
 
     def run(loader: Any, steps: int, start_version: int) -> dict[str, Any]:

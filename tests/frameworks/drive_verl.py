@@ -111,7 +111,8 @@ def compose(args: argparse.Namespace, model: Path, data: Path, steps: int, resum
         f"trainer.default_local_dir={args.workdir}/ckpt",
     ]
     if args.mode == "async":
-        overrides.append("actor_rollout_ref.rollout.mode=async")
+        # verl 0.6's agent loop reads the chat messages: its async mode needs return_raw_chat.
+        overrides += ["actor_rollout_ref.rollout.mode=async", "data.return_raw_chat=True"]
     if resume:
         overrides += ["trainer.resume_mode=resume_path", f"trainer.resume_from_path={resume}"]
     else:
@@ -223,27 +224,40 @@ class FakeActorWorkers:
     def compute_log_prob(self, batch: Any) -> Any:
         from verl import DataProto
 
+        if not isinstance(batch, DataProto):
+            # verl 0.9 hands the engine workers a padding-free TensorDict.
+            from verl.utils import tensordict_utils as tu
+
+            zeros = torch.zeros_like(batch["input_ids"], dtype=torch.float32)
+            return tu.get_tensordict({"log_probs": zeros, "entropy": zeros.clone()}, {"metrics": {"mfu": 0.0}})
         shape = batch.batch["responses"].shape
         return DataProto.from_dict(
             tensors={"old_log_probs": torch.zeros(shape), "entropys": torch.zeros(shape)},
             meta_info={"temperature": 1.0},
         )
 
-    def update_actor(self, batch: Any) -> Any:
-        from verl import DataProto
-
+    def record(self, batch: Any) -> None:
+        """What the actor update trains on: the prompts, their scores and verl's advantages."""
         from trainer_client.integrations.verl import batch_prompt_ids
 
         mask = batch.batch["response_mask"]
         advantages = (batch.batch["advantages"] * mask).sum(-1) / mask.sum(-1).clamp(min=1)
-        scores = batch.batch["token_level_scores"].sum(-1)
         self.sink.append(
             {
                 "prompt_ids": batch_prompt_ids(batch),
-                "scores": scores.tolist(),
+                "scores": batch.batch["token_level_scores"].sum(-1).tolist(),
                 "advantages": advantages.tolist(),
             }
         )
+
+    def update_actor(self, batch: Any) -> Any:
+        from verl import DataProto
+
+        if not isinstance(batch, DataProto):
+            from verl.utils import tensordict_utils as tu
+
+            return tu.get_tensordict({}, {"metrics": {"mfu": 0.0, "pg_loss": 0.0}})
+        self.record(batch)
         return DataProto(meta_info={"metrics": {"actor/pg_loss": 0.0, "actor/grad_norm": 0.0}})
 
     def save_checkpoint(self, local_path: str, *args: Any, **kwargs: Any) -> None:
@@ -277,7 +291,20 @@ def rollout_manager(config: Any, policy: common.Policy) -> Any:
 
     manager = Manager()
     manager.config = config
-    if VERSION >= (0, 7):
+    if VERSION >= (0, 8):
+        from verl.experimental.reward_loop.reward_loop import RewardLoopWorker
+
+        # verl 0.9: the worker talks to the LLM servers through the client it is given.
+        reward_workers = [Actor(lambda: RewardLoopWorker(config))]
+        worker = Actor(
+            lambda: al.AgentLoopWorker(
+                config, llm_client=FakeLLMServers(policy), reward_loop_worker_handles=reward_workers
+            )
+        )
+        manager.rollout_config = config.actor_rollout_ref.rollout
+        manager.model_config = config.actor_rollout_ref.model
+        manager.reward_loop_worker_handles = reward_workers
+    elif VERSION >= (0, 7):
         from verl.experimental.reward_loop.reward_loop import RewardLoopWorker
 
         class Worker(al.AgentLoopWorker):
@@ -293,8 +320,10 @@ def rollout_manager(config: Any, policy: common.Policy) -> Any:
         manager.reward_loop_worker_handles = reward_workers
     else:
         # verl 0.6: the worker starts its reward worker as a Ray actor on its own node.
-        al.ray = RayStandIn(al.ray)
-        reward_class = plain_class(al.RewardManagerWorker)
+        if not isinstance(al.ray, RayStandIn):
+            al.ray = RayStandIn(al.ray)
+            al.RealRewardManagerWorker = plain_class(al.RewardManagerWorker)
+        reward_class = al.RealRewardManagerWorker
 
         class RewardWorkers:
             @staticmethod
@@ -308,7 +337,7 @@ def rollout_manager(config: Any, policy: common.Policy) -> Any:
 
         al.RewardManagerWorker = RewardWorkers
 
-        class Worker(al.AgentLoopWorker):
+        class Worker(plain_class(al.AgentLoopWorker)):  # verl 0.6 declares it a Ray actor class
             server_manager = FakeLLMServers(policy)
 
         worker = Actor(lambda: Worker(config, server_handles=[]))
@@ -379,6 +408,15 @@ def build_trainer(config: Any, tok: Any, policy: common.Policy, updates: list[di
             raise SystemExit("verl 0.6 is driven with actor_rollout_ref.rollout.mode=async")
         trainer.async_rollout_mode = True
     trainer.actor_rollout_wg = FakeActorWorkers(updates)
+    if VERSION >= (0, 8):
+        # The engine worker gets a padding-free TensorDict; record the padded batch verl updates on.
+        update = trainer._update_actor
+
+        def recorded_update(batch: Any) -> Any:
+            trainer.actor_rollout_wg.record(batch)
+            return update(batch)
+
+        trainer._update_actor = recorded_update
     trainer.async_rollout_manager = rollout_manager(config, policy)
     trainer.checkpoint_manager = FakeCheckpointManager()
     return trainer

@@ -8,7 +8,8 @@ Exception tree (each carries ``status`` (int | None) and the server's ``detail``
     ├── ServiceUnavailable        cannot connect, timed out, or 502/503/504 after all retries
     ├── AuthError                 401 (token missing) / 403 (token wrong)
     ├── NotFound                  404 (unknown dataset)
-    ├── Conflict                  409 (name taken with another spec; step already closed)
+    ├── Conflict                  409 (name taken with another spec; step closed beyond max_lag;
+    │                                  request id already used with another body or dataset)
     └── InvalidRequest            400 / 413 / 422 (malformed or out-of-range input; nothing applied)
 
 Retries: connect errors, timeouts and 502/503/504 are retried ``retries`` times with exponential
@@ -177,6 +178,7 @@ class DatasetInfo:
     hmm_decay: float
     reward_mode: str
     defaults: dict[str, Any]
+    max_lag: int = 0
     open_step: int | None = None
     observations: int | None = None
     rollouts: int | None = None
@@ -203,6 +205,7 @@ class DatasetInfo:
             hmm_decay=float(spec.get("hmm_decay", 0.7)),
             reward_mode=str(spec.get("reward_mode", "binary")),
             defaults=dict(spec.get("defaults") or {}),
+            max_lag=int(spec.get("max_lag", 0)),
             open_step=_opt_int("open_step"),
             observations=_opt_int("observations"),
             rollouts=_opt_int("rollouts"),
@@ -225,7 +228,7 @@ class Selection:
 @dataclass(frozen=True)
 class ObserveAck:
     """``applied``: results recorded by this request; ``duplicate``: the request id was seen before;
-    ``lag``: how many steps late the results arrived (0 on time; > 0 only for datasets with ``max_lag``)."""
+    ``lag``: how many steps late the results were applied (0 on time; > 0 only with ``max_lag``)."""
 
     applied: int
     duplicate: bool
@@ -287,7 +290,7 @@ def _parse_selection(response: httpx.Response) -> Selection:
 def _parse_ack(response: httpx.Response) -> ObserveAck:
     body = response.json()
     return ObserveAck(
-        applied=int(body["applied"]), duplicate=bool(body["duplicate"]), lag=int(body.get("lag") or 0)
+        applied=int(body["applied"]), duplicate=bool(body["duplicate"]), lag=int(body.get("lag", 0))
     )
 
 
@@ -350,7 +353,7 @@ def _create_dataset_call(
     }
     if defaults is not None:
         body["defaults"] = dict(defaults)
-    if max_lag:
+    if max_lag:  # sent only when used, so a spec without it also creates on a service without it
         body["max_lag"] = int(max_lag)
     return _Call("POST", "/datasets", _parse_dataset, json=body)
 
@@ -543,9 +546,7 @@ class SelectorClient(_Base):
         max_lag: int = 0,
     ) -> DatasetInfo:
         """Create a dataset (or confirm an identical one); ``Conflict`` if the name has another spec.
-
-        ``max_lag``: results for a step up to this many steps behind the open step are still applied
-        (asynchronous trainers); 0 refuses any result for a closed step."""
+        ``max_lag``: accept results up to this many steps late (asynchronous trainers)."""
         return self._run(
             _create_dataset_call(
                 name,

@@ -137,7 +137,7 @@ def ensure_dataset(
             f"dataset {options.dataset!r} in the selector service has {info.size} prompts but the train dataset "
             f"has {size} rows; use another dataset name"
         )
-    spec_lag = int(info.raw.get("spec", info.raw).get("max_lag", 0) or 0)
+    spec_lag = info.max_lag
     if spec_lag < max_lag:
         logger.warning(
             "dataset %r accepts results up to %d steps late but this trainer may report %d steps late; "

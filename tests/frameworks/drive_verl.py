@@ -229,7 +229,9 @@ class FakeActorWorkers:
             from verl.utils import tensordict_utils as tu
 
             zeros = torch.zeros_like(batch["input_ids"], dtype=torch.float32)
-            return tu.get_tensordict({"log_probs": zeros, "entropy": zeros.clone()}, {"metrics": {"mfu": 0.0}})
+            return tu.get_tensordict(
+                {"log_probs": zeros, "entropy": zeros.clone()}, {"metrics": {"mfu": 0.0}}
+            )
         shape = batch.batch["responses"].shape
         return DataProto.from_dict(
             tensors={"old_log_probs": torch.zeros(shape), "entropys": torch.zeros(shape)},

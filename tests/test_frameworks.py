@@ -24,7 +24,8 @@ from trainer_client.client import SelectorClient
 ROOT = Path(__file__).resolve().parents[1]
 DRIVERS = ROOT / "tests" / "frameworks"
 
-pytestmark = pytest.mark.slow
+# A cold venv build (minutes under load) can precede a driver; `make test` builds them beforehand.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
 
 def run_driver(venv: str, script: str, args: list[str], timeout: float = 900) -> dict[str, Any]:

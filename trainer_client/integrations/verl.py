@@ -1,14 +1,13 @@
 """verl adapter: a curriculum sampler whose batches come from the selector service.
 
-Supported verl versions: 0.5.x, 0.6.x and 0.7.x, i.e. the releases whose PPO/GRPO trainer
-(``verl.trainer.ppo.ray_trainer.RayPPOTrainer``) builds its train sampler from ``data.sampler.class_path``
-/ ``class_name`` and calls ``sampler.update(batch=...)`` after every training step when the sampler is
-an ``AbstractCurriculumSampler``. verl 0.8 removed that interface (``create_rl_sampler`` only builds
-random or sequential samplers, and the legacy trainer no longer calls ``update``); its v1 trainer lets a
-custom ``ReplayBuffer`` choose among *finished* groups, which is after rollout, not a pre-rollout
-selection. Under verl >= 0.8 this sampler refuses to start rather than silently never reporting.
+verl 0.5 - 0.7: the PPO/GRPO trainer (``verl.trainer.ppo.ray_trainer.RayPPOTrainer``) builds its train
+sampler from ``data.sampler.class_path`` / ``class_name`` and calls ``sampler.update(batch=...)`` after
+every training step (the last one included) when the sampler is an ``AbstractCurriculumSampler``.
+verl 0.8 removed that interface; there `trainer_client.integrations.verl_main` runs verl's legacy
+trainer with this sampler and a trainer that calls ``update`` itself. Built any other way on
+verl >= 0.8, the sampler refuses to start rather than silently never reporting.
 
-How it plugs in (verl config)::
+How it plugs in (verl 0.5 - 0.7 config)::
 
     data.dataloader_num_workers=0                 # verl requires it for curriculum samplers
     data.sampler.class_path=pkg://trainer_client.integrations.verl
@@ -25,19 +24,17 @@ What it does: each dataloader batch (``data.gen_batch_size`` or ``data.train_bat
 one service step: the sampler asks ``/select`` for that step and yields the rows of the chosen prompts.
 ``update(batch)`` groups the step's sequence scores (``token_level_scores`` summed over tokens, i.e.
 before any KL penalty) by prompt and reports them to ``/observe`` with request id
-``{run_id}-s{step}``. Prompt ids are ``extra_info.index`` of each row, never the row position, and
-the sampler refuses to run when a row lacks it: verl's dataset silently defaults a missing index to 0,
-which would report every group as prompt 0. The ids must be exactly ``0..len(dataset)-1``.
+``{run_id}-s{step}``. Prompt ids are ``extra_info.index`` of each row (`batch_prompt_ids`), never the
+row position nor the ``index`` column (verl's ``_get_gen_batch`` moves it out of the training batch),
+and the sampler refuses to run when a row lacks it: verl's dataset silently defaults a missing index
+to 0, which would report every group as prompt 0. The ids must be exactly ``0..len(dataset)-1``.
 
-Not supported, and refused with a message: DAPO-style group filtering (``algorithm.filter_groups``)
-that hands ``update`` fewer groups than were selected, since the dropped groups are evidence the
-service must see.
+Not supported, and refused with a message: group filtering that hands ``update`` fewer groups than
+were selected (the DAPO recipe's ``algorithm.filter_groups``), since the dropped groups are evidence
+the service must see.
 
-Tests: verl does not install next to this project's pins (0.9.1 requires transformers 5.10 and
-0.7.1 older vLLM/ray stacks), so ``tests/test_integrations.py`` checks this module against a contract
-test that reproduces the verl 0.7 call sequence (dataset rows with ``extra_info``, a ``num_workers=0``
-dataloader with verl's collate, ``repeat(interleave=True)``, shuffled batch balancing, ``update``)
-against a real selector service.
+Tests: ``tests/test_frameworks.py`` runs verl's own ``RayPPOTrainer.fit()`` (0.6.1 async rollout,
+0.7.1 default GRPO, 0.9.1 through ``verl_main``) in a venv per verl version, generation faked.
 """
 
 from __future__ import annotations

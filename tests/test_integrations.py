@@ -52,7 +52,9 @@ def test_check_permutation() -> None:
 
 
 def _info(open_step: int | None, observations: int | None) -> DatasetInfo:
-    return DatasetInfo("d", 4, 8, 1.0, (1.0, 1.0), 1.0, 0.7, "binary", {}, open_step, observations)
+    return DatasetInfo(
+        "d", 4, 8, 1.0, (1.0, 1.0), 1.0, 0.7, "binary", {}, open_step=open_step, observations=observations
+    )
 
 
 def test_first_step_continues_after_an_earlier_run() -> None:

@@ -236,6 +236,94 @@ def test_dynamic_sampling_reports_every_rollout(service_url) -> None:
     assert any(r["updated"] for r in records)
 
 
+def test_the_cli_uploads_the_tasks_groups_before_anything_else(service_url, tmp_path) -> None:
+    """Arithmetic tiers become the dataset's groups (before the strategy is even checked); --no-metadata
+    leaves the dataset without."""
+    from trainer_client.client import SelectorClient
+
+    with_groups, without = f"m-{uuid.uuid4().hex[:10]}", f"n-{uuid.uuid4().hex[:10]}"
+    done = _cli(
+        *_base_args(service_url, with_groups, tmp_path), "--strategy", "no-such-strategy", timeout=120
+    )
+    assert done.returncode == 3 and "metadata: 4 prompts in 4 groups, 0 with a pass rate" in done.stderr
+    _cli(*_base_args(service_url, without, tmp_path), "--strategy", "nope", "--no-metadata", timeout=120)
+    with SelectorClient(service_url) as client:
+        assert client.get_dataset(with_groups).groups == 4
+        assert client.get_dataset(without).prompts_with_group == 0
+
+
+def _tiny_trainer(service_url, strategy: str, **config_kw):
+    """A Trainer over ParityTask with a tiny random policy (its rewards are mixed within groups)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from trainer_client.client import SelectorClient
+    from trainer_client.grpo import GRPOConfig, GRPOLearner
+    from trainer_client.model import load_tokenizer, resolve_model
+    from trainer_client.rollout import HFRollout
+    from trainer_client.train import Trainer
+
+    torch.manual_seed(0)
+    task = ParityTask()
+    tokenizer = load_tokenizer(resolve_model("smollm2-135m"))
+    tiny = transformers.LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512, tie_word_embeddings=True,
+    )  # fmt: skip
+    policy = transformers.LlamaForCausalLM(tiny).eval()
+    engine = HFRollout(
+        policy, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, tokenizer=tokenizer
+    )
+    config = TrainConfig(
+        dataset=f"ds-{uuid.uuid4().hex[:10]}", strategy=strategy, steps=2, batch_size=2, rollouts=4,
+        max_new_tokens=8, grpo=GRPOConfig(lr=1e-5, precision="bf16"), **config_kw,
+    )  # fmt: skip
+    client = SelectorClient(service_url)
+    client.create_dataset(config.dataset, len(task.problems), rollouts_per_prompt=4)
+    info = client.get_dataset(config.dataset)
+    trainer = Trainer(config, client=client, dataset_info=info, task=task, tokenizer=tokenizer,
+                      engine=engine, learner=GRPOLearner(policy, config.grpo))  # fmt: skip
+    return trainer, client
+
+
+@pytest.mark.model
+@pytest.mark.slow
+def test_speed_rl_screens_continues_mixed_prompts_and_reports_every_rollout(service_url) -> None:
+    from trainer_client.train import SPEED_CONT, SPEED_INIT
+
+    trainer, client = _tiny_trainer(service_url, "speed_rl", ds_oversample=2, ds_max_rounds=3)
+    generated: list = []
+    real_observe = trainer.observe
+
+    def observe(step, groups, request_id):  # what each round reports, as sent
+        generated.append([(g.prompt_id, len(g.rewards), g.rewards) for g in groups])
+        return real_observe(step, groups, request_id)
+
+    trainer.observe = observe
+    try:
+        records = trainer.run(io.StringIO(), progress=False)
+        summary = client.get_dataset(trainer.config.dataset)
+    finally:
+        client.close()
+    threshold = trainer.threshold
+    for sent in generated:
+        assert len(sent) == 4  # ds_oversample x B prompts screened per round, all reported
+        for _, size, rewards in sent:
+            screen = sum(r >= threshold for r in rewards[:SPEED_INIT])
+            # continued exactly when the screen was mixed, into one group of 4 + 12
+            assert size == (SPEED_INIT + SPEED_CONT if 0 < screen < SPEED_INIT else SPEED_INIT)
+    for record in records:
+        assert record.keys() >= REQUIRED_KEYS and 1 <= record["ds_rounds"] <= 3
+        assert record["groups"] == 4 * record["ds_rounds"]
+        continued = (record["rollouts"] - SPEED_INIT * record["groups"]) // SPEED_CONT
+        assert record["rollouts"] == SPEED_INIT * record["groups"] + SPEED_CONT * continued
+        assert record["trained_groups"] == min(2, continued)
+    assert summary.rollouts == sum(r["rollouts"] for r in records) == records[-1]["total_rollouts"]
+    assert summary.observations == sum(r["groups"] for r in records)
+    assert sum(len(sent) for sent in generated) == summary.observations
+    assert any(size == SPEED_INIT + SPEED_CONT for sent in generated for _, size, _ in sent)
+    assert any(r["updated"] for r in records)
+
+
 @pytest.mark.vllm
 @pytest.mark.model
 @pytest.mark.slow

@@ -65,13 +65,19 @@ def _parser() -> argparse.ArgumentParser:
     data.add_argument("--success-threshold", type=float, default=1.0, help="reward counted as a success")
     data.add_argument("--beta-decay", type=float, default=1.0, help="Beta forgetting factor (dataset spec)")
     data.add_argument("--hmm-decay", type=float, default=0.7, help="DPS forgetting factor (dataset spec)")
+    data.add_argument(
+        "--no-metadata",
+        action="store_true",
+        help="do not upload the task's prompt groups (tiers) and pass rates (JSONL fields) to the service",
+    )
 
     selection = train.add_argument_group("selection")
     selection.add_argument(
         "--strategy",
         default="insight",
         help="a service strategy (uniform, insight, dps, mopps, expected_difficulty, inverse_evidence, "
-        "history_resampling, ...) or dynamic_sampling (done by the trainer)",
+        "history_resampling, learnability, adarft, greso, sec, ...) or dynamic_sampling / speed_rl (done by "
+        "the trainer)",
     )
     selection.add_argument(
         "--params", type=json.loads, default=None, help="strategy params as JSON, e.g. '{\"eta\": 2}'"
@@ -177,6 +183,22 @@ def _ensure_dataset(client: SelectorClient, args: argparse.Namespace, size: int)
     return client.get_dataset(args.dataset)
 
 
+def _upload_metadata(client: SelectorClient, dataset: str, task: Any) -> None:
+    """What the task knows about its prompts (groups, pass rates) seeds the service's cold start."""
+    from trainer_client.metadata import upload_task_metadata
+
+    try:
+        ack = upload_task_metadata(client, dataset, task)
+    except ValueError as exc:
+        raise _CliError(str(exc), EXIT_CONFIG) from None
+    if ack is not None:
+        print(
+            f"metadata: {ack.prompts_with_group} prompts in {ack.groups} groups, "
+            f"{ack.prompts_with_pass_rate} with a pass rate",
+            file=sys.stderr,
+        )
+
+
 def _build_configs(args: argparse.Namespace) -> Any:
     from trainer_client.grpo import GRPOConfig
     from trainer_client.train import TrainConfig
@@ -218,7 +240,7 @@ def _build_configs(args: argparse.Namespace) -> Any:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from trainer_client.train import DYNAMIC_SAMPLING
+    from trainer_client.train import TRAINER_STRATEGIES
 
     if not args.verbose:
         _quiet_libraries()
@@ -239,7 +261,9 @@ def _train(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise _CliError(str(exc), EXIT_CONFIG) from None
         info = _ensure_dataset(client, args, len(task.problems))
-        if config.strategy != DYNAMIC_SAMPLING:
+        if not args.no_metadata:
+            _upload_metadata(client, info.name, task)
+        if config.strategy not in TRAINER_STRATEGIES:
             # The first step's own request (selection is deterministic, so repeating it later is
             # harmless): a bad strategy name or parameter fails here with the service's message.
             from trainer_client.train import first_step_for

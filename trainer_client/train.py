@@ -16,6 +16,12 @@ shuffled data loader), rolls them all out, keeps groups whose rewards are not al
 (round r reports under ``{run_id}-s{step}-r{rank}-d{r}``) until it has B kept groups or ``ds_max_rounds``
 rounds. Every rollout it generates is reported to ``/observe`` (real evidence) and counted as cost.
 
+``--strategy speed_rl`` (SPEED-RL, METHODS 7) runs in the trainer too, over the same walk and rounds:
+each round screens its prompts with ``SPEED_INIT`` = 4 rollouts, gives those with 0 < S < 4 successes
+``SPEED_CONT`` = 12 more (one group of 16), and fills the batch with them first in, first out. The round
+reports every prompt it screened (with all 4 or 16 rewards) under ``-d{r}``: every rollout is evidence
+and cost.
+
 Per-step metrics (one JSON object per line in ``--metrics-out``):
     mean_reward      mean reward over all rollouts generated at the step
     solve_rate       share of those rollouts with reward >= the dataset's success threshold
@@ -47,6 +53,8 @@ from trainer_client.rollout import PromptRollouts, RolloutEngine
 
 __all__ = [
     "DYNAMIC_SAMPLING",
+    "SPEED_RL",
+    "TRAINER_STRATEGIES",
     "EpochWalk",
     "Group",
     "TrainConfig",
@@ -56,6 +64,11 @@ __all__ = [
 ]
 
 DYNAMIC_SAMPLING = "dynamic_sampling"
+SPEED_RL = "speed_rl"
+#: Strategies the trainer runs itself (everything else is a service strategy).
+TRAINER_STRATEGIES = (DYNAMIC_SAMPLING, SPEED_RL)
+#: SPEED-RL's screening rollouts and the rollouts added to a prompt the screen found mixed (METHODS 7).
+SPEED_INIT, SPEED_CONT = 4, 12
 
 
 class TaskLike(Protocol):
@@ -217,12 +230,13 @@ class Trainer:
             self._prompt_cache[prompt_id] = cached
         return cached
 
-    def rollout(self, prompt_ids: Sequence[int]) -> tuple[list[Group], float, float]:
-        """Sample K completions per prompt and score them; returns (groups, gen seconds, reward seconds)."""
+    def rollout(self, prompt_ids: Sequence[int], n: int | None = None) -> tuple[list[Group], float, float]:
+        """Sample `n` (default K) completions per prompt and score them; returns (groups, gen seconds,
+        reward seconds)."""
         started = time.perf_counter()
         outputs = self.engine.generate(
             [self.prompt_tokens(i) for i in prompt_ids],
-            n=self.config.rollouts,
+            n=self.config.rollouts if n is None else n,
             max_new_tokens=self.config.max_new_tokens,
             temperature=self.config.grpo.temperature,
             top_p=self.config.top_p,
@@ -305,12 +319,54 @@ class Trainer:
         timings["ds_rounds"] = rounds
         return generated, kept[: cfg.batch_size], duplicate
 
+    def _collect_speed(self, step: int, timings: dict[str, float]) -> tuple[list[Group], list[Group], bool]:
+        """SPEED-RL: screen with SPEED_INIT rollouts, continue the mixed prompts with SPEED_CONT more,
+        fill the batch first in, first out; report every rollout."""
+        cfg = self.config
+        generated: list[Group] = []
+        kept: list[Group] = []
+        duplicate = False
+        rounds = 0
+        while len(kept) < cfg.batch_size and rounds < cfg.ds_max_rounds:
+            screened, gen_s, reward_s = self.rollout(
+                self._walk.take(cfg.ds_oversample * cfg.batch_size), SPEED_INIT
+            )
+            successes = [sum(r >= self.threshold for r in g.rewards) for g in screened]
+            mixed = [g for g, s in zip(screened, successes, strict=True) if 0 < s < SPEED_INIT]
+            more: list[Group] = []
+            if mixed:
+                more, more_gen_s, more_reward_s = self.rollout([g.prompt_id for g in mixed], SPEED_CONT)
+                gen_s, reward_s = gen_s + more_gen_s, reward_s + more_reward_s
+            timings["gen_s"] += gen_s
+            timings["reward_s"] += reward_s
+            grown = {
+                g.prompt_id: Group(
+                    g.prompt_id,
+                    PromptRollouts(
+                        g.rollouts.prompt_token_ids, g.rollouts.completions + m.rollouts.completions
+                    ),
+                    g.rewards + m.rewards,
+                )
+                for g, m in zip(mixed, more, strict=True)
+            }
+            groups = [grown.get(g.prompt_id, g) for g in screened]
+            observe_ms, dup = self.observe(step, groups, self._request_id(step, rounds))
+            timings["observe_ms"] += observe_ms
+            duplicate |= dup
+            generated.extend(groups)
+            kept.extend(grown[g.prompt_id] for g in mixed)
+            rounds += 1
+        timings["ds_rounds"] = rounds
+        return generated, kept[: cfg.batch_size], duplicate
+
     def run_step(self, step: int) -> dict[str, Any]:
         """One full step; returns its metrics record."""
         cfg = self.config
         step_started = time.perf_counter()
         timings: dict[str, float] = {"select_ms": 0.0, "observe_ms": 0.0, "gen_s": 0.0, "reward_s": 0.0}
-        collect = self._collect_dynamic if cfg.strategy == DYNAMIC_SAMPLING else self._collect_selected
+        collect = {DYNAMIC_SAMPLING: self._collect_dynamic, SPEED_RL: self._collect_speed}.get(
+            cfg.strategy, self._collect_selected
+        )
         generated, trained, duplicate = collect(step, timings)
 
         started = time.perf_counter()

@@ -1,0 +1,65 @@
+"""What the trainer client tells the service about its tasks' prompts (trainer_client/metadata.py):
+arithmetic and Countdown tiers as groups, JSONL `pass_rate` / `group` fields, and the errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from trainer_client.metadata import task_metadata
+from trainer_client.tasks import load_task
+
+
+def _jsonl(tmp_path: Path, records: list[dict]) -> str:
+    path = tmp_path / "data.jsonl"
+    path.write_text(
+        "".join(json.dumps({"question": f"q{i}?", "answer": "1", **r}) + "\n" for i, r in enumerate(records))
+    )
+    return str(path)
+
+
+@pytest.mark.parametrize("name", ["arithmetic", "countdown"])
+def test_procedural_tiers_are_the_groups(name):
+    task = load_task(name, num_prompts=30, seed=3)
+    meta = task_metadata(task)
+    assert meta.pass_rate is None
+    assert meta.group == [p.meta["tier"] for p in task.problems]
+    assert len(set(meta.group)) > 1
+
+
+def test_jsonl_pass_rates_and_numeric_groups(tmp_path):
+    records = [{"pass_rate": 0.25, "group": 3}, {"pass_rate": None}, {"group": 0}, {}]
+    meta = task_metadata(load_task("jsonl", num_prompts=4, seed=0, data=_jsonl(tmp_path, records)))
+    assert meta.pass_rate == [0.25, None, None, None]
+    assert meta.group == [3, -1, 0, -1] and meta.group_names == {}
+
+
+def test_jsonl_string_groups_are_numbered_in_sorted_order(tmp_path):
+    records = [{"group": "Geometry"}, {"group": "Algebra"}, {}, {"group": "Geometry"}]
+    meta = task_metadata(load_task("jsonl", num_prompts=4, seed=0, data=_jsonl(tmp_path, records)))
+    assert meta.group == [1, 0, -1, 1] and meta.group_names == {0: "Algebra", 1: "Geometry"}
+    assert meta.pass_rate is None
+
+
+def test_a_jsonl_file_without_metadata_has_none(tmp_path):
+    meta = task_metadata(load_task("jsonl", num_prompts=2, seed=0, data=_jsonl(tmp_path, [{}, {}])))
+    assert meta.empty
+
+
+@pytest.mark.parametrize(
+    ("records", "message"),
+    [
+        ([{"pass_rate": 1.5}], r"data.jsonl:1: pass_rate 1.5 must lie in \[0, 1\]"),
+        ([{}, {"pass_rate": "high"}], r"data.jsonl:2: pass_rate 'high' must be a number"),
+        ([{"group": 70000}], r"data.jsonl:1: group 70000 must be an integer in 0..65535"),
+        ([{"group": -1}], "group -1"),
+        ([{"group": True}], "group True"),
+        ([{"group": "a"}, {"group": 2}], "mix strings and numbers"),
+    ],
+)
+def test_bad_jsonl_metadata_names_the_line(tmp_path, records, message):
+    task = load_task("jsonl", num_prompts=len(records), seed=0, data=_jsonl(tmp_path, records))
+    with pytest.raises(ValueError, match=message):
+        task_metadata(task)

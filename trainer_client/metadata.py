@@ -1,0 +1,103 @@
+"""What a task knows about its prompts, for the selector service's cold start (METHODS 6).
+
+`task_metadata(task)` reads, per prompt id:
+
+- a group: the problem's ``group`` when it has one, else its ``tier`` (arithmetic and Countdown tiers),
+  else a ``group`` field of the record (``--task jsonl``): an integer 0..65535, or a string (a category
+  such as MATH's ``"type": "Algebra"``), numbered 0, 1, 2, ... in sorted order of the strings;
+- a pass rate: a ``pass_rate`` field of the record (``--task jsonl``), a reference model's measured
+  success rate in [0, 1]; ``null`` or absent = unknown.
+
+`upload_task_metadata(client, dataset, task)` uploads them with `SelectorClient.upload_metadata` when
+the task has any. A bad value raises ValueError naming the prompt (and for JSONL the file and line).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainer_client.client import MetadataAck, SelectorClient
+
+__all__ = ["TaskMetadata", "task_metadata", "upload_task_metadata"]
+
+MAX_GROUP = 65_535
+
+
+@dataclass(frozen=True)
+class TaskMetadata:
+    """Per prompt id: pass rates (None = unknown) and groups (-1 = none), each None when the task has
+    none at all; `group_names`: group id -> the string it was numbered from (string groups only)."""
+
+    pass_rate: list[float | None] | None
+    group: list[int] | None
+    group_names: dict[int, str] = field(default_factory=dict)
+
+    @property
+    def empty(self) -> bool:
+        return self.pass_rate is None and self.group is None
+
+
+def _where(index: int, meta: dict[str, Any]) -> str:
+    if "source" in meta and "line" in meta:
+        return f"{meta['source']}:{meta['line']}"
+    return f"prompt {index}"
+
+
+def _pass_rate(index: int, meta: dict[str, Any]) -> float | None:
+    value = meta.get("pass_rate")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(f"{_where(index, meta)}: pass_rate {value!r} must be a number in [0, 1] or null")
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"{_where(index, meta)}: pass_rate {value!r} must lie in [0, 1]")
+    return float(value)
+
+
+def _raw_group(problem: Any) -> Any:
+    group = getattr(problem, "group", None)
+    if group is not None:
+        return group
+    meta = problem.meta
+    return meta["tier"] if "tier" in meta else meta.get("group")
+
+
+def task_metadata(task: Any) -> TaskMetadata:
+    """The pass rates and groups of `task.problems` (see the module docstring)."""
+    problems: Sequence[Any] = task.problems
+    rates = [_pass_rate(i, p.meta) for i, p in enumerate(problems)]
+    raw = [_raw_group(p) for p in problems]
+    names = sorted({g for g in raw if isinstance(g, str)})
+    if names and any(g is not None and not isinstance(g, str) for g in raw):
+        raise ValueError("group fields mix strings and numbers: use one kind for every record")
+    numbering = {name: i for i, name in enumerate(names)}
+    groups: list[int] = []
+    for i, (g, p) in enumerate(zip(raw, problems, strict=True)):
+        if g is None:
+            groups.append(-1)
+        elif isinstance(g, str):
+            groups.append(numbering[g])
+        elif isinstance(g, bool) or not isinstance(g, int) or not 0 <= g <= MAX_GROUP:
+            raise ValueError(
+                f"{_where(i, p.meta)}: group {g!r} must be an integer in 0..{MAX_GROUP} or a string"
+            )
+        else:
+            groups.append(int(g))
+    if len(numbering) > MAX_GROUP + 1:
+        raise ValueError(f"{len(numbering)} distinct groups; the service accepts at most {MAX_GROUP + 1}")
+    return TaskMetadata(
+        pass_rate=rates if any(r is not None for r in rates) else None,
+        group=groups if any(g >= 0 for g in groups) else None,
+        group_names={i: name for name, i in numbering.items()},
+    )
+
+
+def upload_task_metadata(client: SelectorClient, dataset: str, task: Any) -> MetadataAck | None:
+    """Uploads the task's pass rates and groups to `dataset`; None when the task has neither."""
+    metadata = task_metadata(task)
+    if metadata.empty:
+        return None
+    return client.upload_metadata(dataset, pass_rate=metadata.pass_rate, group=metadata.group)

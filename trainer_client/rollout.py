@@ -212,21 +212,6 @@ class VLLMRollout(RolloutEngine):
             for out in outputs
         ]
 
-    def token_logprobs(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
-        """Log-prob of every token after the first of each sequence under the engine's current weights
-        (vLLM's prompt log-probs). Used to check that the engine follows the trained policy."""
-        from vllm import SamplingParams
-
-        params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
-        outputs = self._llm.generate(
-            [{"prompt_token_ids": list(s)} for s in sequences], params, use_tqdm=False
-        )
-        result = []
-        for sequence, out in zip(sequences, outputs, strict=True):
-            entries = out.prompt_logprobs[1:]  # the first token has no prediction
-            result.append([entry[token].logprob for entry, token in zip(entries, sequence[1:], strict=True)])
-        return result
-
     def sync_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         weights = ((name, tensor.detach()) for name, tensor in named_tensors)
         self._llm.collective_rpc(

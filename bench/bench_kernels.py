@@ -13,6 +13,11 @@ Measures, each with a warm-up call and the median of --repeats timed calls:
 - topk_random_ties against plain np.argpartition(-scores, k-1) at 1e6 scores, as a time ratio: random
   scores, and three arrangements with 99% of the scores tied at 1/3 (as in DPS); CPU seconds of each
   (both run on one thread).
+- The counter-based generator (core/rng.py) against the numpy calls it replaced, as time ratios in
+  one run: epoch permutations at --perm-sizes (default 1e7 and 1e8: Fisher-Yates on our bounded ints,
+  int32 output, vs Generator.permutation, int64 output then int32 as the service used to keep it) with
+  the bytes each holds at its peak; candidate pools (Floyd's sample of 4096 from 1e7 vs
+  Generator.choice(replace=False)); 4096 Beta draws (Marsaglia-Tsang in log space vs Generator.beta).
 - numba compile cost: a child interpreter with an empty cache directory (cold compile of every kernel)
   and a second one reusing that directory (what a restart pays with cache=True).
 
@@ -43,7 +48,7 @@ from selector_service.core import (
     BeliefArrays,
     apply_results,
     close_step,
-    make_rng,
+    stream,
     topk_random_ties,
     wmi_scores,
 )
@@ -200,7 +205,7 @@ def bench_topk(results: dict, n: int, repeats: int) -> None:
     for label, (scores, k) in cases.items():
         # both single-threaded: compare CPU seconds, which other processes on the machine barely move
         ours = timed(
-            lambda s=scores, k=k: topk_random_ties(s, k, make_rng("bench", 0, 0, "ties")),
+            lambda s=scores, k=k: topk_random_ties(s, k, stream("bench", 0, 0, "ties")),
             repeats,
             time.process_time,
         )
@@ -212,6 +217,51 @@ def bench_topk(results: dict, n: int, repeats: int) -> None:
             "x",
             f"n={n:,} k={k} ({ours * 1e3:.2f} ms vs {plain * 1e3:.2f} ms)",
         )
+
+
+def bench_rng(results: dict, perm_sizes: list[int], repeats: int) -> None:
+    """Our generator vs the numpy calls it replaced (ratios > 1: ours is slower)."""
+    gen = np.random.Generator(np.random.PCG64(0))
+    ours_stream = stream("bench", 0, 0, "rng")
+    for n in perm_sizes:
+        reps = max(1, min(repeats, 3)) if n >= 10**8 else repeats
+        ours = timed(lambda n=n: ours_stream.permutation(n), reps)
+        theirs = timed(lambda n=n: gen.permutation(n).astype(np.int32), reps)
+        report(
+            results,
+            f"permutation_vs_numpy_ratio_{fmt_size(n)}",
+            ours / theirs,
+            "x",
+            f"n={n:,} ({ours:.2f} s vs {theirs:.2f} s; peak {4 * n / 1e6:.0f} MB vs {12 * n / 1e6:.0f} MB)",
+        )
+        results[f"permutation_seconds_{fmt_size(n)}"] = {"ours": ours, "numpy": theirs}
+    n, k = 10_000_000, 4096
+    ours = timed(lambda: ours_stream.sample(n, k), 20 * repeats)
+    theirs = timed(lambda: gen.choice(n, size=k, replace=False), 20 * repeats)
+    report(
+        results,
+        "pool_sample_vs_numpy_ratio",
+        ours / theirs,
+        "x",
+        f"{k} of {n:,} ({ours * 1e6:.0f} us vs {theirs * 1e6:.0f} us)",
+    )
+    a = 1.0 + np.random.default_rng(3).gamma(0.5, 20.0, k)
+    b = 1.0 + np.random.default_rng(4).gamma(0.5, 20.0, k)
+    items = np.arange(k)
+    ours = timed(lambda: ours_stream.beta(a, b, items), 20 * repeats)
+    theirs = timed(lambda: gen.beta(a, b), 20 * repeats)
+    report(
+        results,
+        "beta_draws_vs_numpy_ratio",
+        ours / theirs,
+        "x",
+        f"{k} draws ({ours * 1e6:.0f} us vs {theirs * 1e6:.0f} us)",
+    )
+
+
+def fmt_size(n: int) -> str:
+    exp = np.log10(n)
+    return f"1e{int(exp)}" if exp == int(exp) else str(n)
 
 
 def bench_compile(results: dict) -> None:
@@ -238,6 +288,11 @@ def main() -> None:
         "--repeats", type=int, default=5, help="timed calls per figure, median reported (default 5)"
     )
     parser.add_argument("--no-compile", action="store_true", help="skip the cold/cached compile measurement")
+    parser.add_argument(
+        "--perm-sizes",
+        default="1e7,1e8",
+        help="epoch permutation sizes for the generator comparison (default 1e7,1e8; '' skips)",
+    )
     args = parser.parse_args()
     if args.n < 1 or args.repeats < 1:
         parser.error("--n and --repeats must be >= 1")
@@ -249,6 +304,8 @@ def main() -> None:
     bench_wmi(results, small, args.repeats, all_threads)
     bench_dps(results, args.n, args.repeats, all_threads)
     bench_topk(results, small, args.repeats)
+    perm_sizes = [int(float(x)) for x in args.perm_sizes.split(",") if x.strip()]
+    bench_rng(results, perm_sizes, args.repeats)
     if not args.no_compile:
         bench_compile(results)
     results["numba_threading_layer"] = numba.threading_layer()

@@ -10,6 +10,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from selector_service.core.domain import K_MAX, PRIOR_MAX, PRIOR_MIN, TRIALS_MAX, prior_problem
+from selector_service.state import MAX_LAG
+
 DatasetName = Annotated[
     str,
     Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$", description="[A-Za-z0-9][A-Za-z0-9._-]{0,127}"),
@@ -31,10 +34,13 @@ class _Request(BaseModel):
 class DatasetCreate(_Request):
     name: DatasetName
     size: int = Field(ge=1, description="Prompt ids are 0..size-1 (verl's extra_info.index).")
-    rollouts_per_prompt: int = Field(8, ge=1, le=1024, description="K, rollouts per prompt per step.")
+    rollouts_per_prompt: int = Field(8, ge=1, le=K_MAX, description="K, rollouts per prompt per step.")
     success_threshold: float = Field(1.0, description="A reward >= threshold is a success (binary mode).")
     beta_prior: list[float] = Field(
-        [1.0, 1.0], min_length=2, max_length=2, description="[alpha0, beta0], both > 0."
+        [1.0, 1.0],
+        min_length=2,
+        max_length=2,
+        description=f"[alpha0, beta0], each in [{PRIOR_MIN:g}, {PRIOR_MAX:g}] (the numerically safe domain).",
     )
     beta_decay: float = Field(1.0, gt=0, le=1, description="Forgetting factor of the Beta update, in (0, 1].")
     hmm_decay: float = Field(0.7, gt=0, le=1, description="Forgetting factor of the DPS update, in (0, 1].")
@@ -44,12 +50,20 @@ class DatasetCreate(_Request):
     defaults: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="Per-strategy selection defaults, e.g. {'insight': {'eta': 2.0}}."
     )
+    max_lag: int = Field(
+        0,
+        ge=0,
+        le=MAX_LAG,
+        description="Late observations: an observe for a step closed at most this many steps ago is applied "
+        "(Beta at once, DPS pooled into the open step) and answered with its lag; 0 = strict (409).",
+    )
 
     @field_validator("beta_prior")
     @classmethod
     def _prior(cls, v: list[float]) -> list[float]:
-        if not (v[0] > 0 and v[1] > 0):
-            raise ValueError("beta_prior must be two positive numbers (alpha0, beta0), e.g. [1.0, 1.0]")
+        problem = prior_problem(v)
+        if problem:
+            raise ValueError(problem)
         return v
 
 
@@ -63,6 +77,7 @@ class DatasetInfo(BaseModel):
     hmm_decay: float
     reward_mode: str
     defaults: dict[str, dict[str, Any]]
+    max_lag: int = 0
     created: bool | None = Field(None, description="On POST: true when this call created it.")
     summary: dict[str, Any] | None = Field(
         None,
@@ -102,7 +117,7 @@ class Result(_Request):
     prompt_id: PromptId
     rewards: list[float] | None = Field(None, max_length=65536, description="One reward per rollout.")
     successes: float | None = Field(None, ge=0, description="With trials, instead of rewards.")
-    trials: int | None = Field(None, ge=1, le=10**9)
+    trials: int | None = Field(None, ge=1, le=TRIALS_MAX)
 
 
 class ObserveRequest(_Request):
@@ -113,8 +128,13 @@ class ObserveRequest(_Request):
 
 
 class ObserveResponse(BaseModel):
-    applied: int
-    duplicate: bool
+    applied: int = Field(description="Results applied by this call (0 for a duplicate).")
+    duplicate: bool = Field(description="True when this request id was applied before (nothing applied now).")
+    lag: int = Field(
+        0,
+        description="Steps between the step reported and the open step it was applied at (0 = on time; "
+        "> 0 only for datasets with max_lag). A duplicate answers the first call's lag.",
+    )
 
 
 class Belief(BaseModel):

@@ -175,3 +175,149 @@ def large_n_limit(n, k: int):
 
 def log_comb(k: int, s: int) -> float:
     return math.log(math.comb(k, s))
+
+
+# ---------------------------------------------------------------- the counter-based generator (core/rng.py)
+# Pure-Python integers and the math module: no numpy, no numba. The fast kernels must agree bit for bit.
+
+U64 = (1 << 64) - 1
+GOLDEN = 0x9E3779B97F4A7C15
+CHILD_SALT = 0x5851F42D4C957F2D
+
+
+def rng_stream_id(key: str, step: int, seed: int, purpose: str) -> int:
+    import hashlib
+
+    h = hashlib.blake2b(digest_size=16)
+    for part in (key, purpose):
+        raw = part.encode("utf-8")
+        h.update(len(raw).to_bytes(8, "little") + raw)
+    h.update(step.to_bytes(8, "little") + (seed % 2**64).to_bytes(8, "little"))
+    return int.from_bytes(h.digest()[:8], "little")
+
+
+def rng_bits(s: int, i: int) -> int:
+    """SplitMix64 output i of the sequence seeded with s."""
+    z = (s + (i + 1) * GOLDEN) & U64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & U64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & U64
+    return z ^ (z >> 31)
+
+
+def rng_child(s: int, j: int) -> int:
+    return rng_bits(s ^ CHILD_SALT, j)
+
+
+def rng_uniform(s: int, i: int) -> float:
+    return (rng_bits(s, i) >> 11) * 2.0**-53
+
+
+def rng_uniform_open(s: int, i: int) -> float:
+    return (rng_bits(s, i) >> 11) * 2.0**-53 + 2.0**-54
+
+
+def rng_bounded(s: int, i: int, m: int) -> int:
+    """Uniform in [0, m): x * m >> 64, redrawing from child(s, i) while the low word is < 2^64 mod m."""
+    threshold = (1 << 64) % m
+    x, attempt = rng_bits(s, i), 0
+    while (x * m) & U64 < threshold:
+        x = rng_bits(rng_child(s, i), attempt)
+        attempt += 1
+    return (x * m) >> 64
+
+
+def rng_sample(s: int, n: int, k: int) -> list[int]:
+    if 4 * k < n:  # Floyd, then Fisher-Yates over the ids in the order taken
+        taken: set[int] = set()
+        out = []
+        for j in range(n - k, n):
+            t = rng_bounded(rng_child(s, 0), j, j + 1)
+            t = j if t in taken else t
+            taken.add(t)
+            out.append(t)
+        for i in range(k - 1, 0, -1):
+            j = rng_bounded(rng_child(s, 1), i, i + 1)
+            out[i], out[j] = out[j], out[i]
+        return out
+    ids = list(range(n))
+    for i in range(k):
+        j = i + rng_bounded(rng_child(s, 2), i, n - i)
+        ids[i], ids[j] = ids[j], ids[i]
+    return ids[:k]
+
+
+def rng_permutation(s: int, n: int) -> list[int]:
+    perm = list(range(n))
+    for i in range(n - 1, 0, -1):
+        j = rng_bounded(s, i, i + 1)
+        perm[i], perm[j] = perm[j], perm[i]
+    return perm
+
+
+def _log1p_minus_x(y: float) -> float:
+    if abs(y) >= 1 / 64:
+        return math.log1p(y) - y
+    coef = [-0.5, 1 / 3, -0.25, 0.2, -1 / 6, 1 / 7, -0.125, 1 / 9, -0.1]
+    poly = coef[-1]
+    for c in reversed(coef[:-1]):
+        poly = c + y * poly
+    return y * y * poly
+
+
+def rng_log_gamma(s: int, c: int, a: float) -> tuple[float, int]:
+    """Marsaglia-Tsang in log space; outputs c, c+1, ... of stream s. Returns (ln X, next output)."""
+    shape = a + 1.0 if a < 1.0 else a
+    d = shape - 1.0 / 3.0
+    cc = 1.0 / math.sqrt(9.0 * d)
+    while True:
+        while True:
+            u1 = 2.0 * rng_uniform(s, c) - 1.0
+            u2 = 2.0 * rng_uniform(s, c + 1) - 1.0
+            c += 2
+            q = u1 * u1 + u2 * u2
+            if 0.0 < q < 1.0:
+                break
+        x = u1 * math.sqrt(-2.0 * math.log(q) / q)
+        y = cc * x
+        if y <= -1.0:
+            continue
+        u = rng_uniform_open(s, c)
+        c += 1
+        x2 = x * x
+        if u < 1.0 - 0.0331 * (x2 * x2):
+            break
+        if math.log(u) < 0.5 * x2 + d * (3.0 * _log1p_minus_x(y) - y * y * (3.0 + y)):
+            break
+    log_x = math.log(d) + 3.0 * math.log1p(y)
+    if a < 1.0:
+        log_x += math.log(rng_uniform_open(s, c)) / a
+        c += 1
+    return log_x, c
+
+
+def rng_beta(s: int, a: float, b: float, item: int) -> float:
+    sub = rng_child(s, item)
+    log_x, c = rng_log_gamma(sub, 0, a)
+    log_y, _ = rng_log_gamma(sub, c, b)
+    try:
+        ratio = math.exp(log_y - log_x)
+    except OverflowError:  # C's exp gives inf here, and so does the kernel
+        ratio = math.inf
+    return 1.0 / (1.0 + ratio)
+
+
+def topk_random_ties(scores, k: int, s: int) -> list[int]:
+    """The tie rule of select.topk_random_ties, literally: the k largest scores; the tied ones at the
+    boundary chosen by rng_sample(child(s, 0), #tied, need) over the tied positions in ascending order;
+    then descending score, equal scores by the key rng_bits(child(s, 1), position)."""
+    scores = [float(x) for x in scores]
+    if k == 0:
+        return []
+    boundary = sorted(scores, reverse=True)[k - 1]
+    above = [p for p, x in enumerate(scores) if x > boundary]
+    tied = [p for p, x in enumerate(scores) if x == boundary]
+    need = k - len(above)
+    if need < len(tied):
+        tied = [tied[i] for i in rng_sample(rng_child(s, 0), len(tied), need)]
+    chosen = above + tied
+    return sorted(chosen, key=lambda p: (-scores[p], rng_bits(rng_child(s, 1), p), p))

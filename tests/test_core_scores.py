@@ -9,7 +9,7 @@ from selector_service.core import (
     dps_scores,
     expected_difficulty_scores,
     inverse_evidence_scores,
-    make_rng,
+    stream,
     thompson_scores,
 )
 from selector_service.core._parallel import PARALLEL_MIN
@@ -44,9 +44,9 @@ def test_expected_difficulty_and_inverse_evidence_match_twins(posterior):
 
 def test_thompson_is_seeded_and_scores_its_draws(posterior):
     alpha, beta, ids = posterior
-    s1, d1 = thompson_scores(alpha, beta, ids, 0.5, make_rng("ds", 3, 0, "thompson"))
-    s2, d2 = thompson_scores(alpha, beta, ids, 0.5, make_rng("ds", 3, 0, "thompson"))
-    _, d3 = thompson_scores(alpha, beta, ids, 0.5, make_rng("ds", 3, 1, "thompson"))
+    s1, d1 = thompson_scores(alpha, beta, ids, 0.5, stream("ds", 3, 0, "thompson"))
+    s2, d2 = thompson_scores(alpha, beta, ids, 0.5, stream("ds", 3, 0, "thompson"))
+    _, d3 = thompson_scores(alpha, beta, ids, 0.5, stream("ds", 3, 1, "thompson"))
     np.testing.assert_array_equal(d1, d2)
     np.testing.assert_array_equal(s1, s2)
     assert not np.array_equal(d1, d3)
@@ -57,7 +57,7 @@ def test_thompson_is_seeded_and_scores_its_draws(posterior):
 def test_thompson_draws_follow_the_posterior():
     """Many draws from one Beta(3, 7): sample mean 0.3 within 5 standard errors."""
     n = 20_000
-    _, draws = thompson_scores(np.full(n, 3.0), np.full(n, 7.0), None, 0.5, make_rng("x", 0, 0, "t"))
+    _, draws = thompson_scores(np.full(n, 3.0), np.full(n, 7.0), None, 0.5, stream("x", 0, 0, "t"))
     se = np.sqrt(3 * 7 / (10**2 * 11) / n)
     assert abs(draws.mean() - 0.3) < 5 * se
 

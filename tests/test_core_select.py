@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -16,45 +12,12 @@ from selector_service.core import (
     candidate_pool,
     epoch_permutation,
     history_batch,
-    make_rng,
     mopps_threshold_select,
+    stream,
     topk_random_ties,
     uniform_batch,
 )
 from selector_service.core.select import kth_largest
-
-# ---------------------------------------------------------------- make_rng
-
-
-def test_same_arguments_same_stream_and_every_argument_matters():
-    base = make_rng("ds", 7, 0, "ties").integers(0, 2**63, 4)
-    np.testing.assert_array_equal(base, make_rng("ds", 7, 0, "ties").integers(0, 2**63, 4))
-    for other in (("dt", 7, 0, "ties"), ("ds", 8, 0, "ties"), ("ds", 7, 1, "ties"), ("ds", 7, 0, "pool")):
-        assert not np.array_equal(base, make_rng(*other).integers(0, 2**63, 4)), other
-
-
-def test_encoding_is_unambiguous():
-    draw = lambda *a: make_rng(*a).integers(0, 2**63, 2).tolist()  # noqa: E731
-    assert draw("ab", 0, 0, "c") != draw("a", 0, 0, "bc")
-    assert draw("k", 2**32, 0, "p") != draw("k", 0, 1, "p")
-    assert draw("k", 0, -1, "p") == draw("k", 0, 2**64 - 1, "p")  # seeds are taken modulo 2^64
-
-
-def test_stream_is_stable_across_processes():
-    """blake2b, not Python's salted hash: another interpreter with another hash seed draws the same."""
-    code = "from selector_service.core import make_rng; print(make_rng('ds-é', 12, 34, 'ties').integers(0, 2**62, 3).tolist())"
-    env = dict(os.environ, PYTHONHASHSEED="12345")
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True, timeout=120
-    )
-    assert out.stdout.strip() == str(make_rng("ds-é", 12, 34, "ties").integers(0, 2**62, 3).tolist())
-
-
-@pytest.mark.parametrize(("step", "seed"), [(-1, 0), (1.5, 0), (0, 1.5), (True, 0)])
-def test_make_rng_rejects_bad_step_or_seed(step, seed):
-    with pytest.raises(ValueError):
-        make_rng("k", step, seed, "p")
-
 
 # ---------------------------------------------------------------- candidate_pool
 
@@ -62,20 +25,20 @@ def test_make_rng_rejects_bad_step_or_seed(step, seed):
 def test_candidate_pool_is_distinct_in_range_and_uniform():
     counts = np.zeros(100, dtype=int)
     for step in range(2000):
-        pool = candidate_pool(100, 10, make_rng("k", step, 0, "candidates"))
+        pool = candidate_pool(100, 10, stream("k", step, 0, "candidates"))
         assert pool.dtype == np.int64 and pool.size == 10 and np.unique(pool).size == 10
         assert pool.min() >= 0 and pool.max() < 100
         counts[pool] += 1
     # each id expected 200 times; binomial sd ~13.4: 6 sd either side
     assert counts.min() > 120 and counts.max() < 280
-    np.testing.assert_array_equal(candidate_pool(5, 5, make_rng("k", 0, 0, "c")), np.arange(5))
+    np.testing.assert_array_equal(candidate_pool(5, 5, stream("k", 0, 0, "c")), np.arange(5))
 
 
 def test_candidate_pool_large_n():
-    pool = candidate_pool(10**7, 4096, make_rng("k", 0, 0, "candidates"))
+    pool = candidate_pool(10**7, 4096, stream("k", 0, 0, "candidates"))
     assert np.unique(pool).size == 4096 and pool.max() < 10**7
     with pytest.raises(ValueError):
-        candidate_pool(10, 11, make_rng("k", 0, 0, "c"))
+        candidate_pool(10, 11, stream("k", 0, 0, "c"))
 
 
 # ---------------------------------------------------------------- kth_largest (radix select)
@@ -118,7 +81,7 @@ def test_kth_largest_on_large_tied_and_mixed_sign_arrays():
 def test_topk_returns_the_k_largest_in_descending_order(values, data):
     scores = np.array(values, dtype=np.float64)
     k = data.draw(st.integers(0, scores.size))
-    pos = topk_random_ties(scores, k, make_rng("k", 0, data.draw(st.integers(0, 5)), "ties"))
+    pos = topk_random_ties(scores, k, stream("k", 0, data.draw(st.integers(0, 5)), "ties"))
     assert pos.dtype == np.int64 and pos.size == k and np.unique(pos).size == k
     np.testing.assert_array_equal(scores[pos], np.sort(scores)[::-1][:k])
 
@@ -127,7 +90,7 @@ def test_ties_at_the_boundary_are_broken_uniformly():
     scores = np.array([5.0] + [1.0] * 9 + [0.0] * 5)
     counts = np.zeros(scores.size, dtype=int)
     for seed in range(3000):
-        pos = topk_random_ties(scores, 4, make_rng("k", 0, seed, "ties"))
+        pos = topk_random_ties(scores, 4, stream("k", 0, seed, "ties"))
         assert pos[0] == 0
         counts[pos[1:]] += 1
     # 3 of 9 tied slots: each tied position expected 1000 times (sd ~26)
@@ -140,7 +103,7 @@ def test_order_among_equal_scores_is_random_everywhere():
     scores = np.array([2.0, 2.0, 2.0, 1.0])
     first = np.zeros(3, dtype=int)
     for seed in range(1500):
-        pos = topk_random_ties(scores, 4, make_rng("k", 0, seed, "ties"))
+        pos = topk_random_ties(scores, 4, stream("k", 0, seed, "ties"))
         assert pos[3] == 3
         first[pos[0]] += 1
     assert first.min() > 400  # expected 500 each
@@ -150,9 +113,9 @@ def test_same_seed_same_result_different_seed_different_ties():
     rng = np.random.default_rng(0)
     scores = np.where(rng.random(1_000_000) < 0.99, 1 / 3, rng.random(1_000_000))  # 99% tie at 1/3
     k = 20_000  # reaches into the tie
-    a = topk_random_ties(scores, k, make_rng("k", 1, 0, "ties"))
-    b = topk_random_ties(scores, k, make_rng("k", 1, 0, "ties"))
-    c = topk_random_ties(scores, k, make_rng("k", 1, 1, "ties"))
+    a = topk_random_ties(scores, k, stream("k", 1, 0, "ties"))
+    b = topk_random_ties(scores, k, stream("k", 1, 0, "ties"))
+    c = topk_random_ties(scores, k, stream("k", 1, 1, "ties"))
     np.testing.assert_array_equal(a, b)
     assert not np.array_equal(np.sort(a), np.sort(c))
     np.testing.assert_array_equal(scores[a], np.sort(scores)[::-1][:k])
@@ -161,7 +124,7 @@ def test_same_seed_same_result_different_seed_different_ties():
 
 
 def test_topk_rejects_bad_input():
-    rng = make_rng("k", 0, 0, "ties")
+    rng = stream("k", 0, 0, "ties")
     with pytest.raises(ValueError, match="NaN"):
         topk_random_ties(np.array([1.0, np.nan]), 1, rng)
     with pytest.raises(ValueError, match="k must"):
@@ -246,9 +209,9 @@ def test_threshold_select_prefers_the_band_at_random():
     draws = np.array([0.05, 0.31, 0.5, 0.69, 0.95, 0.29, 0.72])
     cands = np.arange(100, 107)
     picks = {
-        tuple(sorted(mopps_threshold_select(draws, cands, 2, make_rng("k", 0, s, "ties")))) for s in range(60)
+        tuple(sorted(mopps_threshold_select(draws, cands, 2, stream("k", 0, s, "ties")))) for s in range(60)
     }
     assert all(set(p) <= {101, 102, 103} for p in picks) and len(picks) == 3
     # 5 wanted, 3 in band: then the closest outside (0.29 at 0.01, then 0.72 at 0.02)
-    five = mopps_threshold_select(draws, cands, 5, make_rng("k", 0, 0, "ties"))
+    five = mopps_threshold_select(draws, cands, 5, stream("k", 0, 0, "ties"))
     assert set(five[:3]) == {101, 102, 103} and five[3:].tolist() == [105, 106]

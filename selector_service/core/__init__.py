@@ -8,8 +8,9 @@ wrappers may be called from many threads at once.
 
 Modules: outcomes (rewards -> successes, trials, states), beliefs (BeliefArrays, Beta update),
 dps (DPS step close), mi (INSIGHT's weighted mutual information), scores (MoPPS, baselines, DPS score),
-special (numba digamma), select (seeded streams, pools, top-k with random ties, epoch walks),
-strategies (registry, validation, select / score).
+special (numba digamma), rng (the counter-based generator behind every random choice), select
+(pools, top-k with random ties, epoch walks), domain (the accepted range of every setting and
+parameter), strategies (registry, validation, select / score).
 """
 
 from ._parallel import PARALLEL_LOCK
@@ -27,12 +28,12 @@ from .outcomes import (
     outcomes_from_flat,
     outcomes_from_rewards,
 )
+from .rng import Stream, stream
 from .scores import dps_scores, expected_difficulty_scores, inverse_evidence_scores, thompson_scores
 from .select import (
     candidate_pool,
     epoch_permutation,
     history_batch,
-    make_rng,
     mopps_threshold_select,
     topk_random_ties,
     uniform_batch,
@@ -53,6 +54,7 @@ __all__ = [
     "CloseStats",
     "ParamError",
     "StrategySpec",
+    "Stream",
     "apply_results",
     "candidate_pool",
     "close_step",
@@ -64,7 +66,6 @@ __all__ = [
     "expected_difficulty_scores",
     "history_batch",
     "inverse_evidence_scores",
-    "make_rng",
     "mopps_threshold_select",
     "mutual_information",
     "outcomes_from_counts",
@@ -72,6 +73,7 @@ __all__ = [
     "outcomes_from_rewards",
     "score",
     "select",
+    "stream",
     "thompson_scores",
     "topk_random_ties",
     "uniform_batch",

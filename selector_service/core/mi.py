@@ -7,31 +7,37 @@ For Beta(a, b), n = a + b, m = a / n and K rollouts (METHODS 1.1):
     I_K      = H(a, b) - sum_s P(s) H(a+s, b+K-s)
     w(m)     = m (1 - m) exp(-eta (m - mu)^2),   A = w(m) * I_K
 
-How the kernel evaluates I_K (ours; algebraically identical, no special function inside the sum):
+How the kernel evaluates I_K (ours; algebraically identical). The mutual information is the expected
+divergence of the posterior from the prior, I_K = sum_s P(s) KL(Beta(a+s, b+K-s) || Beta(a, b)), and
+with r(x) = psi(x) - ln x (special.psi_minus_log) each divergence regroups exactly into
 
-    lnB(a,b) - E[lnB(a+s, b+K-s)]  = E[ln C(K,s)] - E[ln P(s)]                    (definition of P)
-    psi(a+s) = psi(a) + Da(s),  Da(s) = sum_{j<s} 1/(a+j);  likewise Db, Dn
-    I_K = E[ln C] - E[ln P] + E[(a-1+s) Da(s) + (b-1+K-s) Db(K-s)] - (n-2) Dn(K)
-          + K [m psi(a) + (1-m) psi(b) - psi(n+K)]
+    KL_s = G(a, s) + G(b, K-s) - G(n, K),
+    G(x, t) = sum_{j<t} [psi(x+t) - ln(x+j)] = sum_{s<t} [(s+1) / (x+s) + r(x+s)]
 
-and, with r(x) = psi(x) - ln x (special.psi_minus_log), the last bracket is rebuilt as
+(the second form of G follows from psi(y+1) = psi(y) + 1/y; every ln n of the textbook formula has
+cancelled symbolically). So
 
-    m r(a) + (1-m) r(b) - r(n+K) + m ln m + (1-m) ln(1-m) - log1p(K/n),   1 - m computed as b / n
+    I_K = sum_s P(s) [G(a, s) + G(b, K-s)] - G(n, K).
 
-so two ~ln(n) terms never cancel; r(a) for a < 10 reuses Da(K) (psi's recurrence) instead of new
-divisions. P(s) comes from the ratio P(s+1)/P(s) = (K-s)/(s+1) (a+s)/(b+K-s-1), started at the end
-that cannot underflow: P(K) = prod_j (a+j)/(n+j) when a >= b, else P(0) = prod_j (b+j)/(n+j) (each
-factor >= 1/2, so the start is >= 2^-K; the recurrence runs on P * 2^(K//2), an exact power-of-two
-scaling, so K up to 1024 neither underflows nor overflows). The reciprocals 1/(a+j), 1/(b+j) serve
-both the ratios and the D sums: 3K divisions and K+1 logarithms per prompt, plus a few for r.
-`(b + (K-s))` is always grouped so, never `(b + K) - s`, which rounds a tiny b away.
+Every G term is a sum of terms of one size (G(x, t) ~ t^2 / (2x) for large x, ~ ln(t / x) for tiny x),
+so nothing of size ln n or 1/min(a, b) cancels: the only cancellation left is the final difference, of
+terms ~K^2 / (2n) into a result ~K / (2n), which costs a factor ~K, not n. r(y) for y >= 10 is the
+asymptotic series evaluated from 1/y (no division), below 10 it is stepped up from r(x+1) with
+r(y+1) = r(y) + 1/y - log1p(1/y); for small x the first term 1/x + r(x) is formed as
+r(x+1) + log1p(1/x), so the two ~1/x parts never meet. P(s) comes from the ratio P(s+1)/P(s) = (K-s)/(s+1) (a+s)/(b+K-s-1),
+started at the end that cannot underflow: P(K) = prod_j (a+j)/(n+j) when a >= b, else
+P(0) = prod_j (b+j)/(n+j) (each factor >= 1/2, so the start is >= 2^-K; the recurrence runs on
+P * 2^(K//2), an exact power-of-two scaling, so K up to 1024 neither underflows nor overflows; each
+ratio is formed before it multiplies P, so a or b up to ~1e307 cannot overflow it). The reciprocals
+1/(a+j), 1/(b+j), 1/(n+j) serve the ratios, the G sums and the series: 3K divisions, no logarithm for
+arguments >= 10, one log1p per step below.
 
-Accuracy (tests/test_core_mi.py, against 40-digit mpmath): the O(1)-sized terms above cancel to
-I_K ~ K / (2n) for large n, so the absolute error is ~1e-15 K and the relative error grows like
-n * 1e-16 (~1e-9 at n = 2e6); for tiny a or b the 1/a terms cancel (absolute error ~1e-16 K / min(a, b)).
-Tested for a, b in [1e-3, 1e6] and K in [1, 64] (and K = 1024 at two points); K_MAX = 1024.
-
-Large-n limit (checked in tests): I_K -> 0.5 ln(1 + K/n).
+Accuracy (tests/test_numeric_domain.py, against mpmath at 40 + 2 log10(n) digits): relative error
+below 5e-14 K (1 + 1 / min(a, b)) over the whole accepted domain (a, b from 1e-3 up to 1e300 and beyond,
+as long as a + b is finite; the 1 / min(a, b) comes from G(b, K) - G(a + b, K) when a is tiny),
+including large n, where I_K ~ K / (2n) would be lost entirely by the textbook regrouping
+(whose relative error grows like n * 1e-16). Large-n limit (checked in tests): I_K -> 0.5 ln(1 + K/n).
+K_MAX = 1024.
 """
 
 from __future__ import annotations
@@ -43,67 +49,76 @@ import numpy as np
 from numba import prange
 
 from ._parallel import CHUNK, PARALLEL_LOCK, PARALLEL_MIN
-from .special import log_binomial_table, psi_minus_log, psi_minus_log_shifted
+from .domain import K_MAX as DOMAIN_K_MAX
+from .special import SERIES_FROM, asymptotic_tail_inv, psi_minus_log
 
 __all__ = ["K_MAX", "mutual_information", "wmi_scores", "wmi_weight"]
 
 #: Largest rollout count K accepted by the kernels (the scaled P(s) start value stays a normal float).
-K_MAX = 1024
+K_MAX = DOMAIN_K_MAX
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def _g_table(x, k, inv, g):
+    """g[t] = G(x, t) = sum_{s<t} [(s+1) / (x+s) + r(x+s)] for t = 0..k, given inv[s] = 1 / (x+s).
+
+    For small x the s = 0 term 1/x + r(x) would cancel two ~1/x terms; it is formed as
+    r(x+1) + log1p(1/x) instead (psi(x+1) = psi(x) + 1/x), which has no cancellation.
+    """
+    g[0] = 0.0
+    small = x < SERIES_FROM
+    if small:
+        r = psi_minus_log(x + 1.0)  # r(x + 1), the r of the step s = 1
+        acc = r + math.log1p(inv[0])
+    else:
+        r = 0.0
+        acc = inv[0] + asymptotic_tail_inv(inv[0])
+    g[1] = acc
+    for s in range(1, k):
+        y = x + s
+        q = inv[s]
+        if y >= SERIES_FROM:
+            r = asymptotic_tail_inv(q)
+        acc += (s + 1) * q + r
+        g[s + 1] = acc
+        if y + 1.0 < SERIES_FROM:
+            r = r + q - math.log1p(q)  # r(y + 1)
 
 
 @numba.njit(nogil=True, cache=True)
-def _mi_one(a, b, k, lnc, up, down, scale, inv_a, inv_b, db, p):
-    """I_K(a, b) for one prompt; `inv_a`, `inv_b` (size k), `db`, `p` (size k+1) are caller-owned scratch.
+def _mi_one(a, b, k, up, down, scale, inv_a, inv_b, inv_n, ga, gb, gn, p):
+    """I_K(a, b) for one prompt; inv_* (size k), g* and p (size k+1) are caller-owned scratch.
 
     `scale` = 2^(k//2): the ratio recurrence runs on P(s) * scale (its start, >= 2^-k * scale, stays a
-    normal float for k <= 1024, and nothing exceeds 2^512) and is scaled back exactly before use.
+    normal float for k <= 1024, and nothing exceeds 2^512) and is scaled back exactly at the end.
     """
     n = a + b
-    dn = 0.0
     start = scale
-    db[0] = 0.0
     a_first = a >= b
     for j in range(k):
-        inv_n = 1.0 / (n + j)
+        inv_n[j] = 1.0 / (n + j)
         inv_a[j] = 1.0 / (a + j)
         inv_b[j] = 1.0 / (b + j)
-        db[j + 1] = db[j] + inv_b[j]
-        dn += inv_n
         if a_first:
-            start *= (a + j) * inv_n
+            start *= (a + j) * inv_n[j]
         else:
-            start *= (b + j) * inv_n
+            start *= (b + j) * inv_n[j]
     # Beta-binomial P(s) by ratios, from the end that cannot underflow.
     if a_first:
         p[k] = start
         for s in range(k, 0, -1):
-            p[s - 1] = p[s] * down[s] * (b + (k - s)) * inv_a[s - 1]
+            p[s - 1] = p[s] * down[s] * ((b + (k - s)) * inv_a[s - 1])
     else:
         p[0] = start
         for s in range(k):
-            p[s + 1] = p[s] * up[s] * (a + s) * inv_b[k - s - 1]
-    unscale = 1.0 / scale
-    entropy = 0.0
-    evidence = 0.0
-    da = 0.0
+            p[s + 1] = p[s] * up[s] * ((a + s) * inv_b[k - s - 1])
+    _g_table(a, k, inv_a, ga)
+    _g_table(b, k, inv_b, gb)
+    _g_table(n, k, inv_n, gn)
+    total = 0.0
     for s in range(k + 1):
-        ps = p[s] * unscale
-        if ps > 0.0:
-            entropy += ps * (lnc[s] - math.log(ps))
-            evidence += ps * ((a - 1.0 + s) * da + (b - 1.0 + (k - s)) * db[k - s])
-        if s < k:
-            da += inv_a[s]
-    m = a / n
-    m_b = b / n  # 1 - m, without the cancellation of 1.0 - m when b << a
-    digammas = (
-        m * psi_minus_log_shifted(a, k, da)  # da = Da(K) after the loop above
-        + m_b * psi_minus_log_shifted(b, k, db[k])
-        - psi_minus_log(n + k)
-        + m * math.log(m)
-        + m_b * math.log(m_b)
-        - math.log1p(k / n)
-    )
-    return entropy + evidence - (n - 2.0) * dn + k * digammas
+        total += p[s] * (ga[s] + gb[k - s])
+    return total / scale - gn[k]
 
 
 @numba.njit(nogil=True, cache=True)
@@ -114,45 +129,48 @@ def _wmi_weight_one(m, m_b, eta, mu):
 
 
 @numba.njit(nogil=True, cache=True)
-def _score_range(alpha, beta, ids, use_all, k, weighted, eta, mu, lnc, up, down, scale, out, lo, hi):
+def _score_range(alpha, beta, ids, use_all, k, weighted, eta, mu, up, down, scale, out, lo, hi):
     inv_a = np.empty(k)
     inv_b = np.empty(k)
-    db = np.empty(k + 1)
+    inv_n = np.empty(k)
+    ga = np.empty(k + 1)
+    gb = np.empty(k + 1)
+    gn = np.empty(k + 1)
     p = np.empty(k + 1)
     for i in range(lo, hi):
         q = i if use_all else ids[i]
         a = alpha[q]
         b = beta[q]
-        v = _mi_one(a, b, k, lnc, up, down, scale, inv_a, inv_b, db, p)
+        v = _mi_one(a, b, k, up, down, scale, inv_a, inv_b, inv_n, ga, gb, gn, p)
         if weighted:
             v *= _wmi_weight_one(a / (a + b), b / (a + b), eta, mu)
         out[i] = v
 
 
 @numba.njit(nogil=True, cache=True)
-def _scores_serial(alpha, beta, ids, use_all, k, weighted, eta, mu, lnc, up, down, scale, out):
-    _score_range(alpha, beta, ids, use_all, k, weighted, eta, mu, lnc, up, down, scale, out, 0, out.size)
+def _scores_serial(alpha, beta, ids, use_all, k, weighted, eta, mu, up, down, scale, out):
+    _score_range(alpha, beta, ids, use_all, k, weighted, eta, mu, up, down, scale, out, 0, out.size)
 
 
 @numba.njit(nogil=True, cache=True, parallel=True)
-def _scores_parallel(alpha, beta, ids, use_all, k, weighted, eta, mu, lnc, up, down, scale, out):
+def _scores_parallel(alpha, beta, ids, use_all, k, weighted, eta, mu, up, down, scale, out):
     m = out.size
     n_chunks = (m + CHUNK - 1) // CHUNK
     for c in prange(n_chunks):
         lo = c * CHUNK
         hi = min(m, lo + CHUNK)
-        _score_range(alpha, beta, ids, use_all, k, weighted, eta, mu, lnc, up, down, scale, out, lo, hi)
+        _score_range(alpha, beta, ids, use_all, k, weighted, eta, mu, up, down, scale, out, lo, hi)
 
 
-def _ratio_tables(k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """ln C(k, s); up[s] = (k-s)/(s+1) for s < k; down[s] = s/(k-s+1) for s >= 1 (float64)."""
+def _ratio_tables(k: int) -> tuple[np.ndarray, np.ndarray]:
+    """up[s] = (k-s)/(s+1) for s < k; down[s] = s/(k-s+1) for s >= 1 (float64)."""
     up = np.zeros(k + 1)
     down = np.zeros(k + 1)
     for s in range(k):
         up[s] = (k - s) / (s + 1)
     for s in range(1, k + 1):
         down[s] = s / (k - s + 1)
-    return log_binomial_table(k), up, down
+    return up, down
 
 
 def _check_k(k: int) -> int:
@@ -188,17 +206,18 @@ def _run_scores(alpha, beta, ids, k, weighted, eta, mu) -> np.ndarray:
     use_all = ids is None
     ids = _check_ids(ids, alpha.size)
     m = alpha.size if use_all else ids.size
-    if m and use_all:
-        bad = ~((alpha > 0) & (beta > 0) & np.isfinite(alpha) & np.isfinite(beta))
-    elif m:
-        sub_a, sub_b = alpha[ids], beta[ids]
-        bad = ~((sub_a > 0) & (sub_b > 0) & np.isfinite(sub_a) & np.isfinite(sub_b))
-    if m and bad.any():
-        raise ValueError("alpha and beta must be finite and > 0 for every scored prompt")
-    lnc, up, down = _ratio_tables(k)
+    if m:
+        sub_a, sub_b = (alpha, beta) if use_all else (alpha[ids], beta[ids])
+        with np.errstate(over="ignore"):
+            bad = ~((sub_a > 0) & (sub_b > 0) & np.isfinite(sub_a + sub_b))
+        if bad.any():
+            raise ValueError(
+                "alpha and beta must be > 0 with a finite sum alpha + beta for every scored prompt"
+            )
+    up, down = _ratio_tables(k)
     out = np.empty(m, dtype=np.float64)
     scale = 2.0 ** (k // 2)
-    args = (alpha, beta, ids, use_all, k, weighted, float(eta), float(mu), lnc, up, down, scale, out)
+    args = (alpha, beta, ids, use_all, k, weighted, float(eta), float(mu), up, down, scale, out)
     if m < PARALLEL_MIN:
         _scores_serial(*args)
     else:

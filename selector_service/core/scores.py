@@ -6,8 +6,9 @@
     dps                   prior(2) + w_H * H(prior), H(p) = -sum_i p_i ln p_i (nats)      (METHODS 2)
 
 INSIGHT's score lives in mi.py. `ids` selects prompts (int64, any order, repeats allowed) and the result
-follows its order; `ids=None` scores every prompt. Thompson draws come from numpy's Generator.beta, so
-they are reproducible for a given rng state and numpy version.
+follows its order; `ids=None` scores every prompt. Thompson draws come from the project's generator
+(rng.Stream.beta): prompt p's draw is a function of (stream, p, alpha[p], beta[p]) alone, the same in
+every process and numpy version, and the same whichever other prompts are drawn with it.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from numba import prange
 
 from ._parallel import CHUNK, PARALLEL_LOCK, PARALLEL_MIN
 from .mi import _beta_params, _check_ids
+from .rng import Stream
 
 __all__ = ["dps_scores", "expected_difficulty_scores", "inverse_evidence_scores", "thompson_scores"]
 
@@ -55,13 +57,14 @@ def inverse_evidence_scores(alpha: np.ndarray, beta: np.ndarray, ids: np.ndarray
 
 
 def thompson_scores(
-    alpha: np.ndarray, beta: np.ndarray, ids: np.ndarray | None, target: float, rng: np.random.Generator
+    alpha: np.ndarray, beta: np.ndarray, ids: np.ndarray | None, target: float, rng: Stream
 ) -> tuple[np.ndarray, np.ndarray]:
-    """MoPPS: one draw g ~ Beta(alpha, beta) per prompt (in the order of `ids`) and its score
-    -(g - target)^2. Returns (scores, draws), both float64."""
+    """MoPPS: one draw g ~ Beta(alpha, beta) per prompt (in the order of `ids`, keyed by prompt id) and
+    its score -(g - target)^2. Returns (scores, draws), both float64."""
     target = _check_target(target)
     a, b = _gather(alpha, beta, ids)
-    draws = rng.beta(a, b) if a.size else np.empty(0, dtype=np.float64)
+    items = np.arange(a.size, dtype=np.int64) if ids is None else np.asarray(ids, dtype=np.int64)
+    draws = rng.beta(a, b, items)
     d = draws - target
     return -(d * d), draws
 

@@ -1,9 +1,7 @@
-"""Seeded selection primitives: streams, candidate pools, top-k with random ties, epoch walks.
+"""Seeded selection primitives: candidate pools, top-k with random ties, epoch walks.
 
-Every random choice of the service comes from `make_rng(key, step, seed, purpose)` (ours): a PCG64
-generator seeded by a SeedSequence over a blake2b hash of (key, purpose) and the 64-bit words of step
-and seed. Python's `hash` is salted per process, blake2b is not, so every process and replica draws
-the same stream for the same arguments (given the same numpy version).
+Every random choice comes from the project's counter-based generator (rng.py): `stream(key, step, seed,
+purpose)` gives the same values in every process, replica and numpy version.
 
 - `candidate_pool`: distinct ids uniformly at random (METHODS 1.1: the pool of min(ratio * B, N)).
 - `topk_random_ties`: the k largest scores; every order among equal scores is uniformly random
@@ -11,11 +9,17 @@ the same stream for the same arguments (given the same numpy version).
 - `uniform_batch` (METHODS 4): a seeded permutation per epoch, walked B at a time.
 - `history_batch` (METHODS 4, SRPO): the same walk skipping prompts whose latest result was solved.
 - `mopps_threshold_select` (METHODS 1.2, variant `threshold`).
+
+The tie rule (defined once, here; tests/naive.topk_random_ties is its literal twin): with b the k-th
+largest score, every score > b is taken; of the t positions whose score equals b (in ascending
+position order) the `need` = k - #above ones at `stream.child(0).sample(t, need)` are taken (all of
+them when need = t); the result is sorted by descending score, equal scores by the random key
+`stream.child(1).bits_at(position)` (then by position, which two distinct 64-bit keys never need).
+So which tied positions get in is a uniformly random subset and their order a uniformly random order.
 """
 
 from __future__ import annotations
 
-import hashlib
 import threading
 from collections import OrderedDict
 
@@ -23,53 +27,28 @@ import numba
 import numpy as np
 
 from .outcomes import SOLVED
+from .rng import Stream, stream
 
 __all__ = [
     "candidate_pool",
     "epoch_permutation",
     "history_batch",
     "kth_largest",
-    "make_rng",
     "mopps_threshold_select",
+    "order_by_score",
     "topk_random_ties",
     "uniform_batch",
 ]
 
-_U64 = (1 << 64) - 1
 
-
-def make_rng(key: str, step: int, seed: int, purpose: str) -> np.random.Generator:
-    """A PCG64 generator that depends only on (key, step, seed, purpose), in every process.
-
-    `step` must be >= 0; `seed` may be any integer (taken modulo 2^64). The SeedSequence entropy is the
-    128-bit blake2b digest of key and purpose (length-prefixed, so ("ab", "c") != ("a", "bc")) followed
-    by step and seed, each as exactly two 32-bit words (so the encoding is unambiguous).
-    """
-    if not isinstance(key, str) or not isinstance(purpose, str):
-        raise TypeError("key and purpose must be strings")
-    if isinstance(step, bool) or not isinstance(step, int | np.integer) or step < 0 or step > _U64:
-        raise ValueError(f"step must be an integer in [0, 2^64), got {step!r}")
-    if isinstance(seed, bool) or not isinstance(seed, int | np.integer):
-        raise ValueError(f"seed must be an integer, got {seed!r}")
-    h = hashlib.blake2b(digest_size=16)
-    for part in (key, purpose):
-        raw = part.encode("utf-8")
-        h.update(len(raw).to_bytes(8, "little"))
-        h.update(raw)
-    words = [int.from_bytes(h.digest()[i : i + 4], "little") for i in range(0, 16, 4)]
-    step, seed = int(step), int(seed) & _U64
-    words += [step & 0xFFFFFFFF, step >> 32, seed & 0xFFFFFFFF, seed >> 32]
-    return np.random.Generator(np.random.PCG64(np.random.SeedSequence(words)))
-
-
-def candidate_pool(n: int, size: int, rng: np.random.Generator) -> np.ndarray:
-    """`size` distinct ids from 0..n-1 uniformly at random, in random order (int64); size == n gives
-    all ids in order 0..n-1 (no randomness needed: the scores decide). O(size) for size << n."""
+def candidate_pool(n: int, size: int, rng: Stream) -> np.ndarray:
+    """`size` distinct ids from 0..n-1 uniformly at random, in random order (int64; `rng.sample`);
+    size == n gives all ids in order 0..n-1 (no randomness needed: the scores decide). O(size)."""
     if not 0 <= size <= n:
         raise ValueError(f"candidate pool size must lie in [0, n={n}], got {size}")
     if size == n:
         return np.arange(n, dtype=np.int64)
-    return rng.choice(n, size=size, replace=False).astype(np.int64, copy=False)
+    return rng.sample(n, size)
 
 
 _SIGN = np.uint64(1 << 63)
@@ -157,14 +136,19 @@ def kth_largest(scores: np.ndarray, k: int) -> float:
     return _key_to_value(_kth_largest_key(scores, scores.view(np.uint64), int(k)))
 
 
-def topk_random_ties(scores: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
-    """Positions (int64) of the k largest `scores`, ordered by score descending.
+def order_by_score(scores: np.ndarray, positions: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """`positions` sorted by descending scores[positions], equal scores by ascending `keys` (uint64),
+    then by position: a total order, so any correct sort gives the same result."""
+    return positions[np.lexsort((positions, keys, -scores[positions]))]
 
-    Among equal scores every order is equally likely (drawn from `rng`), both at the top-k boundary
-    (which of the tied prompts get in) and inside the result. O(n) for any input: a radix select for
-    the k-th largest value (numpy's introselect slows down 10-30x on some arrangements of a large
-    block of equal scores), one pass each for the positions above it and tied with it; only the (at
-    most k) chosen ones are sorted. NaN scores are rejected.
+
+def topk_random_ties(scores: np.ndarray, k: int, rng: Stream) -> np.ndarray:
+    """Positions (int64) of the k largest `scores`, ordered by score descending; the tie rule of the
+    module docstring (uniformly random among equal scores, at the boundary and inside the result).
+
+    O(n) for any input: a radix select for the k-th largest value (numpy's introselect slows down
+    10-30x on some arrangements of a large block of equal scores), one pass each for the positions
+    above it and tied with it; only the (at most k) chosen ones are sorted. NaN scores are rejected.
     """
     scores = np.ascontiguousarray(scores, dtype=np.float64)
     if scores.ndim != 1:
@@ -184,11 +168,9 @@ def topk_random_ties(scores: np.ndarray, k: int, rng: np.random.Generator) -> np
         tied = np.flatnonzero(scores == boundary)
         need = k - above.size
         if need < tied.size:
-            tied = tied[rng.choice(tied.size, size=need, replace=False)]
+            tied = tied[rng.child(0).sample(tied.size, need)]
         chosen = np.concatenate([above, tied])
-    # Descending score, uniformly random order among equal scores.
-    order = np.lexsort((rng.random(chosen.size), -scores[chosen]))
-    return chosen[order]
+    return order_by_score(scores, chosen, rng.child(1).bits_at(chosen))
 
 
 class _PermutationCache:
@@ -206,8 +188,7 @@ class _PermutationCache:
             if perm is not None:
                 self._items.move_to_end(k)
                 return perm
-        dtype = np.int32 if n <= np.iinfo(np.int32).max else np.int64
-        perm = make_rng(key, epoch, seed, "uniform-epoch").permutation(n).astype(dtype)
+        perm = stream(key, epoch, seed, "uniform-epoch").permutation(n)
         perm.setflags(write=False)
         with self._lock:
             self._items[k] = perm
@@ -221,7 +202,8 @@ _PERMUTATIONS = _PermutationCache()
 
 
 def epoch_permutation(n: int, key: str, epoch: int, seed: int) -> np.ndarray:
-    """The read-only permutation of 0..n-1 for `epoch` (make_rng(key, epoch, seed, "uniform-epoch"))."""
+    """The read-only permutation of 0..n-1 for `epoch`: stream(key, epoch, seed, "uniform-epoch")'s
+    Fisher-Yates permutation (int32 below 2^31 prompts)."""
     return _PERMUTATIONS.get(n, key, epoch, seed)
 
 
@@ -234,7 +216,7 @@ def _check_walk(n: int, batch: int, step: int) -> None:
 
 def uniform_batch(n: int, batch: int, step: int, seed: int, key: str) -> np.ndarray:
     """METHODS 4 `uniform`: global positions step*batch .. step*batch + batch - 1 of the concatenated
-    per-epoch permutations (epoch e's from make_rng(key, e, seed, "uniform-epoch")).
+    per-epoch permutations (epoch e's from stream(key, e, seed, "uniform-epoch")).
 
     A batch that crosses an epoch boundary takes the tail of epoch e, then walks epoch e+1 from its
     start, skipping ids already in the tail, until it has `batch` distinct ids (ours). So a few ids at
@@ -305,7 +287,7 @@ def mopps_threshold_select(
     draws: np.ndarray,
     candidates: np.ndarray,
     k: int,
-    rng: np.random.Generator,
+    rng: Stream,
     low: float = 0.3,
     high: float = 0.7,
 ) -> np.ndarray:

@@ -26,15 +26,24 @@ import math
 import numba
 import numpy as np
 
-__all__ = ["digamma", "digamma_array", "log_binomial_table", "psi_minus_log", "psi_minus_log_shifted"]
+__all__ = [
+    "SERIES_FROM",
+    "asymptotic_tail_inv",
+    "digamma",
+    "digamma_array",
+    "log_binomial_table",
+    "psi_minus_log",
+    "psi_minus_log_shifted",
+]
 
-_SERIES_FROM = 10.0
+#: psi(x) - ln x comes from the asymptotic series for x >= SERIES_FROM, from the recurrence below it.
+SERIES_FROM = 10.0
+_SERIES_FROM = SERIES_FROM
 
 
 @numba.njit(nogil=True, cache=True)
-def _asymptotic_tail(x):
-    """psi(x) - ln(x) for x >= 10 from the asymptotic series (Horner in 1/x^2)."""
-    r = 1.0 / x
+def asymptotic_tail_inv(r):
+    """psi(x) - ln(x) for x >= 10 from the asymptotic series, given r = 1/x (Horner in 1/x^2)."""
     r2 = r * r
     poly = r2 * (
         1.0 / 12.0
@@ -46,6 +55,12 @@ def _asymptotic_tail(x):
         )
     )
     return -0.5 * r - poly
+
+
+@numba.njit(nogil=True, cache=True)
+def _asymptotic_tail(x):
+    """psi(x) - ln(x) for x >= 10 from the asymptotic series."""
+    return asymptotic_tail_inv(1.0 / x)
 
 
 @numba.njit(nogil=True, cache=True)

@@ -10,14 +10,14 @@
 | expected_difficulty | -(m - target)^2 (METHODS 1.3)     | pool                             | target 0.5, candidate_ratio 16 |
 | inverse_evidence    | 1 / n (METHODS 1.3)               | pool                             | candidate_ratio 16 |
 
-`select` and `score` are pure functions of their arguments: every random choice comes from
-`make_rng(key, step, seed, purpose)` with purposes "candidates" (the pool), "thompson" (MoPPS draws) and
-"ties" (top-k tie-breaking), so the same (beliefs, strategy, params, batch, step, seed, key) gives the
-same batch in every process.
+`select` and `score` are pure functions of their arguments: every random choice comes from the
+project's counter-based generator (rng.py), `stream(key, step, seed, purpose)` with purposes
+"candidates" (the pool), "thompson" (MoPPS draws) and "ties" (top-k tie-breaking), so the same
+(beliefs, strategy, params, batch, step, seed, key) gives the same batch in every process and with every
+numpy version (tests/test_golden_batches.py pins a few).
 
-MoPPS draws are positional (one per candidate, in pool order), so `score` for mopps returns fresh draws
-for the requested ids from the same seeded stream, a sample of the same distribution rather than the
-draws a `select` made for those prompts (ours). With mode "threshold" the batch is chosen by the band
+MoPPS draws are keyed by prompt id, so `score` for mopps returns exactly the draws a `select` at the
+same (step, seed) made for those prompts. With mode "threshold" the batch is chosen by the band
 [0.3, 0.7] (select.mopps_threshold_select) and the scores returned are still -(g - target)^2.
 """
 
@@ -30,20 +30,16 @@ from typing import Any
 
 import numpy as np
 
+from .domain import ENTROPY_WEIGHT_MAX, K_MAX
 from .mi import wmi_scores
+from .rng import stream
 from .scores import dps_scores, expected_difficulty_scores, inverse_evidence_scores, thompson_scores
-from .select import (
-    candidate_pool,
-    history_batch,
-    make_rng,
-    topk_random_ties,
-    uniform_batch,
-)
+from .select import candidate_pool, history_batch, topk_random_ties, uniform_batch
 
 __all__ = ["STRATEGIES", "Param", "ParamError", "StrategySpec", "score", "select", "validate_params"]
 
 #: Largest rollout count accepted for INSIGHT's `k`.
-K_LIMIT = 1024
+K_LIMIT = K_MAX
 
 
 class ParamError(ValueError):
@@ -108,8 +104,13 @@ def _mode(v: Any) -> str:
     return v
 
 
-def _finite(name: str) -> Callable[[Any], float]:
-    return lambda v: _number(name, v)
+def _entropy_weight(v: Any) -> float:
+    v = _number("entropy_weight", v)
+    if not -ENTROPY_WEIGHT_MAX <= v <= ENTROPY_WEIGHT_MAX:
+        raise ParamError(
+            f"entropy_weight must lie in [{-ENTROPY_WEIGHT_MAX:g}, {ENTROPY_WEIGHT_MAX:g}], got {v}"
+        )
+    return v
 
 
 @dataclass(frozen=True)
@@ -150,7 +151,7 @@ STRATEGIES: dict[str, StrategySpec] = {
     "dps": StrategySpec(
         "dps",
         {
-            "entropy_weight": Param(0.0, _finite("entropy_weight"), "weight of the prior's entropy (nats)"),
+            "entropy_weight": Param(0.0, _entropy_weight, "weight of the prior's entropy (nats)"),
             "candidate_ratio": Param(None, _ratio, "null = rank the whole dataset (the paper's setting)"),
         },
     ),
@@ -245,10 +246,10 @@ def select(
     ratio = params["candidate_ratio"]
     pool_size = n if ratio is None else min(ratio * batch_size, n)
     whole = pool_size == n
-    candidates = candidate_pool(n, pool_size, make_rng(key, step, seed, "candidates"))
-    ties = make_rng(key, step, seed, "ties")
+    candidates = candidate_pool(n, pool_size, stream(key, step, seed, "candidates"))
+    ties = stream(key, step, seed, "ties")
     if strategy == "mopps":
-        rng = make_rng(key, step, seed, "thompson")
+        rng = stream(key, step, seed, "thompson")
         scores, draws = thompson_scores(
             ba.alpha, ba.beta, None if whole else candidates, params["target"], rng
         )
@@ -288,6 +289,6 @@ def score(
     if not spec.scored:
         raise ParamError(f"strategy {strategy!r} walks a permutation and has no per-prompt scores")
     if strategy == "mopps":
-        rng = make_rng(key, step, seed, "thompson")
+        rng = stream(key, step, seed, "thompson")
         return thompson_scores(ba.alpha, ba.beta, ids, params["target"], rng)[0]
     return _deterministic_scores(ba, strategy, params, ids, dataset_k)

@@ -1,0 +1,76 @@
+"""The numerically safe domain of every dataset setting and selection parameter, in one place (ours).
+
+The service refuses values outside these bounds with a 422 that names the field and its domain
+(schemas.DatasetCreate and state.DatasetSpec.problems() for datasets, which also guards imports;
+strategies.validate_params for selection parameters), and every scoring kernel is total on every
+belief state reachable from inside them: no NaN, no infinity, no exception (tests/test_numeric_domain.py
+checks the edges with property tests).
+
+Dataset settings
+
+    beta_prior (alpha0, beta0)   each in [PRIOR_MIN, PRIOR_MAX] = [1e-3, 1e6]
+    rollouts_per_prompt K        integer in [1, K_MAX] = [1, 1024]
+    beta_decay, hmm_decay        in (0, 1]
+    success_threshold            any finite number (only compared with rewards)
+    size                         integer >= 1 (and the service's SELECTOR_MAX_DATASET_SIZE)
+
+Observations: trials per result in [1, TRIALS_MAX] = [1, 1e9], 0 <= successes <= trials, rewards finite.
+
+Selection parameters (core/strategies.py): eta finite >= 0; mu and target in [0, 1]; k integer in
+[1, K_MAX]; candidate_ratio integer >= 1 or null; entropy_weight in [-ENTROPY_WEIGHT_MAX,
+ENTROPY_WEIGHT_MAX] = [-1e6, 1e6]; mode 'topk' or 'threshold'.
+
+Why these bounds, and what they make reachable:
+
+- Beta beliefs. METHODS 1's update alpha <- lam alpha + (1 - lam) alpha0 + S is a convex combination
+  of alpha and alpha0 plus S >= 0, so alpha never falls below min(alpha0, its start) >= PRIOR_MIN (up to
+  one rounding), and it grows by at most TRIALS_MAX per result: after R results of a prompt,
+  alpha + beta <= 2 PRIOR_MAX + R * TRIALS_MAX, which stays below 1e300 for any log shorter than 1e290
+  results. The scores are exact and stable over all of that: INSIGHT's I_K is evaluated in a form whose
+  relative error is ~1e-14 K for every a, b >= PRIOR_MIN with a finite sum (mi.py; the textbook form
+  loses all digits past n ~ 1e15), the Beta means and 1/n are single divisions, and the MoPPS Beta
+  draws are made in log space (rng.py), so neither a huge nor a tiny parameter can overflow them.
+  Below PRIOR_MIN (e.g. the 1e-320 of a subnormal prior) Beta(a, b) puts almost all its mass within
+  exp(-1/a) of 0 and 1: draws underflow to exactly 0 and 1 and no score can tell prompts apart. Above
+  PRIOR_MAX a prior outweighs a million rollouts, so no run could move its mean; nothing would break up
+  to ~1e307, but nothing useful lies there, and a prior of 1e308 makes alpha0 + beta0 overflow (the
+  reported 500s). Infinite or NaN values are refused everywhere.
+- DPS beliefs. Each Dirichlet count decays toward d0 = 1 and gains at most 1 per closed step, so every
+  count stays in [min(1, 1 - lam), 1 + steps] and every transition probability above 1 / (3 + 3 steps):
+  the float32 state never overflows or divides by zero for any hmm_decay in (0, 1].
+- Scores. INSIGHT's w(m) <= 1/4 and I_K <= ln(K + 1) for any eta >= 0 (exp(-eta d^2) only underflows
+  to 0); DPS scores are prior(2) + w_H H(prior) with H <= ln 3, so |w_H| <= 1e6 keeps them far inside
+  the float range (the safe bound would be ~1e308; past 1e6 prior(2) no longer matters anyway).
+"""
+
+from __future__ import annotations
+
+__all__ = ["ENTROPY_WEIGHT_MAX", "K_MAX", "PRIOR_MAX", "PRIOR_MIN", "TRIALS_MAX", "prior_problem"]
+
+import math
+
+#: Smallest and largest accepted alpha0 and beta0 of a dataset's Beta prior.
+PRIOR_MIN = 1e-3
+PRIOR_MAX = 1e6
+#: Largest rollout count K (dataset rollouts_per_prompt, INSIGHT's k).
+K_MAX = 1024
+#: Largest `trials` of one result.
+TRIALS_MAX = 10**9
+#: Largest |entropy_weight| of DPS.
+ENTROPY_WEIGHT_MAX = 1e6
+
+
+def prior_problem(prior) -> str | None:
+    """What is wrong with a Beta prior (alpha0, beta0), or None; the message names the field and domain."""
+    try:
+        values = [float(x) for x in prior]
+    except (TypeError, ValueError):
+        values = []
+    if len(values) != 2 or not all(
+        math.isfinite(x) and PRIOR_MIN <= x <= PRIOR_MAX and not isinstance(x, bool) for x in values
+    ):
+        return (
+            f"beta_prior must be two numbers (alpha0, beta0), each in [{PRIOR_MIN:g}, {PRIOR_MAX:g}], "
+            f"e.g. [1.0, 1.0]; got {list(prior) if isinstance(prior, list | tuple) else prior!r}"
+        )
+    return None

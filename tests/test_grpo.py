@@ -556,3 +556,15 @@ def test_unchecked_architectures_are_refused() -> None:
     with pytest.raises(UnsupportedModel, match="differ from the model's own forward"):
         GRPOLearner(scaled, GRPOConfig())
     GRPOLearner(tiny_model(), GRPOConfig())  # the plain architecture passes
+
+
+def test_mismatch_kl_of_a_float32_trainer_is_not_rounded_below_zero() -> None:
+    """k3 ~ gap**2 / 2 is ~1e-11 for gaps of 1e-5: in float32 it would come out negative."""
+    samples = [s for s in random_samples(random.Random(13)) if s.advantage != 0.0]
+    tokens = sum(len(s.completion_ids) for s in samples)
+    offsets = torch.full((tokens,), 1e-5, dtype=torch.float64)
+    stats = GRPOLearner(tiny_model().float(), GRPOConfig(lr=1e-3)).update(
+        with_sampler_logprobs(samples, tiny_model().float(), offsets)
+    )
+    assert stats.mismatch_mean == pytest.approx(1e-5, rel=0.2)
+    assert 0 < stats.mismatch_kl < 1e-9

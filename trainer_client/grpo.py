@@ -498,7 +498,7 @@ class GRPOLearner:
 
     @staticmethod
     def _add_mismatch(sums: _Sums, trainer: torch.Tensor, sampler: torch.Tensor) -> None:
-        gap = trainer.detach() - sampler.to(trainer)
+        gap = trainer.detach().double() - sampler.double()  # k3 ~ gap**2 / 2: float32 would round it below 0
         sums.add("mismatch", gap.abs())
         sums.add("mismatch_kl", torch.exp(gap) - gap - 1.0)  # k3 estimate of KL(sampler || trainer)
 

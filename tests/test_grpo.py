@@ -523,16 +523,13 @@ def test_logprobs_apply_the_models_own_logit_transform(config_name, model_name, 
     model = _tiny(config_name, model_name, **extra)
     prompt, completion = [3, 4, 5], [6, 7, 8, 9, 10]
     got = completion_logprobs(model, [prompt], [completion], temperature=0.7)
+    ids = torch.tensor([prompt + completion])
     with torch.no_grad():
-        logits = model(input_ids=torch.tensor([prompt + completion])).logits[0, 2:-1] / 0.7
-    want = torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(completion)[:, None])[:, 0]
-    plain = torch.log_softmax(  # what the head alone gives: the transform must matter here
-        model.get_output_embeddings()(
-            model.base_model(input_ids=torch.tensor([prompt + completion])).last_hidden_state
-        )[0, 2:-1]
-        / 0.7,
-        dim=-1,
-    ).gather(1, torch.tensor(completion)[:, None])[:, 0]
+        logits = model(input_ids=ids).logits[0, 2:-1] / 0.7
+        head_only = model.get_output_embeddings()(model.base_model(input_ids=ids).last_hidden_state)[0, 2:-1]
+    targets = torch.tensor(completion)[:, None]
+    want = torch.log_softmax(logits, dim=-1).gather(1, targets)[:, 0]
+    plain = torch.log_softmax(head_only / 0.7, dim=-1).gather(1, targets)[:, 0]  # the transform must matter
     assert float((plain - want).abs().max()) > 1e-2
     assert torch.allclose(got, want, atol=1e-10, rtol=0)
     check_output_head(model)  # accepted

@@ -63,3 +63,17 @@ def test_bad_jsonl_metadata_names_the_line(tmp_path, records, message):
     task = load_task("jsonl", num_prompts=len(records), seed=0, data=_jsonl(tmp_path, records))
     with pytest.raises(ValueError, match=message):
         task_metadata(task)
+
+
+def test_the_tasks_own_groups_and_a_records_group_field_wins(tmp_path):
+    levels = [{"level": "Level 2"}, {"level": "Level 5"}, {"level": "Level 2", "group": 7}]
+    task = load_task("jsonl", num_prompts=3, seed=0, data=_jsonl(tmp_path, levels))
+    assert [p.group for p in task.problems] == [2, 5, 2]  # MATH levels become the task's groups
+    assert task_metadata(task).group == [2, 5, 7]
+
+
+def test_reasoning_gym_levels_are_the_groups():
+    pytest.importorskip("reasoning_gym")
+    task = load_task("rg:chain_sum:0-2", num_prompts=9, seed=0)
+    assert task_metadata(task).group == [p.group for p in task.problems]
+    assert set(task_metadata(task).group) == {0, 1, 2}

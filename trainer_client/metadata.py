@@ -2,9 +2,10 @@
 
 `task_metadata(task)` reads, per prompt id:
 
-- a group: the problem's ``group`` when it has one, else its ``tier`` (arithmetic and Countdown tiers),
-  else a ``group`` field of the record (``--task jsonl``): an integer 0..65535, or a string (a category
-  such as MATH's ``"type": "Algebra"``), numbered 0, 1, 2, ... in sorted order of the strings;
+- a group: a ``group`` field of the record (``--task jsonl``): an integer 0..65535, or a string (a
+  category such as MATH's ``"type": "Algebra"``), numbered 0, 1, 2, ... in sorted order of the strings;
+  else the problem's own ``group`` (arithmetic and Countdown tiers, reasoning-gym curriculum levels,
+  MATH's "Level N");
 - a pass rate: a ``pass_rate`` field of the record (``--task jsonl``), a reference model's measured
   success rate in [0, 1]; ``null`` or absent = unknown.
 
@@ -58,11 +59,11 @@ def _pass_rate(index: int, meta: dict[str, Any]) -> float | None:
 
 
 def _raw_group(problem: Any) -> Any:
-    group = getattr(problem, "group", None)
-    if group is not None:
-        return group
     meta = problem.meta
-    return meta["tier"] if "tier" in meta else meta.get("group")
+    if meta.get("group") is not None:  # a JSONL record's own field says what the user meant
+        return meta["group"]
+    group = getattr(problem, "group", None)  # the task's (tiers, reasoning-gym levels, MATH levels)
+    return group if group is not None else meta.get("tier")
 
 
 def task_metadata(task: Any) -> TaskMetadata:

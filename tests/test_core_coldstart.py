@@ -381,3 +381,28 @@ def test_group_statistics_by_hand():
     expected_4 = (0.5 + 8 / 12 + (1 + 2 * m4) / 4) / 3
     np.testing.assert_allclose(stats["posterior_mean"], [0.5, expected_4])
     np.testing.assert_allclose(stats["rate"], [0.5, m4])
+
+
+def test_the_states_score_cache_follows_moving_group_rates():
+    """INSIGHT over the whole dataset is cached by the state; an observation of a grouped prompt moves
+    the cold priors of every never-observed prompt of its group, so the cache must not serve old scores."""
+    from selector_service.state import DatasetSpec, DatasetState
+
+    st = DatasetState(DatasetSpec(name="cache", size=300, group_decay=0.5))
+    apply_metadata(st.arrays, 0, None, (np.arange(300) % 3).astype(np.int32))
+    params = {"eta": 3.0, "mu": 0.3, "k": None, "candidate_ratio": None}
+
+    def fresh():
+        return score(st.arrays, strategy="insight", params=params, ids=None, step=st.open_step, seed=0,
+                     key="cache", dataset_k=8)  # fmt: skip
+
+    for step in range(3):
+        ids, scores = st.select("insight", params, 20, seed=step)
+        full = fresh()
+        np.testing.assert_array_equal(scores, full[ids])
+        st.apply_outcomes(np.array([step, 100 + step]), np.array([8.0, 0.0]), np.full(2, 8.0),
+                          np.array([SOLVED, UNSOLVED], np.int8))  # fmt: skip
+        ids, scores = st.select("insight", params, 20, seed=step)
+        np.testing.assert_array_equal(scores, fresh()[ids])
+        assert not np.array_equal(fresh(), full)  # the rates did move
+        st.close_until(step + 1)

@@ -5,11 +5,14 @@ Measures, each with a warm-up call and the median of --repeats timed calls:
 - INSIGHT scoring (wmi_scores, K = 8) in prompts/s, on one thread (numba.set_num_threads(1)) and on
   all cores. Target: >= 5 M prompts/s per core. One-thread figures are also given per CPU second
   (time.process_time), which other processes on a shared machine distort much less than wall time.
-- DPS close_step over N prompts (default 1e7) in prompts/s, one thread and all cores. Target: >= 20 M
-  prompts/s on 2 cores. The pass is memory-bound at large N, so it also reports the floor: bytes read and
-  written per prompt divided by the stream bandwidth of a numpy copy of a large array measured in the
-  same run (read + write bytes / time), and the measured rate as a share of that floor.
-- Bytes of belief state per prompt (BeliefArrays; budget <= 128).
+- DPS close_step over N prompts (default 1e7), every one observed (the worst case: the close walks only
+  the observed set), in prompts/s, one thread and all cores. Target: >= 20 M prompts/s on 2 cores. The
+  pass is memory-bound at large N, so it also reports the floor: bytes read and written per prompt
+  divided by the stream bandwidth of a numpy copy of a large array measured in the same run (read +
+  write bytes / time), and the measured rate as a share of that floor. Then the whole-dataset DPS select
+  (CPU seconds) against its read floor (the 12-byte prior row of every prompt). Targets: close within
+  2x, select within 3x of their floors.
+- Bytes of belief state per prompt (BeliefArrays; budget <= 128): every prompt observed, 1% and 10%.
 - topk_random_ties against plain np.argpartition(-scores, k-1) at 1e6 scores, as a time ratio: random
   scores, and three arrangements with 99% of the scores tied at 1/3 (as in DPS); CPU seconds of each
   (both run on one thread).
@@ -48,6 +51,7 @@ from selector_service.core import (
     BeliefArrays,
     apply_results,
     close_step,
+    strategies,
     stream,
     topk_random_ties,
     wmi_scores,
@@ -58,6 +62,8 @@ OUT = Path(__file__).resolve().parent / "out" / "kernels.json"
 #: writes hmm_d, hmm_prior, hmm_prev (60); step_state is written back only for observed prompts.
 DPS_BYTES_READ = 36 + 12 + 12 + 1
 DPS_BYTES_WRITTEN = 36 + 12 + 12
+#: Bytes a whole-dataset DPS select must read per prompt at least: its float32[3] prior row.
+SELECT_BYTES = 12
 
 COMPILE_SCRIPT = """
 import time
@@ -67,11 +73,11 @@ from selector_service.core import (BeliefArrays, apply_results, close_step, dps_
                                    select, STRATEGIES)
 from selector_service.core._parallel import PARALLEL_MIN
 t1 = time.perf_counter()
-ba = BeliefArrays.new(PARALLEL_MIN + 1)
 outcomes_from_flat(np.array([1.0, 0.0]), np.array([0, 2]), "binary", 1.0)
-apply_results(ba, np.array([0]), np.array([1.0]), np.array([2.0]), np.array([2], np.int8), 1.0, 1.0, 1.0)
 for size in (100, PARALLEL_MIN + 1):  # serial and parallel kernels
-    part = BeliefArrays.from_arrays({k: v[:size].copy() for k, v in ba.arrays().items()})
+    part = BeliefArrays.new(size)
+    ids = np.arange(size)
+    apply_results(part, ids, np.ones(size), np.full(size, 2.0), np.full(size, 2, np.int8), 1.0, 1.0, 1.0)
     close_step(part, 0.7)
     for name in STRATEGIES:
         select(part, strategy=name, params={"candidate_ratio": None} if STRATEGIES[name].params else {},
@@ -133,9 +139,28 @@ def stream_bandwidth(nbytes: int, repeats: int) -> float:
 def dps_close_rates(results: dict, n: int, repeats: int, all_threads: int) -> None:
     """close_step throughput over n prompts (the beliefs are freed on return)."""
     ba = BeliefArrays.new(n)
-    report(results, "belief_bytes_per_prompt", ba.nbytes_per_prompt, "bytes", "budget <= 128")
+    report(
+        results,
+        "belief_bytes_per_prompt",
+        ba.nbytes_per_prompt,
+        "bytes",
+        "every prompt observed; budget <= 128",
+    )
+    for share in (0.01, 0.1):
+        report(
+            results,
+            f"belief_bytes_per_prompt_{round(share * 100)}pct_observed",
+            BeliefArrays.bytes_per_prompt(share),
+            "bytes",
+            "25 per prompt + 65 per observed prompt",
+        )
     rng = np.random.default_rng(1)
     m = min(4096, n)
+    # the worst case for the close: every prompt observed (it walks only the observed set)
+    every = np.arange(n)
+    states = rng.integers(1, 4, n).astype(np.int8)
+    apply_results(ba, every, np.where(states == 1, 0.0, 4.0), np.full(n, 8.0), states, 1.0, 1.0, 1.0)
+    close_step(ba, 0.7)
 
     def one_step(clock=time.perf_counter):  # observe a batch, then close the step (only the close is timed)
         ids = rng.choice(n, m, replace=False)
@@ -167,6 +192,15 @@ def dps_close_rates(results: dict, n: int, repeats: int, all_threads: int) -> No
                 "1 thread, per CPU second",
             )
     numba.set_num_threads(all_threads)
+    # DPS select over the whole dataset (two passes over the prior rows, no score array), CPU seconds
+    cpu = timed(
+        lambda: strategies.select(
+            ba, strategy="dps", params=None, batch_size=256, step=1, seed=0, key="b", dataset_k=8
+        ),
+        repeats,
+        time.process_time,
+    )
+    results["dps_select_cpu_seconds"] = cpu
 
 
 def bench_dps(results: dict, n: int, repeats: int, all_threads: int) -> None:
@@ -185,6 +219,22 @@ def bench_dps(results: dict, n: int, repeats: int, all_threads: int) -> None:
     report(results, "dps_memory_floor_mprompts_per_s", floor, "M prompts/s", "bandwidth / bytes per prompt")
     report(
         results, "dps_share_of_memory_floor", results["dps_close_mprompts_per_s_allcores"] / floor, "x floor"
+    )
+    report(
+        results,
+        "dps_close_1thread_x_floor",
+        floor / results["dps_close_mprompts_per_s_1thread"],
+        "x floor",
+        "time of the 1-thread close / bandwidth floor",
+    )
+    select_floor = SELECT_BYTES * n / bandwidth
+    report(
+        results,
+        "dps_select_x_read_floor",
+        results["dps_select_cpu_seconds"] / select_floor,
+        "x floor",
+        f"n={n:,} B=256, {results['dps_select_cpu_seconds'] * 1e3:.1f} ms CPU vs {select_floor * 1e3:.1f} ms "
+        f"reading {SELECT_BYTES} B/prompt",
     )
 
 

@@ -369,7 +369,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         def read(st):
             a = st.arrays
             al, be = a.alpha[arr], a.beta[arr]
-            pri = a.hmm_prior[arr].astype(np.float64)
+            pri = a.hmm_prior_of(arr).astype(np.float64)  # never-observed: (1/3, 1/3, 1/3)
             return st.open_step, [
                 Belief(
                     prompt_id=int(i),

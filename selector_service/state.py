@@ -26,7 +26,10 @@ from selector_service.core.beliefs import BeliefArrays, CloseStats, apply_result
 from selector_service.core.domain import K_MAX, prior_problem
 
 SNAPSHOT_MAGIC = b"RLVRSNAP"
-SNAPSHOT_VERSION = 1
+#: 2: DPS state only for prompts ever observed (core/beliefs.py). Version 1 snapshots and exports, with
+#: every prompt's DPS state, are still read (converted on load).
+SNAPSHOT_VERSION = 2
+_READABLE_VERSIONS = (1, 2)
 _MAX_HEADER_BYTES = 16 * 2**20  # a real header is a few hundred bytes
 _COMPRESS_FEED_BYTES = 4 * 2**20  # input slice handed to the compressor at a time
 _EXPORT_PIECE_BYTES = 16 * 2**20  # how much serialize_snapshot copies into its buffer at a time
@@ -114,7 +117,10 @@ def unpack_results(payload: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray, 
 
 
 class _ScoreCache:
-    """Whole-dataset scores of one deterministic Beta strategy, rescored only where beliefs changed."""
+    """Whole-dataset scores of one deterministic Beta strategy (INSIGHT, expected difficulty, inverse
+    evidence with candidate_ratio null): one float64[N] buffer per dataset and strategy, kept across
+    requests and rescored only where beliefs changed (in place, or wholly in place once a quarter of the
+    prompts changed), so a full pass allocates nothing per request."""
 
     def __init__(self, scores: np.ndarray) -> None:
         self.scores = scores
@@ -139,6 +145,7 @@ class DatasetState:
         self.closes_since_snapshot = 0
         self.last_close: CloseStats | None = None
         self._caches: dict[tuple, _ScoreCache] = {}
+        self._spare_buffer: np.ndarray | None = None
 
     # ---- applying the log -----------------------------------------------------------------------
     def apply_record(self, log_id: str, fields: dict[bytes | str, bytes]) -> None:
@@ -188,15 +195,21 @@ class DatasetState:
             key=self.spec.name,
             dataset_k=self.spec.rollouts_per_prompt,
         )
-        if cache is None or cache.pending_count > n // 4:
-            cache = _ScoreCache(strategies.score(self.arrays, ids=np.arange(n, dtype=np.int64), **kw))
+        if cache is None:
+            spare = self._spare_buffer
+            buffer = spare if spare is not None else np.empty(n, dtype=np.float64)
+            self._spare_buffer = None
+            cache = _ScoreCache(strategies.score(self.arrays, ids=None, out=buffer, **kw))
+        elif cache.pending_count > n // 4:  # rescore the whole set in place, no new allocation
+            strategies.score(self.arrays, ids=None, out=cache.scores, **kw)
+            cache.pending, cache.pending_count = [], 0
         elif cache.pending:
             ids = np.unique(np.concatenate(cache.pending))
             cache.scores[ids] = strategies.score(self.arrays, ids=ids, **kw)
             cache.pending, cache.pending_count = [], 0
         self._caches[key] = cache
-        while len(self._caches) > self.MAX_CACHES:
-            self._caches.pop(next(iter(self._caches)))
+        while len(self._caches) > self.MAX_CACHES:  # the evicted buffer serves the next new cache
+            self._spare_buffer = self._caches.pop(next(iter(self._caches))).scores
         return cache.scores
 
     def select(self, strategy: str, params: dict[str, Any], batch_size: int, seed: int):
@@ -227,7 +240,7 @@ class DatasetState:
 
     # ---- summaries ------------------------------------------------------------------------------
     def prompts_observed(self) -> int:
-        return int(np.count_nonzero(self.arrays.n_obs))
+        return self.arrays.observed
 
     def summary(self) -> dict[str, Any]:
         lc = self.last_close
@@ -301,6 +314,8 @@ def iter_snapshot_chunks(
     def pieces() -> Iterator[bytes]:
         yield _snapshot_prefix(header, arrays)
         for arr in arrays.values():
+            if arr.nbytes == 0:  # e.g. an empty observed set; memoryview cannot cast a zero shape
+                continue
             view = memoryview(np.ascontiguousarray(arr)).cast("B")
             for offset in range(0, len(view), _COMPRESS_FEED_BYTES):
                 yield compressor.compress(view[offset : offset + _COMPRESS_FEED_BYTES])
@@ -366,8 +381,11 @@ def _parse_header(head: bytes, max_prompts: int | None) -> tuple[DatasetSpec, di
         raise ValueError(f"snapshot header is not valid JSON: {exc}") from exc
     if not isinstance(header, dict):
         raise ValueError("snapshot header is not a JSON object")
-    if header.get("version") != SNAPSHOT_VERSION:
-        raise ValueError(f"snapshot version {header.get('version')} is not supported")
+    if header.get("version") not in _READABLE_VERSIONS:
+        raise ValueError(
+            f"snapshot version {header.get('version')} is not supported (this service reads versions "
+            f"{', '.join(map(str, _READABLE_VERSIONS))}; a newer service wrote it?)"
+        )
     try:
         spec = DatasetSpec.from_doc(header["spec"])
         layout = [
@@ -380,8 +398,12 @@ def _parse_header(head: bytes, max_prompts: int | None) -> tuple[DatasetSpec, di
         raise ValueError(f"snapshot spec has size {spec.size}; a dataset has at least one prompt")
     if max_prompts is not None and spec.size > max_prompts:
         raise ValueError(f"the snapshot holds {spec.size} prompts; this service's limit is {max_prompts}")
-    if any(not shape or shape[0] != spec.size or min(shape) < 0 for _, _, shape in layout):
+    names = [name for name, _, _ in layout]
+    if any(not shape or min(shape) < 0 for _, _, shape in layout) or len(set(names)) != len(names):
         raise ValueError(f"snapshot arrays do not match the dataset size {spec.size}")
+    # Dense arrays have one row per prompt, the observed set's one row per observed prompt (or, in a
+    # version 1 snapshot, every array one row per prompt): checked before anything is allocated.
+    BeliefArrays.check_layout({name: (dt, shape) for name, dt, shape in layout}, spec.size)
     expected = sum(math.prod(shape) * dt.itemsize for _, dt, shape in layout)
     return spec, header, layout, expected
 
@@ -442,6 +464,9 @@ def load_snapshot_chunks(
         with zstandard.ZstdDecompressor().stream_reader(source, read_across_frames=False) as reader:
             for name, dt, shape in layout:
                 arr = np.empty(shape, dtype=dt)
+                if arr.nbytes == 0:
+                    arrays[name] = arr
+                    continue
                 view = memoryview(arr).cast("B")
                 filled = 0
                 while filled < len(view):

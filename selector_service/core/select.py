@@ -27,15 +27,19 @@ import numba
 import numpy as np
 
 from .outcomes import SOLVED
-from .rng import Stream, stream
+from .rng import Stream, bounded, stream
+from .scores import dps_score_of_row, dps_scores
 
 __all__ = [
     "candidate_pool",
+    "choose_tied",
+    "dps_select",
     "epoch_permutation",
     "history_batch",
     "kth_largest",
     "mopps_threshold_select",
     "order_by_score",
+    "order_key",
     "topk_random_ties",
     "uniform_batch",
 ]
@@ -52,7 +56,9 @@ def candidate_pool(n: int, size: int, rng: Stream) -> np.ndarray:
 
 
 _SIGN = np.uint64(1 << 63)
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _DIGIT = np.uint64(0xFFFF)
+_TOP = np.uint64(48)
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
@@ -67,30 +73,118 @@ def _order_key(x, bits):
     return _SIGN if x == 0.0 else key
 
 
-@numba.njit(nogil=True, cache=True)
-def _kth_largest_key(scores, bits, k):
-    """Order-preserving uint64 key of the k-th largest of `scores` (1 <= k <= n, no NaN).
+# Pass 1 over the scores: histogram of the keys' top 16 bits and counts (NaN scores, keys > ref_key,
+# keys == ref_key). Pass 2: positions whose top digit is above `digit` (ascending), and the keys and
+# positions of those whose top digit equals it (ascending). Each comes for two sources, a float64 array
+# or DPS prior rows scored on the fly; the loops keep their counters in locals and test the data without
+# unpredictable branches (an if/elif on the top digit, or counting with branches near ref_key, measured
+# 5-20x slower on 10^7 scores).
 
-    Radix select on 16-bit digits, most significant first: a histogram of the candidates' current
-    digit finds the digit of the k-th largest, the candidates are narrowed to it, and the search stops
-    as soon as all candidates are equal. At most four passes over shrinking candidate sets and no
-    pivots, so it is O(n) whatever the input; a block of equal scores (DPS: most prompts at exactly
-    1/3) costs two passes over the scores. `bits` is `scores` viewed as uint64. The key of x is
-    bits | sign for x >= 0 and ~bits for x < 0, so keys sort like the values.
+
+@numba.njit(nogil=True, cache=True)
+def _histogram_array(scores, bits, ref_key, hist):
+    nan = 0
+    gt = 0
+    eq = 0
+    for q in range(scores.size):
+        s = scores[q]
+        if s != s:
+            nan += 1
+            continue
+        key = _order_key(s, bits[q])
+        hist[key >> _TOP] += 1
+        gt += np.int64(key > ref_key)
+        eq += np.int64(key == ref_key)
+    return nan, gt, eq
+
+
+@numba.njit(nogil=True, cache=True)
+def _histogram_prior(prior, weight, ref_key, hist):
+    buf = np.empty(1, dtype=np.float64)
+    ubuf = buf.view(np.uint64)
+    nan = 0
+    gt = 0
+    eq = 0
+    for q in range(prior.shape[0]):
+        s = dps_score_of_row(prior, q, weight)
+        if s != s:
+            nan += 1
+            continue
+        buf[0] = s
+        key = _order_key(s, ubuf[0])
+        hist[key >> _TOP] += 1
+        gt += np.int64(key > ref_key)
+        eq += np.int64(key == ref_key)
+    return nan, gt, eq
+
+
+@numba.njit(nogil=True, cache=True)
+def _collect_array(scores, bits, digit, above, cand_keys, cand_pos):
+    wanted = np.uint64(digit)
+    na = 0
+    nc = 0
+    for q in range(scores.size):
+        key = _order_key(scores[q], bits[q])
+        top = key >> _TOP
+        if top >= wanted:
+            if top > wanted:
+                above[na] = q
+                na += 1
+            else:
+                cand_keys[nc] = key
+                cand_pos[nc] = q
+                nc += 1
+    return na, nc
+
+
+@numba.njit(nogil=True, cache=True)
+def _collect_prior(prior, weight, digit, above, cand_keys, cand_pos):
+    buf = np.empty(1, dtype=np.float64)
+    ubuf = buf.view(np.uint64)
+    wanted = np.uint64(digit)
+    na = 0
+    nc = 0
+    for q in range(prior.shape[0]):
+        s = dps_score_of_row(prior, q, weight)
+        buf[0] = s
+        key = _order_key(s, ubuf[0])
+        top = key >> _TOP
+        if top >= wanted:
+            if top > wanted:
+                above[na] = q
+                na += 1
+            else:
+                cand_keys[nc] = key
+                cand_pos[nc] = q
+                nc += 1
+    return na, nc
+
+
+@numba.njit(nogil=True, cache=True)
+def _kth_key_among(cand, r):
+    """Key of the r-th largest of `cand` (uint64 keys sharing their top 16 bits; 1 <= r <= size).
+
+    Radix select on the remaining 16-bit digits, most significant first: a histogram of the current
+    digit finds the digit of the r-th largest, the candidates are narrowed to it, and the search stops
+    as soon as all are equal. No pivots, so O(size) whatever the input (numpy's introselect slows down
+    10-30x on some arrangements of a large block of equal values).
     """
-    n = scores.size
+    work = cand.copy()
+    count = work.size
+    remaining = r
     hist = np.zeros(65536, dtype=np.int64)
-    for i in range(n):
-        hist[_order_key(scores[i], bits[i]) >> np.uint64(48)] += 1
-    cand = np.empty(0, dtype=np.uint64)
-    count = n
-    remaining = k
-    for level in range(4):
+    for level in range(1, 4):
+        low = work[0]
+        high = work[0]
+        for i in range(1, count):
+            low = min(low, work[i])
+            high = max(high, work[i])
+        if low == high:
+            break
         shift = np.uint64(48 - 16 * level)
-        if level > 0:
-            hist[:] = 0
-            for i in range(count):
-                hist[(cand[i] >> shift) & _DIGIT] += 1
+        hist[:] = 0
+        for i in range(count):
+            hist[(work[i] >> shift) & _DIGIT] += 1
         above = 0
         digit = 65535
         while above + hist[digit] < remaining:
@@ -98,30 +192,73 @@ def _kth_largest_key(scores, bits, k):
             digit -= 1
         remaining -= above
         wanted = np.uint64(digit)  # compare uint64 with uint64 (numba would mix uint64/int64 via float64)
-        # narrow the candidates to those with this digit (level 0 reads the scores themselves)
         kept = 0
-        if level == 0:
-            cand = np.empty(hist[digit], dtype=np.uint64)
-            for i in range(n):
-                c = _order_key(scores[i], bits[i])
-                if (c >> shift) == wanted:
-                    cand[kept] = c
-                    kept += 1
-        else:
-            for i in range(count):
-                c = cand[i]
-                if ((c >> shift) & _DIGIT) == wanted:
-                    cand[kept] = c
-                    kept += 1
+        for i in range(count):
+            c = work[i]
+            if ((c >> shift) & _DIGIT) == wanted:
+                work[kept] = c
+                kept += 1
         count = kept
-        low = cand[0]
-        high = cand[0]
-        for i in range(1, count):
-            low = min(low, cand[i])
-            high = max(high, cand[i])
-        if low == high:
-            break
-    return cand[0]
+    return work[0]
+
+
+class _Source:
+    """The first m scores of one of two sources, as the passes read them: a float64 array, or DPS prior
+    rows (float32[m, 3]) scored on the fly as prior(2) + weight * entropy (no score array is written)."""
+
+    def __init__(self, m: int, scores: np.ndarray | None = None, prior=None, weight: float = 0.0) -> None:
+        self.m = m
+        self.prior = None if prior is None else prior[:m]
+        self.scores = None if scores is None else scores[:m]
+        self.weight = float(weight)
+
+    def histogram(self, ref_key: int = 0) -> tuple[np.ndarray, int, int, int]:
+        """(histogram of top digits, NaN count, count of keys > ref_key, count == ref_key)."""
+        hist = np.zeros(65536, dtype=np.int64)
+        if self.prior is not None:
+            nan, gt, eq = _histogram_prior(self.prior, self.weight, np.uint64(ref_key), hist)
+        else:
+            nan, gt, eq = _histogram_array(self.scores, self.scores.view(np.uint64), np.uint64(ref_key), hist)
+        return hist, int(nan), int(gt), int(eq)
+
+    def split(self, hist: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, int]:
+        """Positions above the k-th largest score, positions equal to it (both ascending), and its key
+        (1 <= k <= m, no NaN)."""
+        cum = np.cumsum(hist[::-1])
+        digit = 65535 - int(np.searchsorted(cum, k))  # the top digit of the k-th largest
+        ahead = int(cum[65535 - digit - 1]) if digit < 65535 else 0
+        above, cand_keys, cand_pos = self._collect(hist, digit)
+        key = int(_kth_key_among(cand_keys, k - ahead))
+        return self._finish(above, cand_keys, cand_pos, key)
+
+    def split_at(self, hist: np.ndarray, key: int) -> tuple[np.ndarray, np.ndarray]:
+        """Positions whose key is above `key`, and those equal to it (both ascending)."""
+        above, cand_keys, cand_pos = self._collect(hist, key >> 48)
+        return self._finish(above, cand_keys, cand_pos, key)[:2]
+
+    def _collect(self, hist, digit):
+        above = np.empty(int(hist[digit + 1 :].sum()), dtype=np.int64)
+        cand_keys = np.empty(int(hist[digit]), dtype=np.uint64)
+        cand_pos = np.empty(int(hist[digit]), dtype=np.int64)
+        if self.prior is not None:
+            _collect_prior(self.prior, self.weight, digit, above, cand_keys, cand_pos)
+        else:
+            _collect_array(self.scores, self.scores.view(np.uint64), digit, above, cand_keys, cand_pos)
+        return above, cand_keys, cand_pos
+
+    @staticmethod
+    def _finish(above, cand_keys, cand_pos, key):
+        ukey = np.uint64(key)
+        above = np.concatenate([above, cand_pos[cand_keys > ukey]])
+        return np.sort(above), cand_pos[cand_keys == ukey], key
+
+
+def order_key(x: float) -> int:
+    """The uint64 key (as int) that sorts like the float x (-0.0 keyed as +0.0)."""
+    bits = int(np.array([x], dtype=np.float64).view(np.uint64)[0])
+    if x == 0.0:
+        return 1 << 63
+    return bits ^ ((1 << 64) - 1) if bits >> 63 else bits | (1 << 63)
 
 
 def _key_to_value(key) -> float:
@@ -133,22 +270,37 @@ def _key_to_value(key) -> float:
 def kth_largest(scores: np.ndarray, k: int) -> float:
     """The k-th largest value of a float64 array without NaN (1 <= k <= n), in O(n) for any input."""
     scores = np.ascontiguousarray(scores, dtype=np.float64)
-    return _key_to_value(_kth_largest_key(scores, scores.view(np.uint64), int(k)))
+    source = _Source(scores.size, scores=scores)
+    hist, nan, _, _ = source.histogram()
+    if nan:
+        raise ValueError("scores contain NaN")
+    if not 1 <= k <= scores.size:
+        raise ValueError(f"k must lie in [1, {scores.size}], got {k}")
+    return _key_to_value(source.split(hist, int(k))[2])
 
 
-def order_by_score(scores: np.ndarray, positions: np.ndarray, keys: np.ndarray) -> np.ndarray:
-    """`positions` sorted by descending scores[positions], equal scores by ascending `keys` (uint64),
-    then by position: a total order, so any correct sort gives the same result."""
-    return positions[np.lexsort((positions, keys, -scores[positions]))]
+def order_by_score(scores: np.ndarray, ids: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """Indices that sort by descending `scores`, equal scores by ascending `keys` (uint64), then by
+    ascending `ids`: a total order, so any correct sort gives the same result."""
+    return np.lexsort((ids, keys, -scores))
+
+
+def choose_tied(tied: np.ndarray, need: int, rng: Stream) -> np.ndarray:
+    """The tie rule's subset: `need` of the tied ids (listed in ascending order), the ones at
+    rng.child(0).sample(len, need); all of them when need == len."""
+    if need >= tied.size:
+        return tied
+    return tied[rng.child(0).sample(tied.size, need)]
 
 
 def topk_random_ties(scores: np.ndarray, k: int, rng: Stream) -> np.ndarray:
     """Positions (int64) of the k largest `scores`, ordered by score descending; the tie rule of the
     module docstring (uniformly random among equal scores, at the boundary and inside the result).
 
-    O(n) for any input: a radix select for the k-th largest value (numpy's introselect slows down
-    10-30x on some arrangements of a large block of equal scores), one pass each for the positions
-    above it and tied with it; only the (at most k) chosen ones are sorted. NaN scores are rejected.
+    Two passes over the scores whatever their arrangement: a histogram of the keys' top 16 bits (which
+    also finds NaN), then a pass that collects the positions above the k-th largest's top digit and the
+    candidates sharing it, narrowed by a radix select (_kth_key_among); only the (at most k) chosen
+    positions are sorted. NaN scores are rejected.
     """
     scores = np.ascontiguousarray(scores, dtype=np.float64)
     if scores.ndim != 1:
@@ -158,19 +310,135 @@ def topk_random_ties(scores: np.ndarray, k: int, rng: Stream) -> np.ndarray:
         raise ValueError(f"k must lie in [0, {n}] (the number of scores), got {k}")
     if k == 0:
         return np.empty(0, dtype=np.int64)
-    if np.isnan(scores).any():
+    source = _Source(n, scores=scores)
+    hist, nan, _, _ = source.histogram()
+    if nan:
         raise ValueError("scores contain NaN; every candidate needs a comparable score")
     if k == n:
         chosen = np.arange(n, dtype=np.int64)
     else:
-        boundary = kth_largest(scores, k)
-        above = np.flatnonzero(scores > boundary)
-        tied = np.flatnonzero(scores == boundary)
-        need = k - above.size
-        if need < tied.size:
-            tied = tied[rng.child(0).sample(tied.size, need)]
-        chosen = np.concatenate([above, tied])
-    return order_by_score(scores, chosen, rng.child(1).bits_at(chosen))
+        above, tied, _ = source.split(hist, k)
+        chosen = np.concatenate([above, choose_tied(tied, k - above.size, rng)])
+    order = order_by_score(scores[chosen], chosen, rng.child(1).bits_at(chosen))
+    return chosen[order]
+
+
+@numba.njit(nogil=True, cache=True)
+def _draw_unobserved(s, slot_of, count, out):
+    """`count` distinct never-observed prompt ids (slot_of[p] < 0), uniformly at random: the i-th draw
+    of stream s is bounded(s, i, N); a draw is kept when never observed and not yet kept."""
+    n = slot_of.size
+    cap = 16
+    log2 = 4
+    while cap < 2 * count:
+        cap *= 2
+        log2 += 1
+    shift = np.uint64(64 - log2)
+    mask = cap - 1
+    table = np.full(cap, -1, dtype=np.int64)
+    kept = 0
+    i = 0
+    while kept < count:
+        p = bounded(s, np.uint64(i), n)
+        i += 1
+        if slot_of[p] >= 0:
+            continue
+        slot = np.int64((np.uint64(p) * _GOLDEN) >> shift)
+        while table[slot] != -1 and table[slot] != p:
+            slot = (slot + 1) & mask
+        if table[slot] == p:
+            continue
+        table[slot] = p
+        out[kept] = p
+        kept += 1
+
+
+#: Draw from the never-observed block by rejection while it holds at least this share of the dataset;
+#: below it, list the block with one pass over the slot map.
+_REJECTION_MIN_SHARE = 1.0 / 64.0
+
+
+def _unobserved(ba, count: int, rng: Stream) -> np.ndarray:
+    """`count` distinct never-observed ids, uniformly at random (rng.child(2); see dps_select)."""
+    out = np.empty(count, dtype=np.int64)
+    if count == 0:
+        return out
+    block = ba.n - ba.observed
+    if block >= _REJECTION_MIN_SHARE * ba.n:
+        _draw_unobserved(np.uint64(rng.child(2).id), ba.hmm_slot, count, out)
+        return out
+    listed = np.flatnonzero(ba.hmm_slot < 0)
+    return listed[rng.child(2).sample(listed.size, count)]
+
+
+def dps_select(ba, k: int, entropy_weight: float, rng: Stream) -> tuple[np.ndarray, np.ndarray]:
+    """METHODS 2 over the whole dataset in O(prompts ever observed + k): the k prompts with the largest
+    prior(2) + entropy_weight * H(prior), best first, and their scores (float64). `ba` is a
+    BeliefArrays, `rng` the select's "ties" stream.
+
+    Every never-observed prompt has the same score s0 (its prior is exactly uniform), so the dataset is
+    the observed set (ranked by two passes over its prior rows, no score array) plus a block of N - M
+    copies of s0. With gt / eq the observed prompts scoring above / exactly at s0:
+
+    - gt >= k: the block is not reached; the top k of the observed set, the tie rule of the module
+      docstring over its tied prompts in ascending id order.
+    - gt + eq + (N - M) < k: the whole block is in; the observed set gives its top k - (N - M).
+    - otherwise the boundary is s0: the gt prompts above it are in, and need = k - gt are drawn from the
+      tied set, the eq observed ones (ascending id) followed by the block: positions
+      rng.child(0).sample(eq + N - M, need); those < eq name observed prompts, and c = the number of
+      the others are c never-observed ids drawn uniformly without replacement (rng.child(2): by
+      rejection over 0..N-1 while the block holds >= 1/64 of the dataset, else from the listed block).
+
+    The result is ordered as everywhere: descending score, equal scores by rng.child(1).bits_at(id).
+    In the first two cases the batch equals the dense rule's (topk_random_ties over all N scores, where
+    positions are ids) bit for bit; in the third the subset of the tied set is uniformly random as
+    there, but drawn differently, so the batch differs while its distribution is the same.
+    """
+    n, m = ba.n, ba.observed
+    block = n - m
+    if not 1 <= k <= n:
+        raise ValueError(f"k must lie in [1, {n}] (the number of prompts), got {k}")
+    uniform_row = np.full((1, 3), np.float32(1.0 / 3.0), dtype=np.float32)
+    s0 = float(dps_scores(uniform_row, None, entropy_weight)[0])
+    key0 = order_key(s0)
+    prior = ba.obs_prior[:m]
+    source = _Source(m, prior=prior, weight=entropy_weight)
+    hist, nan, gt, eq = source.histogram(key0)
+    if nan:
+        raise ValueError("DPS scores contain NaN; the beliefs are corrupt")
+    if block == 0 or gt >= k:
+        if k == m:
+            slots = np.arange(m, dtype=np.int64)
+        else:
+            above, tied, _ = source.split(hist, k)
+            tied_ids = np.sort(ba.obs_ids[tied].astype(np.int64))
+            chosen_tied = choose_tied(tied_ids, k - above.size, rng)
+            slots = np.concatenate([above, ba.hmm_slot[chosen_tied].astype(np.int64)])
+        ids = ba.obs_ids[slots].astype(np.int64)
+        scores = dps_scores(prior, slots, entropy_weight)
+    elif gt + eq + block < k:
+        rest = k - block
+        if rest == m:
+            slots = np.arange(m, dtype=np.int64)
+        else:
+            above, tied, _ = source.split(hist, rest)
+            tied_ids = np.sort(ba.obs_ids[tied].astype(np.int64))
+            chosen_tied = choose_tied(tied_ids, rest - above.size, rng)
+            slots = np.concatenate([above, ba.hmm_slot[chosen_tied].astype(np.int64)])
+        never = np.flatnonzero(ba.hmm_slot < 0)
+        ids = np.concatenate([ba.obs_ids[slots].astype(np.int64), never])
+        scores = np.concatenate([dps_scores(prior, slots, entropy_weight), np.full(block, s0)])
+    else:
+        above, tied = source.split_at(hist, key0)
+        tied_ids = np.sort(ba.obs_ids[tied].astype(np.int64))
+        picks = rng.child(0).sample(tied_ids.size + block, k - above.size)
+        from_observed = tied_ids[picks[picks < tied_ids.size]]
+        from_block = _unobserved(ba, int(np.count_nonzero(picks >= tied_ids.size)), rng)
+        slots = np.concatenate([above, ba.hmm_slot[from_observed].astype(np.int64)])
+        ids = np.concatenate([ba.obs_ids[slots].astype(np.int64), from_block])
+        scores = np.concatenate([dps_scores(prior, slots, entropy_weight), np.full(from_block.size, s0)])
+    order = order_by_score(scores, ids, rng.child(1).bits_at(ids))
+    return ids[order], scores[order]
 
 
 class _PermutationCache:

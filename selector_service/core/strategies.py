@@ -34,7 +34,7 @@ from .domain import ENTROPY_WEIGHT_MAX, K_MAX
 from .mi import wmi_scores
 from .rng import stream
 from .scores import dps_scores, expected_difficulty_scores, inverse_evidence_scores, thompson_scores
-from .select import candidate_pool, history_batch, topk_random_ties, uniform_batch
+from .select import candidate_pool, dps_select, history_batch, topk_random_ties, uniform_batch
 
 __all__ = ["STRATEGIES", "Param", "ParamError", "StrategySpec", "score", "select", "validate_params"]
 
@@ -198,15 +198,44 @@ def _insight_k(params: dict[str, Any], dataset_k: int) -> int:
     return _k(k)
 
 
-def _deterministic_scores(ba, strategy: str, params: dict[str, Any], ids, dataset_k: int) -> np.ndarray:
+def _dps_scores(ba, ids: np.ndarray | None, weight: float) -> np.ndarray:
+    """DPS scores of `ids` (None: every prompt; never-observed ones score their uniform prior)."""
+    if ids is not None:
+        ids = _check_prompt_ids(ids, ba.n)
+        return dps_scores(ba.hmm_prior_of(ids), None, weight)
+    uniform = np.full((1, 3), np.float32(1.0 / 3.0), dtype=np.float32)
+    out = np.full(ba.n, dps_scores(uniform, None, weight)[0])
+    m = ba.observed
+    out[ba.obs_ids[:m]] = dps_scores(ba.obs_prior[:m], None, weight)
+    return out
+
+
+def _check_prompt_ids(ids, n: int) -> np.ndarray:
+    ids = np.asarray(ids)
+    if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer):
+        raise ValueError(f"ids must be a 1-d integer array, got dtype {ids.dtype} and shape {ids.shape}")
+    ids = ids.astype(np.int64, copy=False)
+    if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= n):
+        raise ValueError(f"ids must lie in [0, {n}); got values in [{int(ids.min())}, {int(ids.max())}]")
+    return ids
+
+
+def _deterministic_scores(
+    ba, strategy: str, params: dict[str, Any], ids, dataset_k: int, out: np.ndarray | None = None
+) -> np.ndarray:
     if strategy == "insight":
-        return wmi_scores(ba.alpha, ba.beta, ids, _insight_k(params, dataset_k), params["eta"], params["mu"])
+        k = _insight_k(params, dataset_k)
+        return wmi_scores(ba.alpha, ba.beta, ids, k, params["eta"], params["mu"], out=out)
     if strategy == "dps":
-        return dps_scores(ba.hmm_prior, ids, params["entropy_weight"])
+        scores = _dps_scores(ba, ids, params["entropy_weight"])
+        if out is not None:
+            out[:] = scores
+            return out
+        return scores
     if strategy == "expected_difficulty":
-        return expected_difficulty_scores(ba.alpha, ba.beta, ids, params["target"])
+        return expected_difficulty_scores(ba.alpha, ba.beta, ids, params["target"], out=out)
     if strategy == "inverse_evidence":
-        return inverse_evidence_scores(ba.alpha, ba.beta, ids)
+        return inverse_evidence_scores(ba.alpha, ba.beta, ids, out=out)
     raise AssertionError(f"no deterministic score for {strategy!r}")
 
 
@@ -246,8 +275,10 @@ def select(
     ratio = params["candidate_ratio"]
     pool_size = n if ratio is None else min(ratio * batch_size, n)
     whole = pool_size == n
-    candidates = candidate_pool(n, pool_size, stream(key, step, seed, "candidates"))
     ties = stream(key, step, seed, "ties")
+    if strategy == "dps" and whole:  # O(prompts ever observed): select.dps_select
+        return dps_select(ba, batch_size, params["entropy_weight"], ties)
+    candidates = candidate_pool(n, pool_size, stream(key, step, seed, "candidates"))
     if strategy == "mopps":
         rng = stream(key, step, seed, "thompson")
         scores, draws = thompson_scores(
@@ -281,9 +312,11 @@ def score(
     seed: int,
     key: str,
     dataset_k: int,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
-    """Scores (float64, in the order of `ids`; None = every prompt) that `select` ranks by.
-    Raises ParamError for the unscored strategies (uniform, history_resampling)."""
+    """Scores (float64, in the order of `ids`; None = every prompt) that `select` ranks by, written into
+    `out` when given (a reused buffer, for the deterministic strategies). Raises ParamError for the
+    unscored strategies (uniform, history_resampling)."""
     spec = _spec(strategy)
     params = validate_params(strategy, params)
     if not spec.scored:
@@ -291,4 +324,4 @@ def score(
     if strategy == "mopps":
         rng = stream(key, step, seed, "thompson")
         return thompson_scores(ba.alpha, ba.beta, ids, params["target"], rng)[0]
-    return _deterministic_scores(ba, strategy, params, ids, dataset_k)
+    return _deterministic_scores(ba, strategy, params, ids, dataset_k, out)

@@ -64,20 +64,24 @@ def counts_at(full, s0):
     return above, int(np.count_nonzero(full == s0))
 
 
-@pytest.mark.parametrize("weight", [0.0, 0.3, -1.0])
-def test_batches_outside_the_block_equal_the_dense_rule_bit_for_bit(weight):
-    ba = observed_beliefs(3000, 400, exact_ties=5)
+@pytest.mark.parametrize(
+    ("weight", "n", "observed"),
+    [(0.0, 3000, 400), (0.3, 3000, 400), (-1.0, 3000, 400), (0.0, 60_000, 40_000), (0.3, 60_000, 40_000)],
+)
+def test_batches_outside_the_block_equal_the_dense_rule_bit_for_bit(weight, n, observed):
+    """Small observed sets are kept whole by the scan; 40000 rows take the sampled one-pass path."""
+    ba = observed_beliefs(n, observed, exact_ties=5)
     _, _, full = dense(ba, 1, weight, 0)
     s0 = full[ba.hmm_slot < 0][0]
     above, tied = counts_at(full, s0)
-    assert 0 < above < 400 and tied == 3000 - 400 + 5
+    assert 0 < above < observed and tied == n - observed + 5
     for k in (1, 7, above, above - 3):  # the block is not reached
         for seed in range(3):
             ids, scores = sparse(ba, k, weight, seed)
             pos, dense_scores, _ = dense(ba, k, weight, seed)
             np.testing.assert_array_equal(ids, pos)
             np.testing.assert_array_equal(scores, dense_scores)
-    for k in (above + tied, above + tied + 1, 3000 - 1, 3000):  # the whole block is in
+    for k in (above + tied, above + tied + 1, n - 1, n):  # the whole block is in
         ids, scores = sparse(ba, k, weight, 4)
         pos, dense_scores, _ = dense(ba, k, weight, 4)
         np.testing.assert_array_equal(ids, pos)
@@ -137,3 +141,18 @@ def test_select_never_touches_the_block_where_it_is_not_needed(monkeypatch):
     finally:
         tracemalloc.stop()
     assert ids.size == 256 and peak < 2_000_000  # bytes: the 64k-bin histogram and small arrays
+
+
+def test_a_large_observed_set_stopping_in_the_block_keeps_the_right_scores():
+    """The one-pass scan over 40000 observed rows, boundary at the never-observed score."""
+    ba = observed_beliefs(60_000, 40_000, exact_ties=5)
+    _, _, full = dense(ba, 1, 0.0, 0)
+    s0 = float(THIRD)
+    above, tied = counts_at(full, s0)
+    k = above + 50
+    for seed in range(5):
+        ids, scores = sparse(ba, k, 0.0, seed)
+        assert np.unique(ids).size == k
+        np.testing.assert_array_equal(scores, np.sort(full)[::-1][:k])
+        np.testing.assert_array_equal(np.sort(ids[:above]), np.flatnonzero(full > s0))
+        assert np.all(full[ids[above:]] == s0)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from typing import NamedTuple
 
 import numba
 import numpy as np
@@ -161,6 +162,98 @@ def _collect_prior(prior, weight, digit, above, cand_keys, cand_pos):
 
 
 @numba.njit(nogil=True, cache=True)
+def _scan_array(scores, bits, thr_key, ref_key, keys_out, pos_out):
+    """One pass: counts (NaN, keys > ref_key, keys == ref_key) and the keys and positions (ascending) of
+    every score whose key is >= thr_key, as many as fit; returns (how many there were, nan, gt, eq)."""
+    cap = keys_out.size
+    n = 0
+    nan = 0
+    gt = 0
+    eq = 0
+    for q in range(scores.size):
+        s = scores[q]
+        if s != s:
+            nan += 1
+            continue
+        key = _order_key(s, bits[q])
+        gt += np.int64(key > ref_key)
+        eq += np.int64(key == ref_key)
+        if key >= thr_key:
+            if n < cap:
+                keys_out[n] = key
+                pos_out[n] = q
+            n += 1
+    return n, nan, gt, eq
+
+
+@numba.njit(nogil=True, cache=True)
+def _scan_prior(prior, weight, thr_key, ref_key, keys_out, pos_out):
+    """_scan_array for DPS prior rows scored on the fly."""
+    buf = np.empty(1, dtype=np.float64)
+    ubuf = buf.view(np.uint64)
+    cap = keys_out.size
+    n = 0
+    nan = 0
+    gt = 0
+    eq = 0
+    for q in range(prior.shape[0]):
+        s = dps_score_of_row(prior, q, weight)
+        if s != s:
+            nan += 1
+            continue
+        buf[0] = s
+        key = _order_key(s, ubuf[0])
+        gt += np.int64(key > ref_key)
+        eq += np.int64(key == ref_key)
+        if key >= thr_key:
+            if n < cap:
+                keys_out[n] = key
+                pos_out[n] = q
+            n += 1
+    return n, nan, gt, eq
+
+
+@numba.njit(nogil=True, cache=True)
+def _sample_keys(scores, bits, prior, weight, use_prior, m, out):
+    """Keys of out.size rows spread evenly over 0..m-1 (row (i * m) // size), NaN keyed as 0."""
+    buf = np.empty(1, dtype=np.float64)
+    ubuf = buf.view(np.uint64)
+    count = out.size
+    for i in range(count):
+        q = (i * m) // count
+        if use_prior:
+            s = dps_score_of_row(prior, q, weight)
+            buf[0] = s
+            b = ubuf[0]
+        else:
+            s = scores[q]
+            b = bits[q]
+        out[i] = np.uint64(0) if s != s else _order_key(s, b)
+
+
+@numba.njit(nogil=True, cache=True)
+def _kth_key_any(keys, r):
+    """Key of the r-th largest of `keys` (1 <= r <= size), any top digits: a histogram of the top 16
+    bits picks the digit, then _kth_key_among narrows within it."""
+    hist = np.zeros(65536, dtype=np.int64)
+    for i in range(keys.size):
+        hist[keys[i] >> _TOP] += 1
+    above = 0
+    digit = 65535
+    while above + hist[digit] < r:
+        above += hist[digit]
+        digit -= 1
+    wanted = np.uint64(digit)
+    sub = np.empty(hist[digit], dtype=np.uint64)
+    kept = 0
+    for i in range(keys.size):
+        if (keys[i] >> _TOP) == wanted:
+            sub[kept] = keys[i]
+            kept += 1
+    return _kth_key_among(sub, r - above)
+
+
+@numba.njit(nogil=True, cache=True)
 def _kth_key_among(cand, r):
     """Key of the r-th largest of `cand` (uint64 keys sharing their top 16 bits; 1 <= r <= size).
 
@@ -202,15 +295,83 @@ def _kth_key_among(cand, r):
     return work[0]
 
 
+#: Rows sampled to place the scan's threshold, and how many sampled keys above it are asked for per
+#: sampled rank of the k-th largest (x2) plus a margin: the scan keeps about 2k + 16 m / SAMPLE rows.
+_SAMPLE = 4096
+_SAMPLE_MARGIN = 16
+
+
+class _Scan(NamedTuple):
+    nan: int
+    gt: int  # keys > the reference key
+    eq: int  # keys == the reference key
+    thr_key: int  # every key >= thr_key was kept ...
+    keys: np.ndarray  # ... here (uint64), with its position (ascending) ...
+    pos: np.ndarray
+    complete: bool  # ... unless there were more than the buffer held
+
+
 class _Source:
     """The first m scores of one of two sources, as the passes read them: a float64 array, or DPS prior
-    rows (float32[m, 3]) scored on the fly as prior(2) + weight * entropy (no score array is written)."""
+    rows (float32[m, 3]) scored on the fly as prior(2) + weight * entropy (no score array is written).
+
+    The usual path reads the scores once: `scan` samples 4096 evenly spread rows to place a threshold a
+    little below the k-th largest, then one pass keeps every row at or above it (about 2k + 16 m / 4096
+    rows) and counts rows against a reference key; `top` and `at` finish among the kept rows. When the
+    kept rows do not suffice (the threshold landed too high, or too many rows tie above it) they fall
+    back to two exact passes (`histogram`, then `split` / `split_at`). Either way the result is the same.
+    """
 
     def __init__(self, m: int, scores: np.ndarray | None = None, prior=None, weight: float = 0.0) -> None:
         self.m = m
         self.prior = None if prior is None else prior[:m]
         self.scores = None if scores is None else scores[:m]
         self.weight = float(weight)
+
+    def _bits(self):
+        return self.scores.view(np.uint64) if self.scores is not None else np.empty(0, dtype=np.uint64)
+
+    def scan(self, k: int, ref_key: int = 0) -> _Scan:
+        """One pass keeping the rows at or above a sampled threshold for rank k; see the class."""
+        m = self.m
+        if m <= 4 * _SAMPLE:
+            thr, cap = 0, m
+        else:
+            sample = np.empty(_SAMPLE, dtype=np.uint64)
+            scores = self.scores if self.scores is not None else np.empty(0, dtype=np.float64)
+            prior = self.prior if self.prior is not None else np.empty((0, 3), dtype=np.float32)
+            _sample_keys(scores, self._bits(), prior, self.weight, self.prior is not None, m, sample)
+            rank = min(_SAMPLE, -(-2 * k * _SAMPLE // m) + _SAMPLE_MARGIN)
+            thr = int(np.sort(sample)[_SAMPLE - rank]) if rank < _SAMPLE else 0
+            cap = min(m, 2 * (rank * m // _SAMPLE) + 4096)
+        keys = np.empty(cap, dtype=np.uint64)
+        pos = np.empty(cap, dtype=np.int64)
+        if self.prior is not None:
+            n, nan, gt, eq = _scan_prior(
+                self.prior, self.weight, np.uint64(thr), np.uint64(ref_key), keys, pos
+            )
+        else:
+            n, nan, gt, eq = _scan_array(
+                self.scores, self._bits(), np.uint64(thr), np.uint64(ref_key), keys, pos
+            )
+        complete = n <= cap
+        n = min(n, cap)
+        return _Scan(int(nan), int(gt), int(eq), thr, keys[:n], pos[:n], complete)
+
+    def top(self, scan: _Scan, k: int) -> tuple[np.ndarray, np.ndarray, int]:
+        """Positions above the k-th largest score, positions equal to it (ascending), and its key."""
+        if scan.complete and scan.keys.size >= k:
+            key = int(_kth_key_any(scan.keys, k))
+            ukey = np.uint64(key)
+            return scan.pos[scan.keys > ukey], scan.pos[scan.keys == ukey], key
+        return self.split(self.histogram()[0], k)
+
+    def at(self, scan: _Scan, key: int) -> tuple[np.ndarray, np.ndarray]:
+        """Positions whose key is above `key`, and those equal to it (ascending)."""
+        if scan.complete and scan.thr_key <= key:
+            ukey = np.uint64(key)
+            return scan.pos[scan.keys > ukey], scan.pos[scan.keys == ukey]
+        return self.split_at(self.histogram()[0], key)
 
     def histogram(self, ref_key: int = 0) -> tuple[np.ndarray, int, int, int]:
         """(histogram of top digits, NaN count, count of keys > ref_key, count == ref_key)."""
@@ -311,13 +472,13 @@ def topk_random_ties(scores: np.ndarray, k: int, rng: Stream) -> np.ndarray:
     if k == 0:
         return np.empty(0, dtype=np.int64)
     source = _Source(n, scores=scores)
-    hist, nan, _, _ = source.histogram()
-    if nan:
+    scan = source.scan(k)
+    if scan.nan:
         raise ValueError("scores contain NaN; every candidate needs a comparable score")
     if k == n:
         chosen = np.arange(n, dtype=np.int64)
     else:
-        above, tied, _ = source.split(hist, k)
+        above, tied, _ = source.top(scan, k)
         chosen = np.concatenate([above, choose_tied(tied, k - above.size, rng)])
     order = order_by_score(scores[chosen], chosen, rng.child(1).bits_at(chosen))
     return chosen[order]
@@ -377,8 +538,8 @@ def dps_select(ba, k: int, entropy_weight: float, rng: Stream) -> tuple[np.ndarr
     BeliefArrays, `rng` the select's "ties" stream.
 
     Every never-observed prompt has the same score s0 (its prior is exactly uniform), so the dataset is
-    the observed set (ranked by two passes over its prior rows, no score array) plus a block of N - M
-    copies of s0. With gt / eq the observed prompts scoring above / exactly at s0:
+    the observed set (ranked by one pass over its prior rows, no score array; _Source) plus a block of
+    N - M copies of s0. With gt / eq the observed prompts scoring above / exactly at s0:
 
     - gt >= k: the block is not reached; the top k of the observed set, the tie rule of the module
       docstring over its tied prompts in ascending id order.
@@ -403,14 +564,15 @@ def dps_select(ba, k: int, entropy_weight: float, rng: Stream) -> tuple[np.ndarr
     key0 = order_key(s0)
     prior = ba.obs_prior[:m]
     source = _Source(m, prior=prior, weight=entropy_weight)
-    hist, nan, gt, eq = source.histogram(key0)
-    if nan:
+    scan = source.scan(k, key0)
+    gt, eq = scan.gt, scan.eq
+    if scan.nan:
         raise ValueError("DPS scores contain NaN; the beliefs are corrupt")
     if block == 0 or gt >= k:
         if k == m:
             slots = np.arange(m, dtype=np.int64)
         else:
-            above, tied, _ = source.split(hist, k)
+            above, tied, _ = source.top(scan, k)
             tied_ids = np.sort(ba.obs_ids[tied].astype(np.int64))
             chosen_tied = choose_tied(tied_ids, k - above.size, rng)
             slots = np.concatenate([above, ba.hmm_slot[chosen_tied].astype(np.int64)])
@@ -421,7 +583,7 @@ def dps_select(ba, k: int, entropy_weight: float, rng: Stream) -> tuple[np.ndarr
         if rest == m:
             slots = np.arange(m, dtype=np.int64)
         else:
-            above, tied, _ = source.split(hist, rest)
+            above, tied, _ = source.top(scan, rest)
             tied_ids = np.sort(ba.obs_ids[tied].astype(np.int64))
             chosen_tied = choose_tied(tied_ids, rest - above.size, rng)
             slots = np.concatenate([above, ba.hmm_slot[chosen_tied].astype(np.int64)])
@@ -429,7 +591,7 @@ def dps_select(ba, k: int, entropy_weight: float, rng: Stream) -> tuple[np.ndarr
         ids = np.concatenate([ba.obs_ids[slots].astype(np.int64), never])
         scores = np.concatenate([dps_scores(prior, slots, entropy_weight), np.full(block, s0)])
     else:
-        above, tied = source.split_at(hist, key0)
+        above, tied = source.at(scan, key0)
         tied_ids = np.sort(ba.obs_ids[tied].astype(np.int64))
         picks = rng.child(0).sample(tied_ids.size + block, k - above.size)
         from_observed = tied_ids[picks[picks < tied_ids.size]]

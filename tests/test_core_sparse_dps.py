@@ -148,7 +148,7 @@ def test_a_large_observed_set_stopping_in_the_block_keeps_the_right_scores():
     ba = observed_beliefs(60_000, 40_000, exact_ties=5)
     _, _, full = dense(ba, 1, 0.0, 0)
     s0 = float(THIRD)
-    above, tied = counts_at(full, s0)
+    above, _ = counts_at(full, s0)
     k = above + 50
     for seed in range(5):
         ids, scores = sparse(ba, k, 0.0, seed)

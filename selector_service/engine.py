@@ -6,6 +6,11 @@ is new). Writes go to the store first (atomically with their idempotency record)
 whichever process reads next, so every replica and every restart applies the same records in the same
 order and computes the same bits.
 
+Catching up never skips a record (store.py describes the protocol): records are numbered, each batch
+is read atomically with the meta hash, a record is applied only when it is the next number, and a gap
+(another replica's snapshot trimmed records this process had not applied) makes it load that snapshot
+and continue from its cover point.
+
 Kernels never run on the event loop: they run in worker threads (numba releases the GIL), one dataset
 at a time per process (an asyncio lock per dataset).
 """
@@ -14,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import hashlib
 import logging
 import math
 import time
@@ -32,17 +38,22 @@ from selector_service.settings import Settings
 from selector_service.state import (
     DatasetSpec,
     DatasetState,
+    LogGap,
+    UnnumberedRecord,
     deserialize_snapshot,
     iter_snapshot_chunks,
     load_snapshot_chunks,
     pack_results,
     serialize_snapshot,
 )
-from selector_service.store import Store, StoreError, parse_id
+from selector_service.store import LogView, SnapshotMissing, Store, StoreError, parse_id
 
 log = logging.getLogger("selector_service.engine")
 T = TypeVar("T")
-SYNC_BATCH = 2000
+SYNC_BATCH = 2000  # log records read per round trip while catching up (Settings.sync_batch overrides)
+# How often one catch-up may start over from a newer snapshot before it answers 503: each restart means
+# another replica committed a snapshot and trimmed the log while this one was loading or reading.
+MAX_RELOADS = 20
 INLINE_RESULTS = 4096
 IMPORTED_CURSOR = "0-1"  # an imported dataset's snapshot covers "everything before its first log entry"
 REPLAY_BUDGET = 2e8  # prompt-updates of DPS closes we accept replaying after a restart (~10 s here)
@@ -148,40 +159,57 @@ class Engine:
 
     # ---- catching up with the log ---------------------------------------------------------------
     async def sync(self, name: str) -> DatasetState:
-        """Brings this process's state of `name` up to the store's log. Caller holds the dataset lock."""
+        """Brings this process's state of `name` up to the store's log. Caller holds the dataset lock.
+
+        Applies the records after the state's cursor, batch by batch, each batch read atomically with
+        the meta hash. The state is replaced by the dataset's current snapshot (and catching up goes on
+        from there) when it belongs to another incarnation, or when the next record is not the next
+        number (`_behind_a_trim`): a state only ever applies a contiguous prefix of the log.
+        """
         t0 = time.perf_counter()
+        batch = self.settings.sync_batch
         state = self._states.get(name)
-        meta, length, entries = await self._io(
-            self.store.sync_point(name, state.cursor if state else "", SYNC_BATCH)
-        )
-        uid = meta.get("uid")
-        if uid is None:
-            self._states.pop(name, None)
-            raise NotFound(f"dataset {name!r} does not exist; create it with POST /datasets")
-        if (
-            state is None
-            or state.spec.uid != uid
-            or (meta.get("trim") and parse_id(state.cursor) < parse_id(meta["trim"]))
-        ):
-            state = await self._load(name, uid, meta)
-            meta, length, entries = await self._io(self.store.sync_point(name, state.cursor, SYNC_BATCH))
-        applied = 0
-        while entries:
-            await asyncio.to_thread(_apply_entries, state, entries)
-            applied += len(entries)
-            if len(entries) < SYNC_BATCH:
+        applied = reloads = 0
+        while True:
+            view = await self._io(self.store.read_log(name, state.cursor if state else "", batch))
+            uid = view.meta.get("uid")
+            if uid is None:
+                self._states.pop(name, None)
+                raise NotFound(f"dataset {name!r} does not exist; create it with POST /datasets")
+            gap = state is None or state.spec.uid != uid or _behind_a_trim(state, view)
+            if not gap and view.entries:
+                try:
+                    count, gap = await asyncio.to_thread(_apply_entries, state, view.entries)
+                except UnnumberedRecord as exc:
+                    raise Unavailable(str(exc)) from exc
+                applied += count
+            if gap:
+                reloads += 1
+                if reloads > MAX_RELOADS:
+                    raise Unavailable(
+                        f"dataset {name!r} could not catch up with its log: newer snapshots kept "
+                        f"replacing the one being loaded ({MAX_RELOADS} times); retry later"
+                    )
+                state = await self._load(name, uid, view.meta)
+                if state is None:  # that snapshot was replaced while it was read: read the meta again
+                    state = self._states.get(name)
+                continue
+            if len(view.entries) < batch:
                 break
-            entries = await self._io(self.store.read_log(name, state.cursor, SYNC_BATCH))
         self._states[name] = state
         elapsed = time.perf_counter() - t0
         self.sync_stats[name] = SyncStats(applied, elapsed)
         if self.catchup_observer is not None:
             self.catchup_observer(elapsed)
-        self._maybe_snapshot(name, state, meta, length)
+        self._maybe_snapshot(name, state, view.meta, view.length)
         return state
 
-    async def _load(self, name: str, uid: str, meta: dict[str, str]) -> DatasetState:
-        """Starts from the dataset's snapshot if it has one, else from the priors."""
+    async def _load(self, name: str, uid: str, meta: dict[str, str]) -> DatasetState | None:
+        """Starts from the snapshot `meta` names if it has one, else from the priors.
+
+        None when a chunk of that snapshot is gone: a newer snapshot replaced it while it was read (the
+        caller reads the meta hash again).
+        """
         doc = await self._io(self.store.get_spec(name))
         if doc is None or doc.get("uid") != uid:
             raise NotFound(f"dataset {name!r} was deleted while this request ran")
@@ -192,6 +220,12 @@ class Engine:
         chunks = self._snapshot_chunks(name, snap, int(meta["snap_chunks"]))
         try:
             state = await self._io(asyncio.to_thread(load_snapshot_chunks, chunks))
+        except Unavailable as exc:
+            if isinstance(exc.__cause__, SnapshotMissing):
+                current = await self._io(self.store.read_meta(name))
+                if current.get("snap") != snap:
+                    return None
+            raise
         except ValueError as exc:
             # Never fall back to priors silently: that would reset every posterior.
             raise Unavailable(f"snapshot {snap} of dataset {name!r} cannot be read: {exc}") from exc
@@ -268,7 +302,12 @@ class Engine:
                         del chunk  # not kept alive while the next chunk is compressed
 
                 ok = await self.store.write_snapshot(
-                    name, state.spec.uid, header["cursor"], header["open_step"], compressed()
+                    name,
+                    state.spec.uid,
+                    header["cursor"],
+                    header["seq"],
+                    header["open_step"],
+                    compressed(),
                 )
                 log.info(
                     "snapshot of %s at %s (%d bytes, %.3f s, %s)",
@@ -287,6 +326,8 @@ class Engine:
                 await self.store.release_snapshot_lock(name, self.owner)
         except (RedisError, OSError) as exc:
             log.warning("snapshot of %s failed, will retry later: %s", name, exc)
+        except StoreError as exc:
+            log.error("snapshot of %s refused: %s", name, exc)
 
     async def flush_snapshots(self) -> None:
         """Waits for snapshots in flight (tests and shutdown)."""
@@ -318,6 +359,7 @@ class Engine:
             self.resolve_params(spec, strategy, params)
         state.spec = spec
         state.cursor = IMPORTED_CURSOR
+        state.seq = 0  # the new incarnation's log starts empty: its first record is number 1
         # The state is not shared yet: its arrays are compressed in place, no copy. Chunks are made in
         # a worker thread (slicing one blob would copy it on the event loop).
         header, arrays = state.snapshot_header(), state.arrays.arrays()
@@ -415,37 +457,78 @@ class Engine:
 
     async def observe(
         self, name: str, *, step: int, request_id: str, results: Sequence[Any]
-    ) -> tuple[int, bool]:
-        """Validates a whole request, then appends it to the log atomically with its request id."""
+    ) -> tuple[int, bool, int]:
+        """Validates a whole request, then appends it to the log atomically with its request id.
+
+        Returns (results applied, duplicate, lag). A request id names one body: its retry is a duplicate
+        (nothing applied, the first call's lag), the same id with another body or for another dataset
+        is a Conflict.
+        """
         spec = await self.spec(name)
         if len(results) > self.settings.max_ids_per_request:
             raise PayloadTooLarge(
                 f"{len(results)} results in one request; the limit is {self.settings.max_ids_per_request}"
             )
         if len(results) <= INLINE_RESULTS:
-            payload = outcome_payload(spec, results)  # ~0.1 ms for 256 results: a thread hop costs more
+            payload, digest = outcome_payload(spec, step, results)  # ~0.1 ms for 256 results
         else:
-            payload = await asyncio.to_thread(outcome_payload, spec, results)
-        res = await self._io(self.store.append_observe(name, spec.uid, step, request_id, payload))
+            payload, digest = await asyncio.to_thread(outcome_payload, spec, step, results)
+        owner = await self._io(self.store.claim_request(name, request_id))
+        if owner != name:
+            raise Conflict(
+                f"request_id {request_id!r} was already used for dataset {owner!r}; nothing was applied. "
+                "A request id names one request: use a new one for a new request"
+            )
+        res = await self._io(
+            self.store.append_observe(name, spec.uid, step, request_id, payload, digest, spec.max_lag)
+        )
         if res.status == "gone":
             self._states.pop(name, None)
             raise NotFound(f"dataset {name!r} does not exist (it may have been deleted or recreated)")
         if res.status == "dup":
-            return 0, True
+            return 0, True, res.lag
+        if res.status == "conflict":
+            raise Conflict(
+                f"request_id {request_id!r} was already applied with a different body (other results or "
+                "step); nothing was applied. Retry with the identical body, or use a new request id"
+            )
         if res.status == "ahead":
             raise self._too_far_ahead(name, step, res.open_step)
         if res.status == "closed":
-            raise Conflict(
-                f"step {step} of dataset {name!r} is already closed (the open step is {res.open_step}); "
-                "nothing was applied: report results for the open step or later"
+            late = (
+                f"; this dataset accepts results up to {spec.max_lag} steps late (max_lag)"
+                if spec.max_lag
+                else ""
             )
-        return len(results), False
+            raise Conflict(
+                f"step {step} of dataset {name!r} is already closed (the open step is {res.open_step}"
+                f"{late}); nothing was applied: report results for the open step or later"
+            )
+        return len(results), False, res.lag
 
 
-def _apply_entries(state: DatasetState, entries: list) -> None:
-    for log_id, fields in entries:
-        lid = log_id.decode() if isinstance(log_id, bytes) else log_id
-        state.apply_record(lid, fields)
+def _behind_a_trim(state: DatasetState, view: LogView) -> bool:
+    """Whether records after the state's cursor may be missing from `view`: the next record is not the
+    state's next number, the log holds records the state has not applied yet none follows its cursor,
+    or (records from before numbering) the log was trimmed past the cursor."""
+    if view.entries:
+        number = view.entries[0][1].get("n")
+        if number is not None:
+            return int(number) != state.seq + 1
+    elif view.seq != state.seq:
+        return True
+    trim = view.meta.get("trim")
+    return bool(trim) and parse_id(state.cursor) < parse_id(trim)
+
+
+def _apply_entries(state: DatasetState, entries: list) -> tuple[int, bool]:
+    """Applies records in order; returns (how many, whether it stopped at a gap)."""
+    for count, (log_id, fields) in enumerate(entries):
+        try:
+            state.apply_record(log_id, fields)
+        except LogGap:
+            return count, True
+    return len(entries), False
 
 
 def check_ids(ids: np.ndarray, size: int) -> None:
@@ -457,8 +540,10 @@ def check_ids(ids: np.ndarray, size: int) -> None:
         raise InvalidRequest(f"prompt id {bad} is out of range: ids must be in 0..{size - 1}")
 
 
-def outcome_payload(spec: DatasetSpec, results: Sequence[Any]) -> bytes:
-    """Turns results into packed (ids, successes, trials, states), checking values against the spec.
+def outcome_payload(spec: DatasetSpec, step: int, results: Sequence[Any]) -> tuple[bytes, str]:
+    """Turns results into packed (ids, successes, trials, states), checking values against the spec, and
+    the digest of the request body (dataset, step and results exactly as sent: rewards, or successes
+    and trials) that a request id is bound to.
 
     A result is any object with the attributes `prompt_id`, `rewards`, `successes`, `trials` (the API's
     validated models; reading attributes avoids re-serializing thousands of rewards per request).
@@ -526,4 +611,30 @@ def outcome_payload(spec: DatasetSpec, results: Sequence[Any]) -> bytes:
     if count_rows:
         rows = np.asarray(count_rows, dtype=np.int64)
         states[rows] = outcomes_from_counts(succ[rows], trials[rows])
-    return pack_results(ids, succ, trials, states)
+    return pack_results(ids, succ, trials, states), _body_digest(
+        spec.name, step, ids, values, offsets, reward_rows, succ, trials, count_rows
+    )
+
+
+def _body_digest(name, step, ids, values, offsets, reward_rows, succ, trials, count_rows) -> str:
+    """blake2b of an observe body in a canonical binary form: each part length-prefixed, numbers as
+    little-endian int64/float64 (so 1 and 1.0 are the same reward, as they are the same number in JSON)."""
+    h = hashlib.blake2b(digest_size=16)
+
+    def part(data: bytes) -> None:
+        h.update(len(data).to_bytes(8, "little"))
+        h.update(data)
+
+    part(name.encode())
+    part(int(step).to_bytes(8, "little"))
+    for arr, dtype in (
+        (ids, "<i8"),
+        (reward_rows, "<i8"),
+        (offsets, "<i8"),
+        (values, "<f8"),
+        (count_rows, "<i8"),
+        (succ[count_rows] if count_rows else (), "<f8"),
+        (trials[count_rows] if count_rows else (), "<f8"),
+    ):
+        part(np.ascontiguousarray(arr, dtype=dtype).tobytes())
+    return h.hexdigest()

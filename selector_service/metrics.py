@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from selector_service.state import DatasetState
+from selector_service.state import LAG_LABELS, DatasetState
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 MEAN_BUCKETS = tuple(round(x, 2) for x in np.linspace(0.05, 1.0, 20))
@@ -98,6 +98,12 @@ class DatasetCollector:
         )
         rollouts = CounterMetricFamily("selector_dataset_rollouts", "Rollouts received.", labels=["dataset"])
         closed = CounterMetricFamily("selector_dataset_steps_closed", "Steps closed.", labels=["dataset"])
+        by_lag = CounterMetricFamily(
+            "selector_dataset_results_by_lag",
+            "Observation results by lag: steps between the step reported and the open step they were "
+            f"applied at (0 = on time; lags of {LAG_LABELS} and more share the label '{LAG_LABELS}+').",
+            labels=["dataset", "lag"],
+        )
         hist = HistogramMetricFamily(
             "selector_dataset_posterior_mean",
             "Distribution of the prompts' posterior means.",
@@ -117,9 +123,11 @@ class DatasetCollector:
             results.add_metric([name], r["results"])
             rollouts.add_metric([name], r["rollouts"])
             closed.add_metric([name], r["steps_closed"])
+            for lag, count in r["by_lag"].items():
+                by_lag.add_metric([name, lag], count)
             hist.add_metric([name], r["buckets"], r["mean_sum"])
         yield from fam.values()
-        yield from (results, rollouts, closed, hist)
+        yield from (results, rollouts, closed, by_lag, hist)
 
 
 def _heavy_stats(st: DatasetState) -> dict[str, Any]:
@@ -152,6 +160,10 @@ def _heavy_stats(st: DatasetState) -> dict[str, Any]:
         "results": st.results,
         "rollouts": st.rollouts,
         "steps_closed": st.steps_closed,
+        "by_lag": {
+            (f"{lag}+" if lag >= LAG_LABELS else str(lag)): count
+            for lag, count in sorted(st.results_by_lag.items())
+        },
         "buckets": buckets,
         "mean_sum": float(mean.sum()),
     }

@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from selector_service.core.domain import K_MAX, PRIOR_MAX, PRIOR_MIN, TRIALS_MAX, prior_problem
+from selector_service.state import MAX_LAG
 
 DatasetName = Annotated[
     str,
@@ -49,6 +50,13 @@ class DatasetCreate(_Request):
     defaults: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="Per-strategy selection defaults, e.g. {'insight': {'eta': 2.0}}."
     )
+    max_lag: int = Field(
+        0,
+        ge=0,
+        le=MAX_LAG,
+        description="Late observations: an observe for a step closed at most this many steps ago is applied "
+        "(Beta at once, DPS pooled into the open step) and answered with its lag; 0 = strict (409).",
+    )
 
     @field_validator("beta_prior")
     @classmethod
@@ -69,6 +77,7 @@ class DatasetInfo(BaseModel):
     hmm_decay: float
     reward_mode: str
     defaults: dict[str, dict[str, Any]]
+    max_lag: int = 0
     created: bool | None = Field(None, description="On POST: true when this call created it.")
     summary: dict[str, Any] | None = Field(
         None,
@@ -119,8 +128,13 @@ class ObserveRequest(_Request):
 
 
 class ObserveResponse(BaseModel):
-    applied: int
-    duplicate: bool
+    applied: int = Field(description="Results applied by this call (0 for a duplicate).")
+    duplicate: bool = Field(description="True when this request id was applied before (nothing applied now).")
+    lag: int = Field(
+        0,
+        description="Steps between the step reported and the open step it was applied at (0 = on time; "
+        "> 0 only for datasets with max_lag). A duplicate answers the first call's lag.",
+    )
 
 
 class Belief(BaseModel):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -30,6 +30,11 @@ class Settings(BaseSettings):
         "or 'everysec' (faster; up to one second of writes at risk on power loss, none on a process crash).",
     )
     api_token: SecretStr | None = Field(None, description="Bearer token required on every data endpoint.")
+    require_token: bool = Field(
+        False,
+        description="Refuse to start without api_token. Off by default (a service on loopback may run open); "
+        "docker-compose.yml turns it on, where the published port and the compose network reach the service.",
+    )
     key_prefix: str = Field(
         "rlvr", pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="Namespace of all Redis keys."
     )
@@ -67,6 +72,12 @@ class Settings(BaseSettings):
         le=512 * 2**20,
         description="Snapshot chunk size (a Redis value holds <= 512 MB).",
     )
+    sync_batch: int = Field(
+        2000,
+        ge=1,
+        le=100_000,
+        description="Log records a process reads per round trip while catching up with a dataset's log.",
+    )
     store_timeout_s: float = Field(5.0, gt=0, description="Timeout of one store operation (seconds).")
     log_level: str = Field("info", description="uvicorn/app log level.")
 
@@ -96,3 +107,12 @@ class Settings(BaseSettings):
                 "SELECTOR_API_TOKEN is too short: use at least 8 characters (32 random is better)"
             )
         return value
+
+    @model_validator(mode="after")
+    def _token_required(self) -> Settings:
+        if self.require_token and self.api_token is None:
+            raise ValueError(
+                "SELECTOR_API_TOKEN is not set and SELECTOR_REQUIRE_TOKEN is on: set a token of 8 characters "
+                "or more (e.g. `export SELECTOR_API_TOKEN=$(openssl rand -hex 16)`) and start again"
+            )
+        return self

@@ -5,7 +5,14 @@ from): the same records in the same order give the same bits in every process. T
 several service replicas, and a restarted one, agree without talking to each other.
 
 Step semantics (METHODS section 3): a record for step s > open step c first closes c, c+1, ..., s-1
-(a DPS update over every prompt each); Beta updates are applied when an observe record is applied.
+(a DPS update over every prompt each); Beta updates are applied when an observe record is applied. An
+observe record for a step s < c (a late observation, accepted by the store when c - s <= max_lag,
+METHODS 3.1) changes no step: its Beta update applies at once and its states pool into the open step c,
+as if observed at c.
+
+`seq` counts the records applied: records are numbered 1, 2, 3, ... in the log (store.py), and
+`apply_record` refuses any record whose number is not `seq + 1`, so a state is always the result of a
+contiguous prefix of the log, whichever replica built it.
 """
 
 from __future__ import annotations
@@ -34,7 +41,23 @@ _MAX_HEADER_BYTES = 16 * 2**20  # a real header is a few hundred bytes
 _COMPRESS_FEED_BYTES = 4 * 2**20  # input slice handed to the compressor at a time
 _EXPORT_PIECE_BYTES = 16 * 2**20  # how much serialize_snapshot copies into its buffer at a time
 _ZSTD_FRAME_HEADER_MAX = 18  # bytes; enough for frame_content_size
+_INFLATE_STEP_BYTES = 32 * 2**20  # about how much one decompression call may produce (see _inflate_into)
 _RESULT_DTYPES = (("ids", "<i8"), ("successes", "<f8"), ("trials", "<f8"), ("states", "<i1"))
+MAX_LAG = 1000  # the most steps late an observation may be accepted (DatasetSpec.max_lag)
+# Spec fields added after the first release, with the default that leaves them out of the fingerprint.
+_LATER_FIELDS: dict[str, Any] = {"max_lag": 0}
+# Late observations are counted by lag up to this value; larger lags share the label f"{LAG_LABELS}+".
+LAG_LABELS = 8
+
+
+class LogGap(Exception):
+    """A log record's sequence number is not the next one: records were trimmed before this state applied
+    them (reload from the snapshot that covers them), or the log is not the one this state came from."""
+
+
+class UnnumberedRecord(Exception):
+    """A record without a sequence number follows numbered ones: a service process from before records
+    were numbered is appending to this log."""
 
 
 @dataclass(frozen=True)
@@ -50,6 +73,7 @@ class DatasetSpec:
     hmm_decay: float = 0.7
     reward_mode: str = "binary"
     defaults: dict[str, dict[str, Any]] = field(default_factory=dict)
+    max_lag: int = 0
     uid: str = ""
 
     def public(self) -> dict[str, Any]:
@@ -72,12 +96,19 @@ class DatasetSpec:
             (0 < self.hmm_decay <= 1, f"hmm_decay {self.hmm_decay} not in (0, 1]"),
             (self.reward_mode in ("binary", "fractional"), f"reward_mode {self.reward_mode!r} is unknown"),
             (isinstance(self.defaults, dict), "defaults must be an object"),
+            (0 <= self.max_lag <= MAX_LAG, f"max_lag {self.max_lag} not in 0..{MAX_LAG}"),
         ]
         bad = [msg for ok, msg in checks if not ok]
         return "; ".join(bad) if bad else None
 
     def fingerprint(self) -> str:
-        return json.dumps(self.public(), sort_keys=True)
+        """The user-visible spec as canonical JSON. Fields added after the first release are left out at
+        their default value, so a dataset created before they existed keeps its fingerprint."""
+        doc = self.public()
+        for name, default in _LATER_FIELDS.items():
+            if doc.get(name) == default:
+                doc.pop(name, None)
+        return json.dumps(doc, sort_keys=True)
 
     @classmethod
     def from_doc(cls, doc: dict[str, Any]) -> DatasetSpec:
@@ -91,6 +122,7 @@ class DatasetSpec:
             hmm_decay=float(doc["hmm_decay"]),
             reward_mode=doc.get("reward_mode", "binary"),
             defaults=doc.get("defaults") or {},
+            max_lag=int(doc.get("max_lag", 0)),
             uid=doc.get("uid", ""),
         )
 
@@ -139,7 +171,9 @@ class DatasetState:
         self.arrays = arrays if arrays is not None else BeliefArrays.new(spec.size, *spec.beta_prior)
         self.open_step = 0
         self.cursor = ""  # id of the last log record applied ("" = none)
+        self.seq = 0  # sequence number of the last log record applied (0 = none)
         self.results = 0
+        self.results_by_lag: dict[int, int] = {}  # observe results applied, by lag (METHODS 3.1)
         self.rollouts = 0.0
         self.steps_closed = 0
         self.closes_since_snapshot = 0
@@ -149,17 +183,34 @@ class DatasetState:
 
     # ---- applying the log -----------------------------------------------------------------------
     def apply_record(self, log_id: str, fields: dict[bytes | str, bytes]) -> None:
-        """Applies one log entry (already known to be newer than `cursor`)."""
+        """Applies one log entry (already known to be newer than `cursor`).
+
+        Raises LogGap, changing nothing, when the record's sequence number is not `seq + 1`. Records from
+        before records were numbered carry none; they are accepted only before the first numbered one.
+        """
         get = {(k.decode() if isinstance(k, bytes) else k): v for k, v in fields.items()}
+        number = int(get["n"]) if "n" in get else None
+        if number is None and self.seq:
+            raise UnnumberedRecord(
+                f"record {log_id} has no sequence number, after record number {self.seq}: a service "
+                "process of an older version is writing to this dataset; upgrade every replica"
+            )
+        if number is not None and number != self.seq + 1:
+            raise LogGap(f"record {log_id} is number {number}; this state applied up to {self.seq}")
         kind = get["k"].decode() if isinstance(get["k"], bytes) else get["k"]
-        step = int(get["s"])
-        self.close_until(step)
-        if kind == "o":
-            ids, succ, trials, states = unpack_results(get["p"])
-            self.apply_outcomes(ids, succ, trials, states)
-        elif kind != "a":
+        if kind not in ("o", "a"):
             raise ValueError(f"unknown log record kind {kind!r} at {log_id}")
+        step = int(get["s"])
+        outcomes = unpack_results(get["p"]) if kind == "o" else None
+        self.close_until(step)
+        if outcomes is not None:
+            ids, succ, trials, states = outcomes
+            self.apply_outcomes(ids, succ, trials, states)
+            lag = min(self.open_step - step, LAG_LABELS)
+            self.results_by_lag[lag] = self.results_by_lag.get(lag, 0) + len(ids)
         self.cursor = log_id
+        if number is not None:
+            self.seq = number
 
     def apply_outcomes(
         self, ids: np.ndarray, succ: np.ndarray, trials: np.ndarray, states: np.ndarray
@@ -261,7 +312,9 @@ class DatasetState:
             "spec": dict(self.spec.public(), uid=self.spec.uid),
             "open_step": self.open_step,
             "cursor": self.cursor,
+            "seq": self.seq,
             "results": self.results,
+            "results_by_lag": {str(k): v for k, v in sorted(self.results_by_lag.items())},
             "rollouts": self.rollouts,
             "steps_closed": self.steps_closed,
             "last_close": list(self.last_close) if self.last_close else None,
@@ -413,7 +466,11 @@ def _state_from(spec: DatasetSpec, header: dict[str, Any], arrays: dict[str, np.
     try:
         state.open_step = int(header["open_step"])
         state.cursor = str(header["cursor"])
+        # Snapshots from before records were numbered have no seq: they cover unnumbered records only.
+        state.seq = int(header.get("seq", 0))
         state.results = int(header["results"])
+        lags = header.get("results_by_lag", {"0": state.results})
+        state.results_by_lag = {int(k): int(v) for k, v in lags.items()}
         state.rollouts = float(header["rollouts"])
         state.steps_closed = int(header["steps_closed"])
         state.last_close = CloseStats(*header["last_close"]) if header["last_close"] else None
@@ -430,6 +487,48 @@ def deserialize_snapshot(blob: bytes, max_prompts: int | None = None) -> Dataset
     size differs from what the header implies before inflating anything.
     """
     return load_snapshot_chunks((blob,), max_prompts)
+
+
+def _inflate_into(source: _ChunkSource, views: list[memoryview]) -> None:
+    """Inflates the zstd frame read from `source` into `views`, one after another, and checks that the
+    frame ends exactly where the source does: complete (with its checksum verified) and nothing after it.
+
+    A decompression object, not a stream reader: the stream reader returns the content without an error
+    when the frame's last bytes (its checksum) are cut off. Input is fed in slices sized so that one
+    slice inflates to about _INFLATE_STEP_BYTES: a freshly created dataset compresses a thousand-fold
+    and more, and a large slice of it would inflate to gigabytes at once.
+    """
+    inflater = zstandard.ZstdDecompressor().decompressobj()
+    targets = iter(views)
+    view = next(targets, None)
+    filled = 0
+    feed = 4096
+    pending = b""
+    while True:
+        if not pending:
+            pending = source.read(feed)
+            if not pending:
+                break
+        piece, pending = pending[:feed], pending[feed:]
+        out = memoryview(inflater.decompress(piece))
+        feed = int(min(max(_INFLATE_STEP_BYTES * len(piece) / max(len(out), 1), 1024), 4 * 2**20))
+        while out:
+            if view is None:
+                raise ValueError("snapshot body inflates to more bytes than its header implies")
+            take = min(len(out), len(view) - filled)
+            view[filled : filled + take] = out[:take]
+            filled += take
+            out = out[take:]
+            if filled == len(view):
+                view, filled = next(targets, None), 0
+        if inflater.eof:
+            if pending or inflater.unused_data or source.read(1):
+                raise ValueError("snapshot has trailing bytes after its body")
+            break
+    while view is not None and len(view) == 0:  # zero-length arrays need no bytes
+        view = next(targets, None)
+    if view is not None or not inflater.eof:
+        raise ValueError("snapshot body is truncated")
 
 
 def load_snapshot_chunks(
@@ -460,27 +559,9 @@ def load_snapshot_chunks(
         declared = zstandard.frame_content_size(bytes(frame_head))
         if declared != expected:
             raise ValueError(f"snapshot body declares {declared} bytes, its header implies {expected}")
-        arrays: dict[str, np.ndarray] = {}
-        with zstandard.ZstdDecompressor().stream_reader(source, read_across_frames=False) as reader:
-            for name, dt, shape in layout:
-                arr = np.empty(shape, dtype=dt)
-                if arr.nbytes == 0:
-                    arrays[name] = arr
-                    continue
-                view = memoryview(arr).cast("B")
-                filled = 0
-                while filled < len(view):
-                    got = reader.readinto(view[filled:])
-                    if not got:
-                        raise ValueError(f"snapshot body is truncated (array {name!r})")
-                    filled += got
-                arrays[name] = arr
-            # Reading past the content makes the decoder finish the frame and verify its checksum.
-            if reader.read(1):
-                raise ValueError("snapshot body inflates to more bytes than its header implies")
+        arrays = {name: np.empty(shape, dtype=dt) for name, dt, shape in layout}
+        # An empty observed set has zero-size arrays: nothing to inflate, and memoryview cannot cast them.
+        _inflate_into(source, [memoryview(arr).cast("B") for arr in arrays.values() if arr.nbytes])
     except zstandard.ZstdError as exc:
         raise ValueError(f"snapshot body is corrupt: {exc}") from exc
-    # Best effort: the decoder may already have buffered (and ignored) bytes past its frame.
-    if source.read(1):
-        raise ValueError("snapshot has trailing bytes after its body")
     return _state_from(spec, header, arrays)

@@ -7,15 +7,31 @@ Keys (``P`` = settings.key_prefix, ``v1`` = layout version, ``N`` = dataset name
 
     P:v1:datasets            set of dataset names (the registry; the only key outside a dataset's slot)
     P:v1:{N}:spec            JSON spec of the dataset, including its uid (a new uid each creation)
-    P:v1:{N}:meta            hash: uid, open_step, trim (log ids below it were trimmed), snap (id of the
-                             current snapshot), snap_covered (last log id it includes), snap_chunks
+    P:v1:{N}:meta            hash: uid, open_step, seq (sequence number of the last record appended),
+                             trim (log ids below it were trimmed), snap (id of the current snapshot),
+                             snap_covered (last log id it includes), snap_seq (its sequence number),
+                             snap_chunks, snap_step
     P:v1:{N}:log             stream: one entry per accepted write, in the order every replica applies them
-    P:v1:{N}:rid:U:<id>      request id -> log id of its entry (expires after request_id_ttl_s)
+    P:v1:{N}:rid:U:<id>      request id -> "<log id> <body digest> <lag>" (expires after request_id_ttl_s)
+    P:v1:{rid:<id>}          request id -> dataset name it was first used for (expires likewise); in a
+                             slot of its own, so it is claimed in a step of its own (see `claim_request`)
     P:v1:{N}:snap:<sid>:<i>  chunk i of snapshot sid
     P:v1:{N}:snaplock        who is writing a snapshot now (expires)
 
-Log entries (stream fields): ``k`` kind (``o`` observe, ``a`` advance), ``s`` step, ``r`` request id
-(observe), ``p`` payload (observe; packed arrays, see engine.pack_results).
+Log entries (stream fields): ``n`` sequence number (1, 2, 3, ... per dataset incarnation, written in the
+same script that appends, so the log is numbered without holes), ``k`` kind (``o`` observe, ``a``
+advance), ``s`` step, ``r`` request id (observe), ``p`` payload (observe; packed arrays, see
+engine.pack_results).
+
+The replica protocol (what makes replicas and restarts agree, and what a replica checks rather than
+assumes): what a replica has applied is always a contiguous prefix 1..n of the log. It reads the records
+after its cursor together with the meta hash in one atomic script (`read_log`), and applies a record only
+when its number is exactly one more than the last one applied. Any other number, or a log that moved on
+while nothing after the cursor is left, means another replica's snapshot trimmed records this replica
+has not applied: it then loads that snapshot (which covers them) and continues from there; it never skips.
+A snapshot is written only from such a prefix and is committed only if its cover point is still in the
+log with the sequence number it claims; the log is trimmed only below the snapshot being committed, in
+the same script.
 """
 
 from __future__ import annotations
@@ -36,20 +52,42 @@ NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 LAYOUT = "v1"
 
 # KEYS: 1 meta, 2 log, 3 rid key.  ARGV: 1 uid, 2 step, 3 request id, 4 payload, 5 rid ttl (s),
-# 6 max step gap.  Returns {status, log id or "", open step}; status: ok | dup | closed | ahead | gone.
+# 6 max step gap, 7 body digest, 8 max lag.  Returns {status, log id or "", open step, lag}; status:
+# ok | dup (same id, same body: applied before) | conflict (same id, other body) | closed | ahead | gone.
+# A step s < open step c is accepted as late evidence when c - s <= max lag (METHODS 3.1); the answer
+# and the remembered request id carry its lag, so a retry answers what the first call answered.
 _OBSERVE = """
 local uid = redis.call('HGET', KEYS[1], 'uid')
-if uid ~= ARGV[1] then return {'gone', '', '-1'} end
+if uid ~= ARGV[1] then return {'gone', '', '-1', '0'} end
 local seen = redis.call('GET', KEYS[3])
 local open = tonumber(redis.call('HGET', KEYS[1], 'open_step') or '0')
-if seen then return {'dup', seen, tostring(open)} end
+if seen then
+  local lid, digest, lag = string.match(seen, '^(%S+) (%S+) (%S+)$')
+  if not lid then return {'dup', seen, tostring(open), '0'} end
+  if digest ~= ARGV[7] then return {'conflict', lid, tostring(open), lag} end
+  return {'dup', lid, tostring(open), lag}
+end
 local step = tonumber(ARGV[2])
-if step < open then return {'closed', '', tostring(open)} end
-if step - open > tonumber(ARGV[6]) then return {'ahead', '', tostring(open)} end
-local id = redis.call('XADD', KEYS[2], '*', 'k', 'o', 's', ARGV[2], 'r', ARGV[3], 'p', ARGV[4])
-if step > open then redis.call('HSET', KEYS[1], 'open_step', ARGV[2]) end
-redis.call('SET', KEYS[3], id, 'EX', tonumber(ARGV[5]))
-return {'ok', id, ARGV[2]}
+if step < open - tonumber(ARGV[8]) then return {'closed', '', tostring(open), '0'} end
+if step - open > tonumber(ARGV[6]) then return {'ahead', '', tostring(open), '0'} end
+local n = redis.call('HINCRBY', KEYS[1], 'seq', 1)
+local id = redis.call('XADD', KEYS[2], '*', 'n', n, 'k', 'o', 's', ARGV[2], 'r', ARGV[3], 'p', ARGV[4])
+if step > open then
+  redis.call('HSET', KEYS[1], 'open_step', ARGV[2])
+  open = step
+end
+local lag = tostring(open - step)
+redis.call('SET', KEYS[3], id .. ' ' .. ARGV[7] .. ' ' .. lag, 'EX', tonumber(ARGV[5]))
+return {'ok', id, tostring(open), lag}
+"""
+
+# KEYS: 1 claim key.  ARGV: 1 dataset name, 2 ttl (s).  Returns the dataset the request id belongs to:
+# ARGV[1] when this call claimed it or it was claimed for the same dataset before.
+_CLAIM = """
+local cur = redis.call('GET', KEYS[1])
+if cur then return cur end
+redis.call('SET', KEYS[1], ARGV[1], 'EX', tonumber(ARGV[2]))
+return ARGV[1]
 """
 
 # KEYS: 1 meta, 2 log.  ARGV: 1 uid, 2 step, 3 max step gap.  Opens `step` (closing every earlier step)
@@ -63,7 +101,8 @@ local step = tonumber(ARGV[2])
 if step == open then return {'same', '', tostring(open)} end
 if step < open then return {'behind', '', tostring(open)} end
 if step - open > tonumber(ARGV[3]) then return {'ahead', '', tostring(open)} end
-local id = redis.call('XADD', KEYS[2], '*', 'k', 'a', 's', ARGV[2])
+local n = redis.call('HINCRBY', KEYS[1], 'seq', 1)
+local id = redis.call('XADD', KEYS[2], '*', 'n', n, 'k', 'a', 's', ARGV[2])
 redis.call('HSET', KEYS[1], 'open_step', ARGV[2])
 return {'ok', id, ARGV[2]}
 """
@@ -79,14 +118,16 @@ if cur then
 end
 redis.call('SET', KEYS[1], ARGV[1])
 redis.call('DEL', KEYS[2])
-redis.call('HSET', KEYS[2], 'uid', ARGV[2], 'open_step', '0')
+redis.call('HSET', KEYS[2], 'uid', ARGV[2], 'open_step', '0', 'seq', '0')
 return {'created', ARGV[1]}
 """
 
 # KEYS: 1 meta, 2 log.  ARGV: 1 uid, 2 snapshot id, 3 covered log id, 4 chunk count, 5 open step it
-# covers, 6 trim (0/1).  Makes a fully written snapshot current and trims the log below what it covers.
-# Returns the id of the snapshot it replaced ('' if none) so the caller deletes its chunks; 'gone' when
-# the dataset was deleted; 'stale' when a newer snapshot is already current (the caller drops its own).
+# covers, 6 trim (0/1), 7 sequence number of the covered record.  Makes a fully written snapshot current
+# and trims the log below what it covers. Returns the id of the snapshot it replaced ('' if none) so the
+# caller deletes its chunks; 'gone' when the dataset was deleted; 'stale' when a newer snapshot is
+# already current or its cover point has left the log; 'mismatch' when the record at its cover point
+# has another sequence number (the snapshot is not the prefix it claims to be: never committed).
 _COMMIT_SNAPSHOT = """
 local function older(a, b)
   local am, as = string.match(a, '^(%d+)-(%d+)$')
@@ -98,8 +139,15 @@ local uid = redis.call('HGET', KEYS[1], 'uid')
 if uid ~= ARGV[1] then return 'gone' end
 local cur = redis.call('HGET', KEYS[1], 'snap_covered')
 if cur and not older(cur, ARGV[3]) then return 'stale' end
+local at = redis.call('XRANGE', KEYS[2], ARGV[3], ARGV[3])
+if #at == 0 then return 'stale' end
+local fields = at[1][2]
+for i = 1, #fields, 2 do
+  if fields[i] == 'n' and fields[i + 1] ~= ARGV[7] then return 'mismatch' end
+end
 local old = redis.call('HGET', KEYS[1], 'snap') or ''
-redis.call('HSET', KEYS[1], 'snap', ARGV[2], 'snap_covered', ARGV[3], 'snap_chunks', ARGV[4], 'snap_step', ARGV[5])
+redis.call('HSET', KEYS[1], 'snap', ARGV[2], 'snap_covered', ARGV[3], 'snap_chunks', ARGV[4],
+           'snap_step', ARGV[5], 'snap_seq', ARGV[7])
 if ARGV[6] == '1' then
   redis.call('XTRIM', KEYS[2], 'MINID', ARGV[3])
   redis.call('HSET', KEYS[1], 'trim', ARGV[3])
@@ -107,6 +155,15 @@ end
 return old
 """
 
+# KEYS: 1 meta, 2 log.  ARGV: 1 first id to read ('-' or '(<cursor>'), 2 count.  The meta hash, the log
+# length and up to `count` records from the first id, in one atomic step: the records are exactly those
+# the meta hash (seq, trim, snap) describes, with no snapshot commit or trim in between.
+_READ = """
+local meta = redis.call('HGETALL', KEYS[1])
+local len = redis.call('XLEN', KEYS[2])
+local entries = redis.call('XRANGE', KEYS[2], ARGV[1], '+', 'COUNT', tonumber(ARGV[2]))
+return {meta, len, entries}
+"""
 
 # KEYS: 1 spec, 2 meta, 3 log.  ARGV: 1 spec JSON, 2 uid, 3 snapshot id, 4 covered id, 5 chunk count,
 # 6 open step.  Creates a dataset whose beliefs start from an imported snapshot (chunks already written).
@@ -115,14 +172,19 @@ _IMPORT = """
 if redis.call('EXISTS', KEYS[1]) == 1 then return 'exists' end
 redis.call('SET', KEYS[1], ARGV[1])
 redis.call('DEL', KEYS[2], KEYS[3])
-redis.call('HSET', KEYS[2], 'uid', ARGV[2], 'open_step', ARGV[6], 'snap', ARGV[3], 'snap_covered', ARGV[4],
-           'snap_chunks', ARGV[5], 'snap_step', ARGV[6])
+redis.call('HSET', KEYS[2], 'uid', ARGV[2], 'open_step', ARGV[6], 'seq', '0', 'snap', ARGV[3],
+           'snap_covered', ARGV[4], 'snap_chunks', ARGV[5], 'snap_step', ARGV[6], 'snap_seq', '0')
 return 'created'
 """
 
 
 class StoreError(Exception):
     """The store could not be reached or answered out of contract (maps to 503)."""
+
+
+class SnapshotMissing(StoreError):
+    """A chunk of a snapshot is missing: a newer snapshot replaced it while it was read (retry with the
+    current one), or the store lost it (eviction, no persistence)."""
 
 
 class DatasetGone(Exception):
@@ -134,6 +196,22 @@ class WriteResult:
     status: str
     log_id: str
     open_step: int
+    lag: int = 0
+
+
+@dataclass(frozen=True)
+class LogView:
+    """What one atomic `read_log` saw: the meta hash, the log length and the records after a cursor."""
+
+    meta: dict[str, str]
+    length: int
+    entries: list
+
+    @property
+    def seq(self) -> int:
+        """Sequence number of the last record appended to the log (0: none, or a log from before records
+        were numbered)."""
+        return int(self.meta.get("seq", 0))
 
 
 def parse_id(log_id: str) -> tuple[int, int]:
@@ -181,6 +259,10 @@ class Keys:
     def snaplock(self, name: str) -> str:
         return f"{self._base(name)}:snaplock"
 
+    def claim(self, request_id: str) -> str:
+        # Hash-tagged by the request id: independent of any dataset's slot (see `Store.claim_request`).
+        return f"{self.prefix}:{{rid:{request_id}}}"
+
     def rid_pattern(self, name: str) -> str:
         return f"{self._base(name)}:rid:*"
 
@@ -220,6 +302,8 @@ class Store:
         self._create = client.register_script(_CREATE)
         self._commit = client.register_script(_COMMIT_SNAPSHOT)
         self._import = client.register_script(_IMPORT)
+        self._read = client.register_script(_READ)
+        self._claim = client.register_script(_CLAIM)
 
     async def close(self) -> None:
         await self.r.aclose()
@@ -291,14 +375,32 @@ class Store:
             await self.r.delete(*batch)
 
     # ---- writes ---------------------------------------------------------------------------------
+    async def claim_request(self, name: str, request_id: str) -> str:
+        """Claims `request_id` for dataset `name`; returns the dataset it belongs to (`name` unless it was
+        first used for another dataset, within the request id TTL).
+
+        Its own step, not part of the observe script: the claim lives outside the dataset's hash slot
+        (a Redis Cluster script may only touch one slot). Claiming first is safe in every interleaving:
+        a claim whose observe never ran (a crash in between) only binds the id to the dataset its retry
+        goes to anyway.
+        """
+        return _s(await self._claim(keys=[self.keys.claim(request_id)], args=[name, self.rid_ttl]))
+
     async def append_observe(
-        self, name: str, uid: str, step: int, request_id: str, payload: bytes
+        self,
+        name: str,
+        uid: str,
+        step: int,
+        request_id: str,
+        payload: bytes,
+        digest: str,
+        max_lag: int = 0,
     ) -> WriteResult:
         res = await self._observe(
             keys=[self.keys.meta(name), self.keys.log(name), self.keys.rid(name, uid, request_id)],
-            args=[uid, step, request_id, payload, self.rid_ttl, self.max_step_gap],
+            args=[uid, step, request_id, payload, self.rid_ttl, self.max_step_gap, digest, max_lag],
         )
-        return WriteResult(_s(res[0]), _s(res[1]), int(_s(res[2])))
+        return WriteResult(_s(res[0]), _s(res[1]), int(_s(res[2])), int(_s(res[3])))
 
     async def advance(self, name: str, uid: str, step: int) -> WriteResult:
         res = await self._advance(
@@ -311,18 +413,18 @@ class Store:
         raw = await self.r.hgetall(self.keys.meta(name))
         return {_s(k): _s(v) for k, v in raw.items()}
 
-    async def sync_point(self, name: str, after_id: str, count: int) -> tuple[dict[str, str], int, list]:
-        """One round trip: the meta hash, the log length and the first `count` log entries after `after_id`."""
-        async with self.r.pipeline(transaction=False) as pipe:
-            pipe.hgetall(self.keys.meta(name))
-            pipe.xlen(self.keys.log(name))
-            pipe.xrange(self.keys.log(name), min=f"({after_id}" if after_id else "-", count=count)
-            meta_raw, length, entries = await pipe.execute()
-        meta = {_s(k): _s(v) for k, v in meta_raw.items()}
-        return meta, int(length), entries
-
-    async def read_log(self, name: str, after_id: str, count: int) -> list:
-        return await self.r.xrange(self.keys.log(name), min=f"({after_id}" if after_id else "-", count=count)
+    async def read_log(self, name: str, after_id: str, count: int) -> LogView:
+        """One round trip, one atomic step: the meta hash, the log length and the first `count` records
+        after `after_id` ("" = from the start). Records are (id, {field: value}) pairs."""
+        meta_raw, length, raw = await self._read(
+            keys=[self.keys.meta(name), self.keys.log(name)],
+            args=[f"({after_id}" if after_id else "-", count],
+        )
+        meta = {_s(meta_raw[i]): _s(meta_raw[i + 1]) for i in range(0, len(meta_raw), 2)}
+        entries = [
+            (_s(log_id), {_s(flat[i]): flat[i + 1] for i in range(0, len(flat), 2)}) for log_id, flat in raw
+        ]
+        return LogView(meta, int(length), entries)
 
     # ---- snapshots ------------------------------------------------------------------------------
     async def try_snapshot_lock(self, name: str, owner: str, ttl_ms: int) -> bool:
@@ -338,6 +440,7 @@ class Store:
         name: str,
         uid: str,
         covered_id: str,
+        covered_seq: int,
         open_step: int,
         chunks: AsyncIterable[bytes | memoryview],
         trim: bool = True,
@@ -345,8 +448,10 @@ class Store:
         """Writes the chunks as they arrive (counting them), then switches the dataset to them atomically.
 
         Chunks are consumed one at a time, so a producer that compresses as it goes never needs the whole
-        snapshot in memory. Returns False (and removes what it wrote) when the dataset is gone or a newer
-        snapshot won; on an error while writing chunks, removes those written so far and re-raises.
+        snapshot in memory. Returns False (and removes what it wrote) when the dataset is gone, a newer
+        snapshot won, or the record at `covered_id` does not carry `covered_seq` (StoreError: the state
+        the snapshot was taken from is not the log prefix it claims to be); on an error while writing
+        chunks, removes those written so far and re-raises.
         """
         snap_id = uuid.uuid4().hex[:16]
         count = 0
@@ -364,11 +469,16 @@ class Store:
         old = _s(
             await self._commit(
                 keys=[self.keys.meta(name), self.keys.log(name)],
-                args=[uid, snap_id, covered_id, count, open_step, "1" if trim else "0"],
+                args=[uid, snap_id, covered_id, count, open_step, "1" if trim else "0", covered_seq],
             )
         )
-        if old in ("gone", "stale"):
+        if old in ("gone", "stale", "mismatch"):
             await self._delete_matching(self.keys.snap_glob(name, snap_id))
+            if old == "mismatch":
+                raise StoreError(
+                    f"snapshot of dataset {name!r} at {covered_id} claims record number {covered_seq}, "
+                    "which the log does not hold there; it was dropped"
+                )
             return False
         if old:
             await self._delete_matching(self.keys.snap_glob(name, old))
@@ -378,5 +488,5 @@ class Store:
         """Chunk `index` of snapshot `snap_id`; StoreError when it is missing (evicted or deleted)."""
         part = await self.r.get(self.keys.snap_chunk(name, snap_id, index))
         if part is None:
-            raise StoreError(f"snapshot {snap_id} of dataset {name!r} is missing chunk {index}")
+            raise SnapshotMissing(f"snapshot {snap_id} of dataset {name!r} is missing chunk {index}")
         return part

@@ -72,7 +72,7 @@ def dataset(http) -> str:
     """A dataset of 100 prompts with one observed step."""
     name = f"ab-{uuid.uuid4().hex[:10]}"
     assert http.post("/datasets", json={"name": name, "size": 100}).status_code == 201
-    observe(http, name, step=0, request_id="first", ids=range(10))
+    observe(http, name, step=0, request_id=f"first-{name}", ids=range(10))
     return name
 
 
@@ -154,7 +154,7 @@ def test_chunked_body_over_limit_is_413(http, dataset, path):
     """Without Content-Length the limit is enforced while the body streams in."""
 
     def body():
-        yield f'{{"dataset": "{dataset}", "step": 0, "request_id": "big", "results": ['.encode()
+        yield f'{{"dataset": "{dataset}", "step": 0, "request_id": "big-{dataset}", "results": ['.encode()
         row = b'{"prompt_id": 1, "successes": 1, "trials": 2},'
         for _ in range(MAX_BODY // len(row) + 10):
             yield row
@@ -171,12 +171,14 @@ def test_chunked_body_over_limit_is_413(http, dataset, path):
 def test_chunked_body_under_limit_is_accepted(http, dataset):
     """The control for the test above: streaming itself is fine."""
     results = [{"prompt_id": i, "successes": 1, "trials": 2} for i in range(20)]
-    payload = json.dumps({"dataset": dataset, "step": 0, "request_id": "small", "results": results}).encode()
+    payload = json.dumps(
+        {"dataset": dataset, "step": 0, "request_id": f"small-{dataset}", "results": results}
+    ).encode()
     r = http.post(
         "/observe", content=iter([payload[:100], payload[100:]]), headers={"content-type": "application/json"}
     )
     assert r.request.headers.get("transfer-encoding") == "chunked"
-    assert r.json() == {"applied": 20, "duplicate": False}
+    assert r.json() == {"applied": 20, "duplicate": False, "lag": 0}
 
 
 def test_chunked_import_over_its_own_limit_is_413(http):
@@ -212,7 +214,9 @@ def test_id_lists_over_the_limit_are_413(http, dataset):
     r = http.get(f"/datasets/{dataset}/beliefs", params={"ids": ",".join(map(str, ids))})
     assert r.status_code == 413, r.text
     results = [{"prompt_id": i, "successes": 0, "trials": 1} for i in ids]
-    r = http.post("/observe", json={"dataset": dataset, "step": 0, "request_id": "many", "results": results})
+    r = http.post(
+        "/observe", json={"dataset": dataset, "step": 0, "request_id": f"many-{dataset}", "results": results}
+    )
     assert r.status_code == 413, r.text
     assert summary(http, dataset)["observations"] == 10
     # at the limit, all three work
@@ -381,8 +385,8 @@ def test_request_ids_with_special_characters_stay_inside_and_are_deleted(svc, ht
             "request_id": rid,
             "results": [{"prompt_id": i, "rewards": [1, 0]}],
         }
-        assert http.post("/observe", json=body).json() == {"applied": 1, "duplicate": False}
-        assert http.post("/observe", json=body).json() == {"applied": 0, "duplicate": True}
+        assert http.post("/observe", json=body).json() == {"applied": 1, "duplicate": False, "lag": 0}
+        assert http.post("/observe", json=body).json() == {"applied": 0, "duplicate": True, "lag": 0}
     assert summary(http, name)["observations"] == len(rids)
     assert keys_outside(private_redis.url, svc.prefix) == []
     assert http.delete(f"/datasets/{name}").status_code == 204

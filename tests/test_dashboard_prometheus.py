@@ -292,3 +292,16 @@ def test_every_dashboard_query_returns_data(prometheus: Prometheus, dataset: str
         time.sleep(1)
         still_empty = empty()
     assert not still_empty, "dashboard queries without a finite sample:\n" + "\n".join(still_empty)
+
+
+def test_the_cold_start_share_is_the_share_of_prompts_never_observed(
+    selector: str, prometheus: Prometheus, dataset: str, dashboard: dict
+) -> None:
+    (expr,) = [expr for title, expr in dashboard_queries(dashboard) if title == "Cold-start share"]
+    summary = httpx.get(
+        f"{selector}/datasets/{dataset}", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10
+    ).json()
+    observed = summary["summary"]["prompts_observed"]
+    assert 0 < observed <= DATASET_SIZE
+    value = prometheus.value(concrete(expr, dataset))
+    assert value == pytest.approx(1 - observed / DATASET_SIZE, abs=1e-12)

@@ -1,20 +1,23 @@
-"""The local cluster's files hold together: compose config, Dockerfiles, Prometheus and Grafana provisioning.
+"""The local cluster's files hold together: compose config, Dockerfiles, load balancer, Prometheus, Grafana.
 
 What runs here needs no Docker engine: `docker compose config` (or the standalone `docker-compose`)
-only parses and interpolates, and promtool only checks the Prometheus config. The dashboard's queries
-are run against a real Prometheus in tests/test_dashboard_prometheus.py.
+only parses and interpolates, promtool and `haproxy -c` only check their configs. The dashboard's queries
+are run against a real Prometheus in tests/test_dashboard_prometheus.py; the images and the running
+stack are checked by `make compose-check` (deploy/compose_check.py), which needs root and minutes.
 """
 
 from __future__ import annotations
 
 import ast
 import importlib.metadata
+import importlib.util
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import time
 import tomllib
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -28,6 +31,9 @@ from packaging.utils import canonicalize_name
 REPO = Path(__file__).resolve().parents[1]
 DEPLOY = REPO / "deploy"
 DASHBOARD_PATH = DEPLOY / "grafana" / "dashboards" / "rlvr-selector.json"
+DASHBOARD_CODE_PATH = DEPLOY / "grafana" / "dashboard.py"
+HAPROXY_CONFIG_PATH = DEPLOY / "haproxy" / "haproxy.cfg"
+TRAINER_CONSTRAINTS_PATH = DEPLOY / "trainer-constraints.txt"
 DATASOURCE_PATH = DEPLOY / "grafana" / "provisioning" / "datasources" / "prometheus.yml"
 DASHBOARD_PROVIDER_PATH = DEPLOY / "grafana" / "provisioning" / "dashboards" / "rlvr-selector.yml"
 PROMETHEUS_CONFIG_PATH = DEPLOY / "prometheus" / "prometheus.yml"
@@ -50,11 +56,19 @@ EXPORTED_METRICS = {
     "selector_dataset_dps_accuracy",
     "selector_store_lag_records",
     "selector_store_catchup_seconds_bucket",
+    "selector_dataset_results_by_lag_total",
+}
+# What the dashboard's PENDING_PANELS query: metrics the service does not export yet. When it does, move
+# them to EXPORTED_METRICS and the panels into the dashboard's ROWS.
+PENDING_METRICS = {
+    "selector_group_posterior_mean",
+    "selector_group_observed_share",
+    "selector_group_rate",
 }
 # Series that carry a `dataset` label: every dashboard selector on them must filter by $dataset.
-PER_DATASET_METRICS = {m for m in EXPORTED_METRICS if m.startswith("selector_dataset_")} | {
-    "selector_store_lag_records"
-}
+PER_DATASET_METRICS = {
+    m for m in EXPORTED_METRICS | PENDING_METRICS if m.startswith(("selector_dataset_", "selector_group_"))
+} | {"selector_store_lag_records"}
 DATASET_FILTER = 'dataset=~"$dataset"'
 TEST_TOKEN = "compose-config-test-token"
 
@@ -94,6 +108,15 @@ def variable_query(dashboard: dict, name: str) -> str:
 def metric_selectors(expr: str) -> list[tuple[str, str]]:
     """(metric name, label matchers) for each `selector_*` series selector in a PromQL expression."""
     return re.findall(r"\b(selector_[a-z_]+)\s*(?:\{([^}]*)\})?", expr)
+
+
+def dashboard_code() -> Any:
+    """deploy/grafana/dashboard.py as a module (it is a script, not part of an installed package)."""
+    spec = importlib.util.spec_from_file_location("rlvr_selector_dashboard", DASHBOARD_CODE_PATH)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def compose_command() -> list[str]:
@@ -289,8 +312,16 @@ def long_options(argv: list[str]) -> list[str]:
 # -------------------------------------------------------------------------------------------- fixtures
 
 
+@pytest.fixture(scope="module", params=["committed", "with pending panels"])
+def dashboard(request: pytest.FixtureRequest) -> dict:
+    """The committed JSON, and the dashboard as it will be once PENDING_PANELS are enabled."""
+    if request.param == "committed":
+        return json.loads(DASHBOARD_PATH.read_text())
+    return dashboard_code().build(include_pending=True)
+
+
 @pytest.fixture(scope="module")
-def dashboard() -> dict:
+def committed_dashboard() -> dict:
     return json.loads(DASHBOARD_PATH.read_text())
 
 
@@ -368,12 +399,54 @@ def test_dataset_variable_lists_datasets_and_filters_every_per_dataset_query(das
     )
 
 
-def test_dashboard_shows_exactly_the_exported_metrics(dashboard: dict) -> None:
-    used = {metric for _, expr in dashboard_queries(dashboard) for metric, _ in metric_selectors(expr)}
+def test_dashboard_shows_exactly_the_exported_metrics(committed_dashboard: dict) -> None:
+    used = {
+        metric for _, expr in dashboard_queries(committed_dashboard) for metric, _ in metric_selectors(expr)
+    }
     assert used <= EXPORTED_METRICS, (
         f"the dashboard queries metrics the service does not export: {used - EXPORTED_METRICS}"
     )
     assert used >= EXPORTED_METRICS, f"exported metrics missing from the dashboard: {EXPORTED_METRICS - used}"
+
+
+def test_the_committed_dashboard_is_what_the_code_generates(committed_dashboard: dict) -> None:
+    code = dashboard_code()
+    assert DASHBOARD_PATH.read_text() == code.render(), (
+        "deploy/grafana/dashboards/rlvr-selector.json differs from deploy/grafana/dashboard.py: run `make dashboard`"
+    )
+    assert code.main(["--check"]) == 0
+
+
+def test_pending_panels_wait_for_metrics_the_service_does_not_export_yet(committed_dashboard: dict) -> None:
+    code = dashboard_code()
+    with_pending = code.build(include_pending=True)
+    committed_titles = {panel["title"] for panel in dashboard_panels(committed_dashboard)}
+    pending = [panel for panel in dashboard_panels(with_pending) if panel["title"] not in committed_titles]
+    assert len(pending) == len(code.PENDING_PANELS) >= 1
+    used = {
+        metric
+        for panel in pending
+        for target in panel.get("targets", [])
+        for metric, _ in metric_selectors(target["expr"])
+    }
+    assert used == PENDING_METRICS, f"pending panels query {used}, expected {PENDING_METRICS}"
+    assert not used & EXPORTED_METRICS, (
+        f"the service exports {used & EXPORTED_METRICS}: enable the panels that query them (move them from "
+        "PENDING_PANELS into ROWS in deploy/grafana/dashboard.py)"
+    )
+    # Enabling them keeps every panel of the committed dashboard.
+    assert committed_titles <= {panel["title"] for panel in dashboard_panels(with_pending)}
+
+
+def test_the_cold_start_share_is_the_share_of_prompts_never_observed(committed_dashboard: dict) -> None:
+    (expr,) = [expr for title, expr in dashboard_queries(committed_dashboard) if title == "Cold-start share"]
+    compact = re.sub(r"\s+", "", expr)
+    assert compact.startswith("1-(") and "selector_dataset_prompts_observed" in compact
+    assert (
+        compact.index("selector_dataset_prompts_observed")
+        < compact.index("/")
+        < compact.rindex("selector_dataset_prompts{")
+    )
 
 
 def test_latency_panels_take_percentiles_of_the_request_histogram(dashboard: dict) -> None:
@@ -438,10 +511,50 @@ def test_prometheus_config_passes_promtool() -> None:
 # ------------------------------------------------------------------------------------------- compose
 
 
-def test_compose_config_fails_fast_without_the_api_token() -> None:
+def test_compose_commands_work_without_the_api_token() -> None:
+    """`ps`, `down`, `logs` and `config` parse the file: none of them may need the token."""
     result = run_compose_config(token=None)
-    assert result.returncode != 0, "compose must refuse to run without SELECTOR_API_TOKEN"
-    assert "set SELECTOR_API_TOKEN" in result.stderr, result.stderr
+    assert result.returncode == 0, f"compose config without SELECTOR_API_TOKEN failed:\n{result.stderr}"
+    selector = yaml.safe_load(result.stdout)["services"]["selector"]
+    assert selector["environment"]["SELECTOR_API_TOKEN"] in ("", None)
+    assert selector["environment"]["SELECTOR_REQUIRE_TOKEN"] == "true"
+
+
+def test_a_compose_selector_without_the_token_refuses_to_start() -> None:
+    """The selector's environment as compose gives it in a shell without the token: exit 3, saying why."""
+    result = run_compose_config(token=None)
+    assert result.returncode == 0, result.stderr
+    environment = yaml.safe_load(result.stdout)["services"]["selector"]["environment"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SELECTOR_")}
+    env.update({k: "" if v is None else str(v) for k, v in environment.items()})
+    # Nothing listens there: a service that did not refuse would fail later, on the store, with exit 2.
+    env["SELECTOR_REDIS_URL"] = "redis://127.0.0.1:9/0"
+    started = time.monotonic()
+    serve = subprocess.run(
+        [sys.executable, "-m", "selector_service", "serve", "--port", "0"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert serve.returncode == 3, (serve.returncode, serve.stderr)
+    assert "SELECTOR_API_TOKEN is not set" in serve.stderr and "SELECTOR_REQUIRE_TOKEN" in serve.stderr
+    assert time.monotonic() - started < 60
+
+
+def test_require_token_setting() -> None:
+    from pydantic import ValidationError
+
+    from selector_service.settings import Settings
+
+    with pytest.raises(ValidationError, match="SELECTOR_API_TOKEN is not set"):
+        Settings(require_token=True, api_token=None)
+    with pytest.raises(ValidationError, match="SELECTOR_API_TOKEN is not set"):
+        Settings(require_token=True, api_token="")
+    assert Settings(require_token=True, api_token="a-long-enough-token").api_token is not None
+    assert Settings(require_token=False, api_token=None).api_token is None
+    assert Settings().require_token is False, "a service on loopback may still run without a token"
 
 
 def test_compose_redis_persists_and_reports_health(services: dict) -> None:
@@ -471,10 +584,91 @@ def test_compose_trainer_is_a_gpu_profile_that_waits_for_the_service(services: d
     trainer = services["trainer"]
     assert trainer["profiles"] == ["train"]
     assert trainer["depends_on"]["selector"]["condition"] == "service_healthy"
+    assert "selector-lb" in trainer["depends_on"]
     assert trainer["environment"]["SELECTOR_API_TOKEN"] == TEST_TOKEN
     devices = trainer["deploy"]["resources"]["reservations"]["devices"]
     assert any(d["driver"] == "nvidia" and "gpu" in d["capabilities"] for d in devices), devices
-    assert "http://selector:8000" in trainer["command"]
+    assert "http://selector-lb:8000" in trainer["command"], "the trainer goes through the load balancer"
+
+
+def published_ports(service: dict) -> list[tuple[str, str, str]]:
+    """(host ip, host port, container port) of a service's `ports:` (short and long syntax)."""
+    ports = []
+    for port in service.get("ports", []):
+        if isinstance(port, str):
+            host_ip, host_port, target = port.rsplit(":", 2)
+            target = target.split("/")[0]  # "8000/tcp" as docker-compose 1.x prints it
+        else:
+            host_ip, host_port, target = port.get("host_ip", ""), str(port["published"]), str(port["target"])
+        ports.append((host_ip, host_port, target))
+    return ports
+
+
+def test_compose_replicas_scale_behind_one_published_port(services: dict) -> None:
+    """`up --scale selector=N` works: only the load balancer publishes the service's port."""
+    selector = services["selector"]
+    assert not selector.get("ports"), "a published replica port makes `--scale selector=2` fail"
+    assert "container_name" not in selector, "a fixed container name makes scaling impossible"
+    lb = services["selector-lb"]
+    assert re.fullmatch(r"haproxy:[0-9.]+(-[a-z0-9.]+)?", lb["image"]), lb["image"]
+    assert bind_mounts(lb).get("/usr/local/etc/haproxy/haproxy.cfg") == HAPROXY_CONFIG_PATH.resolve()
+    assert "selector" in lb["depends_on"]
+    ((host_ip, host_port, target),) = published_ports(lb)
+    assert host_ip == "127.0.0.1" and host_port == "8000" and target == "8000"
+    published = {name for name, service in services.items() if service.get("ports")}
+    assert published == {"selector-lb", "prometheus", "grafana"}, published
+    for name in published:
+        assert all(ip == "127.0.0.1" for ip, _, _ in published_ports(services[name])), (
+            f"{name}: loopback only"
+        )
+
+
+def haproxy_directives(section: str) -> list[list[str]]:
+    """The directives (split into words) of one section of haproxy.cfg, e.g. `backend replicas`."""
+    lines, inside = [], False
+    for raw in HAPROXY_CONFIG_PATH.read_text().splitlines():
+        line = raw.split("#", 1)[0].rstrip()
+        if not line.strip():
+            continue
+        if not raw[0].isspace():
+            inside = line.strip() == section
+            continue
+        if inside:
+            lines.append(line.split())
+    assert lines, f"haproxy.cfg has no section `{section}`"
+    return lines
+
+
+def test_load_balancer_discovers_and_health_checks_every_replica(services: dict) -> None:
+    frontend = haproxy_directives("frontend selector")
+    assert ["bind", ":8000"] in frontend
+    backend = haproxy_directives("backend replicas")
+    (template,) = [d for d in backend if d[0] == "server-template"]
+    host, _, port = template[3].partition(":")
+    command = services["selector"]["command"]
+    assert host == "selector" and port == command[command.index("--port") + 1]
+    first, _, last = template[2].partition("-")
+    assert int(last) - int(first) + 1 >= 8, "room for at least 8 replicas"
+    (defaults,) = [d for d in backend if d[0] == "default-server"]
+    # Re-resolved through Docker's DNS (a scale-out is picked up without a restart), health-checked.
+    assert "check" in defaults and defaults[defaults.index("resolvers") + 1] == "docker"
+    assert defaults[defaults.index("init-addr") + 1] == "none", "start even before a replica resolves"
+    assert ["http-check", "send", "meth", "GET", "uri", "/readyz"] in backend
+    assert ["http-check", "expect", "status", "200"] in backend
+    resolvers = haproxy_directives("resolvers docker")
+    assert ["parse-resolv-conf"] in resolvers
+    hold_valid = next(d for d in resolvers if d[:2] == ["hold", "valid"])
+    assert int(hold_valid[2].rstrip("s")) <= 10, "a scale-out must be seen within seconds"
+
+
+def test_haproxy_config_passes_haproxy_check() -> None:
+    haproxy = shutil.which("haproxy")
+    if haproxy is None:
+        pytest.skip("haproxy not installed (Debian package `haproxy`; `make test` installs it when it can)")
+    result = subprocess.run(
+        [haproxy, "-c", "-f", str(HAPROXY_CONFIG_PATH)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_compose_builds_both_images_from_the_repository_root(services: dict) -> None:
@@ -521,7 +715,8 @@ def test_service_image_is_slim_non_root_and_checks_readiness() -> None:
     bases = [args for keyword, args in instructions if keyword == "FROM"]
     assert all(base.startswith("python:3.11-slim") for base in bases), bases
     installs = " ".join(args for keyword, args in instructions if keyword == "RUN" and "pip" in args)
-    assert "trainer" not in installs and "vllm" not in installs, "the service image needs no trainer extras"
+    assert not re.search(r"\[[^]]*(trainer|vllm)", installs), "the service image needs no trainer extras"
+    assert "torch" not in installs and "vllm" not in installs, installs
     users = [args for keyword, args in instructions if keyword == "USER"]
     assert users and users[-1] not in ("root", "0"), "the service must not run as root"
     healthchecks = [args for keyword, args in instructions if keyword == "HEALTHCHECK"]
@@ -536,6 +731,106 @@ def test_trainer_image_installs_the_trainer_and_vllm_extras_on_cuda() -> None:
     assert re.search(r"pip install[^&;]*\.\[trainer,vllm\]", installs), (
         "the trainer image installs .[trainer,vllm]"
     )
+    # The dependencies come from pyproject.toml: the base list and both extras.
+    assert re.search(r"tomllib.*\[\"trainer\"\].*\[\"vllm\"\]", installs), installs
+
+
+def trainer_pins() -> dict[str, str]:
+    pins = {}
+    for line in TRAINER_CONSTRAINTS_PATH.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            requirement = Requirement(line)
+            (specifier,) = requirement.specifier
+            assert specifier.operator == "==", f"{line}: the trainer image pins exact versions"
+            pins[canonicalize_name(requirement.name)] = specifier.version
+    return pins
+
+
+def test_trainer_image_pins_one_coherent_gpu_stack() -> None:
+    """torch and vLLM pinned together, every pip install held to the pins, CUDA base of the wheels' major."""
+    pins = trainer_pins()
+    assert {"torch", "vllm"} <= set(pins), f"{TRAINER_CONSTRAINTS_PATH.name} must pin torch and vllm: {pins}"
+    instructions = dockerfile_instructions(DOCKERFILES["trainer"])
+    env = " ".join(args for keyword, args in instructions if keyword == "ENV")
+    match = re.search(r"PIP_CONSTRAINT=(\S+)", env)
+    assert match, "every pip install in the trainer image must follow the pins (ENV PIP_CONSTRAINT)"
+    copies = [args.split() for keyword, args in instructions if keyword == "COPY"]
+    assert ["deploy/trainer-constraints.txt", match.group(1)] in copies, (
+        "PIP_CONSTRAINT must be the pins file"
+    )
+    # The CPU tests run the same torch, so the GPU image runs the code on the torch it was tested with.
+    makefile = (REPO / "Makefile").read_text()
+    (cpu_torch,) = re.findall(r"^TORCH_PIN \?= torch==(\S+)$", makefile, flags=re.M)
+    assert pins["torch"] == cpu_torch, (
+        f"trainer image torch {pins['torch']} != Makefile TORCH_PIN {cpu_torch}"
+    )
+    # torch's Linux wheels on PyPI carry their own CUDA; the base image must declare that major version
+    # (13 for torch 2.13), or the runtime admits hosts whose driver cannot run them.
+    (base,) = [args for keyword, args in instructions if keyword == "FROM"]
+    cuda_major = int(base.split(":")[1].split(".")[0])
+    assert f"CUDA {cuda_major}." in TRAINER_CONSTRAINTS_PATH.read_text(), (
+        f"the base image is CUDA {cuda_major}: say which CUDA the pinned wheels carry in the pins file"
+    )
+
+
+def test_trainer_image_installs_dependencies_before_copying_the_source() -> None:
+    """A source edit must not reinstall torch: every dependency install comes before the source COPY."""
+    instructions = dockerfile_instructions(DOCKERFILES["trainer"])
+    source_copies = [
+        index
+        for index, (keyword, args) in enumerate(instructions)
+        if keyword == "COPY"
+        and any(p in args.split() for p in ("selector_service", "trainer_client", "README.md", "."))
+    ]
+    assert source_copies, "the trainer image copies the source"
+    first_source = min(source_copies)
+    later_installs = [
+        args for keyword, args in instructions[first_source:] if keyword == "RUN" and "pip install" in args
+    ]
+    assert later_installs, "the source is installed after it is copied"
+    for args in later_installs:
+        for command in re.split(r"&&|;", args):
+            if "pip install" in command:
+                assert "--no-deps" in command, (
+                    f"after the source COPY, installs take no dependencies: {command}"
+                )
+    dependency_installs = [
+        args for keyword, args in instructions[:first_source] if keyword == "RUN" and "pip install" in args
+    ]
+    assert len(dependency_installs) >= 2, "the GPU stack and the other dependencies, each in its own layer"
+
+
+def test_service_image_keeps_the_embedded_store_on_a_volume() -> None:
+    instructions = dockerfile_instructions(DOCKERFILES["selector"])
+    env = " ".join(args for keyword, args in instructions if keyword == "ENV")
+    data_dir = re.search(r"SELECTOR_DATA_DIR=(\S+)", env)
+    assert data_dir, "the image sets SELECTOR_DATA_DIR"
+    volumes = [v for keyword, args in instructions if keyword == "VOLUME" for v in json.loads(args)]
+    assert data_dir.group(1) in volumes, f"VOLUME {data_dir.group(1)} missing: data dies with the container"
+    last_volume = max(i for i, (keyword, _) in enumerate(instructions) if keyword == "VOLUME")
+    creates_dir = max(
+        i for i, (keyword, args) in enumerate(instructions) if keyword == "RUN" and data_dir.group(1) in args
+    )
+    assert creates_dir < last_volume, "create (and chown) the directory before declaring the volume"
+
+
+def test_service_image_ships_only_commands_that_run() -> None:
+    """Console scripts of packages the service image does not copy are removed, so none crashes there."""
+    scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+    copied = set(copy_sources(DOCKERFILES["selector"]))
+    runs = " ".join(
+        args for keyword, args in dockerfile_instructions(DOCKERFILES["selector"]) if keyword == "RUN"
+    )
+    for script, target in scripts.items():
+        package = target.split(":")[0].split(".")[0]
+        removed = re.search(rf"rm [^&;]*command -v {re.escape(script)}\b", runs) is not None
+        if package in copied:
+            assert not removed, f"{script} works in the service image: keep it"
+        else:
+            assert removed, (
+                f"the service image has no {package}: remove the `{script}` command it would crash"
+            )
 
 
 def test_the_service_image_install_provides_every_service_import() -> None:

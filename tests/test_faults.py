@@ -279,7 +279,7 @@ def test_store_frozen_gives_503_within_the_timeout_then_recovers(outage, record_
     }
     with httpx.Client(base_url=svc.url, timeout=30) as c:
         assert c.post("/observe", json=retry).status_code == 200
-        assert c.post("/observe", json=retry).json() == {"applied": 0, "duplicate": True}
+        assert c.post("/observe", json=retry).json() == {"applied": 0, "duplicate": True, "lag": 0}
     after_beliefs, after_summary = _snapshot(svc.url, name)
     assert after_summary["observations"] == before[1]["observations"] + 1
     b1 = next(b for b in after_beliefs["beliefs"] if b["prompt_id"] == 1)
@@ -402,11 +402,11 @@ def test_lost_snapshot_chunk_is_a_clear_503_never_a_reset(outage):
                 if client.hget(meta_key, "snap"):
                     break
                 time.sleep(0.1)
-        snap = client.hget(meta_key, "snap")
-        assert snap, "no snapshot was written"
-        client.delete(f"{svc.prefix}:v1:{{{name}-s}}:snap:{snap.decode()}:0")
     finally:
-        snapshotting.stop()
+        snapshotting.stop()  # before choosing the chunk to delete: no snapshot may replace it after
+    snap = client.hget(meta_key, "snap")
+    assert snap, "no snapshot was written"
+    client.delete(f"{svc.prefix}:v1:{{{name}-s}}:snap:{snap.decode()}:0")
     fresh = ServiceProcess(redis_url=server.url, prefix=svc.prefix).start()
     try:
         r = httpx.get(f"{fresh.url}/datasets/{name}-s/beliefs", params={"ids": "1"}, timeout=30)

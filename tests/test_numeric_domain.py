@@ -324,7 +324,12 @@ def test_extreme_accepted_specs_select_without_server_errors(http, dsname, prior
         for rep in range(3):
             r = http.post(
                 "/observe",
-                json={"dataset": dsname, "step": step, "request_id": f"r{step}-{rep}", "results": results},
+                json={
+                    "dataset": dsname,
+                    "step": step,
+                    "request_id": f"{dsname}-r{step}-{rep}",
+                    "results": results,
+                },
             )
             assert r.status_code == 200, r.text
     r = http.get(f"/datasets/{dsname}/beliefs", params={"ids": "0,1,2,3"})

@@ -100,17 +100,12 @@ def test_export_import_roundtrip(service, dsname):
         original = c.post("/select", json={"dataset": dsname, **sel}).json()
         # tie-breaking is seeded by the dataset's name: the copy ranks identically, ties may differ
         assert original["scores"] == c.post("/select", json={"dataset": copy, **sel}).json()["scores"]
-        # the copy takes new observations like any dataset
-        ack = c.post(
-            "/observe",
-            json={
-                "dataset": copy,
-                "step": 5,
-                "request_id": "e0",
-                "results": [{"prompt_id": 1, "successes": 1, "trials": 2}],
-            },
-        ).json()
-        assert ack == {"applied": 1, "duplicate": False}
+        # the copy takes new observations like any dataset; a request id names one request, so the
+        # original's ids are refused on the copy (409, nothing applied) and new ones are applied
+        body = {"dataset": copy, "step": 5, "results": [{"prompt_id": 1, "successes": 1, "trials": 2}]}
+        assert c.post("/observe", json={**body, "request_id": "e0"}).status_code == 409
+        ack = c.post("/observe", json={**body, "request_id": "copy-e0"}).json()
+        assert ack == {"applied": 1, "duplicate": False, "lag": 0}
         # taken names, replace, and garbage
         assert c.post(f"/datasets/{copy}/import", content=blob.content).status_code == 409
         assert (

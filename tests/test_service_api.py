@@ -88,7 +88,7 @@ def test_observe_updates_beliefs_exactly(http, dsname):
         ],
     }
     r = http.post("/observe", json=obs)
-    assert r.json() == {"applied": 3, "duplicate": False}
+    assert r.json() == {"applied": 3, "duplicate": False, "lag": 0}
     b = {x["prompt_id"]: x for x in beliefs(http, dsname, [1, 7, 3])["beliefs"]}
     # lam = 0.5, prior (2, 3): first (S=3 of 8) then (S=2 of 4), applied in order.
     a1, b1 = 0.5 * 2 + 0.5 * 2 + 3, 0.5 * 3 + 0.5 * 3 + 5
@@ -97,7 +97,7 @@ def test_observe_updates_beliefs_exactly(http, dsname):
     assert (b[7]["alpha"], b[7]["beta"]) == (2.0, 0.5 * 3 + 0.5 * 3 + 8)
     assert (b[3]["alpha"], b[3]["beta"], b[3]["observations"]) == (2.0, 3.0, 0)
     # A retry of the same request id applies nothing.
-    assert http.post("/observe", json=obs).json() == {"applied": 0, "duplicate": True}
+    assert http.post("/observe", json=obs).json() == {"applied": 0, "duplicate": True, "lag": 0}
     assert beliefs(http, dsname, [1])["beliefs"][0]["alpha"] == a2
     summary = http.get(f"/datasets/{dsname}").json()["summary"]
     assert summary["observations"] == 3 and summary["rollouts"] == 20 and summary["prompts_observed"] == 2
@@ -155,7 +155,7 @@ def test_bad_observe_applies_nothing(http, dsname, patch, status):
     body = {
         "dataset": dsname,
         "step": 0,
-        "request_id": "bad",
+        "request_id": f"bad-{dsname}",
         "results": [{"prompt_id": 1, "successes": 1, "trials": 2}, {"prompt_id": 2, "rewards": [1, 0]}],
     }
     if "results" in patch:
@@ -171,10 +171,10 @@ def test_bad_observe_applies_nothing(http, dsname, patch, status):
     fixed = {
         "dataset": dsname,
         "step": 0,
-        "request_id": "bad",
+        "request_id": f"bad-{dsname}",
         "results": [{"prompt_id": 1, "successes": 1, "trials": 2}],
     }
-    assert http.post("/observe", json=fixed).json() == {"applied": 1, "duplicate": False}
+    assert http.post("/observe", json=fixed).json() == {"applied": 1, "duplicate": False, "lag": 0}
 
 
 @pytest.mark.parametrize(

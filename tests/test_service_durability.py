@@ -88,7 +88,7 @@ def test_two_replicas_agree(redis_url, dsname):
                 f"{reader.url}/observe",
                 json={"dataset": dsname, "step": step, "request_id": f"s{step}", "results": results},
             ).json()
-            assert again == {"applied": 0, "duplicate": True}
+            assert again == {"applied": 0, "duplicate": True, "lag": 0}
             assert httpx.get(f"{reader.url}/datasets/{dsname}").json()["summary"]["observations"] == 16 * (
                 step + 1
             )
@@ -109,7 +109,11 @@ def test_kill9_and_restart_on_same_redis(redis_url, dsname):
         assert _state(again.url, dsname) == before
         # retrying every acknowledged request after the restart applies nothing
         for body in sent:
-            assert httpx.post(f"{again.url}/observe", json=body).json() == {"applied": 0, "duplicate": True}
+            assert httpx.post(f"{again.url}/observe", json=body).json() == {
+                "applied": 0,
+                "duplicate": True,
+                "lag": 0,
+            }
         assert _state(again.url, dsname) == before
         assert before[3]["observations"] == 20 * 16
     finally:

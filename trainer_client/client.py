@@ -8,7 +8,8 @@ Exception tree (each carries ``status`` (int | None) and the server's ``detail``
     ├── ServiceUnavailable        cannot connect, timed out, or 502/503/504 after all retries
     ├── AuthError                 401 (token missing) / 403 (token wrong)
     ├── NotFound                  404 (unknown dataset)
-    ├── Conflict                  409 (name taken with another spec; step already closed)
+    ├── Conflict                  409 (name taken with another spec; step closed beyond max_lag;
+    │                                  request id already used with another body or dataset)
     └── InvalidRequest            400 / 413 / 422 (malformed or out-of-range input; nothing applied)
 
 Retries: connect errors, timeouts and 502/503/504 are retried ``retries`` times with exponential
@@ -177,6 +178,7 @@ class DatasetInfo:
     hmm_decay: float
     reward_mode: str
     defaults: dict[str, Any]
+    max_lag: int = 0
     open_step: int | None = None
     observations: int | None = None
     rollouts: int | None = None
@@ -203,6 +205,7 @@ class DatasetInfo:
             hmm_decay=float(spec.get("hmm_decay", 0.7)),
             reward_mode=str(spec.get("reward_mode", "binary")),
             defaults=dict(spec.get("defaults") or {}),
+            max_lag=int(spec.get("max_lag", 0)),
             open_step=_opt_int("open_step"),
             observations=_opt_int("observations"),
             rollouts=_opt_int("rollouts"),
@@ -224,10 +227,12 @@ class Selection:
 
 @dataclass(frozen=True)
 class ObserveAck:
-    """``applied``: results recorded by this request; ``duplicate``: the request id was seen before."""
+    """``applied``: results recorded by this request; ``duplicate``: the request id was seen before;
+    ``lag``: how many steps late the results were applied (0 on time; > 0 only with ``max_lag``)."""
 
     applied: int
     duplicate: bool
+    lag: int = 0
 
 
 @dataclass(frozen=True)
@@ -284,7 +289,9 @@ def _parse_selection(response: httpx.Response) -> Selection:
 
 def _parse_ack(response: httpx.Response) -> ObserveAck:
     body = response.json()
-    return ObserveAck(applied=int(body["applied"]), duplicate=bool(body["duplicate"]))
+    return ObserveAck(
+        applied=int(body["applied"]), duplicate=bool(body["duplicate"]), lag=int(body.get("lag", 0))
+    )
 
 
 def _parse_beliefs(response: httpx.Response) -> Beliefs:
@@ -332,6 +339,7 @@ def _create_dataset_call(
     hmm_decay: float,
     reward_mode: str,
     defaults: Mapping[str, Any] | None,
+    max_lag: int = 0,
 ) -> _Call[DatasetInfo]:
     body: dict[str, Any] = {
         "name": name,
@@ -345,6 +353,8 @@ def _create_dataset_call(
     }
     if defaults is not None:
         body["defaults"] = dict(defaults)
+    if max_lag:  # sent only when used, so a spec without it also creates on a service without it
+        body["max_lag"] = int(max_lag)
     return _Call("POST", "/datasets", _parse_dataset, json=body)
 
 
@@ -533,8 +543,10 @@ class SelectorClient(_Base):
         hmm_decay: float = 0.7,
         reward_mode: str = "binary",
         defaults: Mapping[str, Any] | None = None,
+        max_lag: int = 0,
     ) -> DatasetInfo:
-        """Create a dataset (or confirm an identical one); ``Conflict`` if the name has another spec."""
+        """Create a dataset (or confirm an identical one); ``Conflict`` if the name has another spec.
+        ``max_lag``: accept results up to this many steps late (asynchronous trainers)."""
         return self._run(
             _create_dataset_call(
                 name,
@@ -546,6 +558,7 @@ class SelectorClient(_Base):
                 hmm_decay,
                 reward_mode,
                 defaults,
+                max_lag,
             )
         )
 
@@ -664,6 +677,7 @@ class AsyncSelectorClient(_Base):
         hmm_decay: float = 0.7,
         reward_mode: str = "binary",
         defaults: Mapping[str, Any] | None = None,
+        max_lag: int = 0,
     ) -> DatasetInfo:
         return await self._run(
             _create_dataset_call(
@@ -676,6 +690,7 @@ class AsyncSelectorClient(_Base):
                 hmm_decay,
                 reward_mode,
                 defaults,
+                max_lag,
             )
         )
 

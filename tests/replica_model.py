@@ -1,0 +1,168 @@
+"""A reference model of one dataset for the randomized replica tests, fed only acknowledged requests.
+
+The service's promise, stated as what the model checks: every acknowledged observation is applied
+exactly once, at the open step it was appended at (its reported step plus the lag it was answered
+with), and every step that an acknowledged request opened is closed in order. Nothing else may change
+the beliefs. With `beta_decay` 1 and whole successes the Beta sums and the pooled step states do not
+depend on the order of results within a step, so the model does not need the log's order: it replays
+the acknowledged results step by step in a canonical order on a fresh single-process `DatasetState`,
+and every replica's beliefs, counts and batches must equal the model's bit for bit. The one exception
+is `last_state` (the state of a prompt's latest result, used by history resampling), which depends on
+the log's order among the results of a prompt's last step: the model gives the set of states it may
+take, and replicas must agree on it with each other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+import numpy as np
+
+from selector_service.engine import Engine
+from selector_service.state import LAG_LABELS, DatasetSpec, DatasetState
+
+
+@dataclass
+class Ack:
+    """One acknowledged observe: its results and the open step it was applied at."""
+
+    request_id: str
+    step: int
+    lag: int
+    results: list  # SimpleNamespace(prompt_id, rewards, successes, trials)
+
+    @property
+    def applied_at(self) -> int:
+        return self.step + self.lag
+
+
+@dataclass
+class ReplicaModel:
+    spec: DatasetSpec
+    acks: dict[str, Ack] = field(default_factory=dict)
+    open_step: int = 0
+
+    def acknowledged(self, request_id: str, step: int, lag: int, results: list) -> None:
+        """Records an answer `applied` or `duplicate` for a request; a duplicate must name the same step."""
+        known = self.acks.get(request_id)
+        if known is not None:
+            assert (known.step, known.lag, known.results) == (step, lag, results), (
+                f"request {request_id} (step {step}) was answered as a duplicate of a request with "
+                f"another body or lag (step {known.step}, lag {known.lag} vs {lag})"
+            )
+            return
+        self.acks[request_id] = Ack(request_id, step, lag, results)
+        self.opened(step + lag)
+
+    def opened(self, step: int) -> None:
+        """An acknowledged request (select, or observe for a later step) opened `step`."""
+        self.open_step = max(self.open_step, step)
+
+    def last_states(self) -> dict[int, set[int]]:
+        """prompt id -> the states its `last_state` may hold: those of its results applied at its last
+        step (their order in the log decides which one)."""
+        latest: dict[int, tuple[int, set[int]]] = {}
+        for ack in self.acks.values():
+            ids, _, _, states = outcome_arrays(self.spec, ack.results)
+            for pid, state in zip(ids.tolist(), states.tolist(), strict=True):
+                at, allowed = latest.get(pid, (-1, set()))
+                if ack.applied_at > at:
+                    latest[pid] = (ack.applied_at, {state})
+                elif ack.applied_at == at:
+                    allowed.add(state)
+        return {pid: allowed for pid, (_, allowed) in latest.items()}
+
+    def state(self) -> DatasetState:
+        st = DatasetState(self.spec)
+        for ack in sorted(self.acks.values(), key=lambda a: (a.applied_at, a.request_id)):
+            st.close_until(ack.applied_at)
+            ids, succ, trials, states = outcome_arrays(self.spec, ack.results)
+            st.apply_outcomes(ids, succ, trials, states)
+            lag = min(ack.lag, LAG_LABELS)
+            st.results_by_lag[lag] = st.results_by_lag.get(lag, 0) + len(ids)
+        st.close_until(self.open_step)
+        return st
+
+
+def outcome_arrays(spec: DatasetSpec, results: list):
+    """The outcomes the service derives from results (METHODS 0, binary mode), computed here by hand."""
+    ids, succ, trials, states = [], [], [], []
+    for r in results:
+        if r.rewards is not None:
+            s = float(sum(1 for x in r.rewards if x >= spec.success_threshold))
+            t = float(len(r.rewards))
+        else:
+            s, t = float(r.successes), float(r.trials)
+        ids.append(r.prompt_id)
+        succ.append(s)
+        trials.append(t)
+        states.append(1 if s == 0 else 3 if s == t else 2)
+    return (
+        np.asarray(ids, dtype=np.int64),
+        np.asarray(succ, dtype=np.float64),
+        np.asarray(trials, dtype=np.float64),
+        np.asarray(states, dtype=np.int8),
+    )
+
+
+def random_results(rng, size: int, k: int) -> list:
+    """1-4 results for distinct random prompts, as rewards or as successes/trials."""
+    out = []
+    for pid in rng.sample(range(size), rng.randint(1, min(4, size))):
+        if rng.random() < 0.5:
+            out.append(
+                SimpleNamespace(
+                    prompt_id=pid,
+                    rewards=[float(rng.random() < 0.5) for _ in range(k)],
+                    successes=None,
+                    trials=None,
+                )
+            )
+        else:
+            out.append(SimpleNamespace(prompt_id=pid, rewards=None, successes=rng.randint(0, k), trials=k))
+    return out
+
+
+def differences(replica: DatasetState, model: DatasetState, last: dict[int, set[int]] | None = None):
+    """What differs between a replica's state and the model's (empty when equal bit for bit). With
+    `last` (ReplicaModel.last_states), last_state is checked against the states it may hold instead."""
+    diffs = []
+    left, right = replica.arrays.arrays(), model.arrays.arrays()
+    if last is not None:
+        for pid in range(len(right["last_state"])):
+            allowed = last.get(pid, {0})
+            if int(left["last_state"][pid]) not in allowed:
+                diffs.append(f"last_state of prompt {pid} is {left['last_state'][pid]}, not in {allowed}")
+    for name in right:
+        if last is not None and name == "last_state":
+            continue
+        if not np.array_equal(left[name], right[name]):
+            bad = np.flatnonzero((left[name] != right[name]).reshape(len(left[name]), -1).any(axis=1))
+            diffs.append(f"{name} differs at prompts {bad[:8].tolist()}")
+    for attr in ("open_step", "results", "rollouts", "steps_closed", "results_by_lag"):
+        if getattr(replica, attr) != getattr(model, attr):
+            diffs.append(f"{attr}: replica {getattr(replica, attr)!r}, model {getattr(model, attr)!r}")
+    return diffs
+
+
+# Selections whose batches depend on the beliefs only; history resampling (on last_state) is compared
+# between replicas instead.
+SELECTIONS = (
+    ("insight", {}, 0),
+    ("insight", {"candidate_ratio": None}, 3),
+    ("dps", {}, 1),
+    ("mopps", {}, 2),
+    ("uniform", {}, 5),
+    ("expected_difficulty", {"candidate_ratio": None}, 4),
+)
+ORDER_DEPENDENT = (("history_resampling", {}, 0),)
+
+
+def model_batches(spec: DatasetSpec, st: DatasetState, batch_size: int, selections=SELECTIONS):
+    out = []
+    for strategy, params, seed in selections:
+        merged = Engine.resolve_params(spec, strategy, params)
+        ids, _ = st.select(strategy, merged, batch_size, seed)
+        out.append(ids.tolist())
+    return out

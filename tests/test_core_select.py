@@ -225,7 +225,9 @@ def _sampled_rows(m: int) -> np.ndarray:
     return (np.arange(4096) * m) // 4096
 
 
-@pytest.mark.parametrize("pattern", ["random", "sampled_high", "unsampled_high", "ties", "few_values"])
+@pytest.mark.parametrize(
+    "pattern", ["random", "sampled_high", "unsampled_high", "ties", "few_values", "tie_block_under_a_few"]
+)
 def test_large_inputs_equal_the_literal_twin(pattern, monkeypatch):
     """Above 16384 scores topk_random_ties keeps only the rows at or above a threshold placed from 4096
     evenly spread rows; where those mislead (the sampled rows the highest, so too few are kept; or the
@@ -242,6 +244,8 @@ def test_large_inputs_equal_the_literal_twin(pattern, monkeypatch):
         scores = np.where(rng.random(m) < 0.9, 1 / 3, rng.random(m))
     elif pattern == "few_values":
         scores = rng.integers(0, 4, m) / 3.0
+    elif pattern == "tie_block_under_a_few":  # k = 1, 100 above the block (one pass), larger k inside it
+        scores = np.where(rng.random(m) < 0.99, 0.3, 0.5 + rng.random(m) / 2)
     fallbacks = []
     exact_passes = _Source.histogram
     monkeypatch.setattr(_Source, "histogram", lambda self, *a: fallbacks.append(1) or exact_passes(self, *a))

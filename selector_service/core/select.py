@@ -164,7 +164,8 @@ def _collect_prior(prior, weight, digit, above, cand_keys, cand_pos):
 @numba.njit(nogil=True, cache=True)
 def _scan_array(scores, bits, thr_key, ref_key, keys_out, pos_out):
     """One pass: counts (NaN, keys > ref_key, keys == ref_key) and the keys and positions (ascending) of
-    every score whose key is >= thr_key, as many as fit; returns (how many there were, nan, gt, eq)."""
+    every score whose key is >= thr_key; returns (kept, nan, gt, eq), or (size + 1, partial counts) as
+    soon as more than keys_out.size would have to be kept."""
     cap = keys_out.size
     n = 0
     nan = 0
@@ -179,9 +180,10 @@ def _scan_array(scores, bits, thr_key, ref_key, keys_out, pos_out):
         gt += np.int64(key > ref_key)
         eq += np.int64(key == ref_key)
         if key >= thr_key:
-            if n < cap:
-                keys_out[n] = key
-                pos_out[n] = q
+            if n == cap:  # the sample misled: give up at once, the exact passes decide
+                return n + 1, nan, gt, eq
+            keys_out[n] = key
+            pos_out[n] = q
             n += 1
     return n, nan, gt, eq
 
@@ -206,9 +208,10 @@ def _scan_prior(prior, weight, thr_key, ref_key, keys_out, pos_out):
         gt += np.int64(key > ref_key)
         eq += np.int64(key == ref_key)
         if key >= thr_key:
-            if n < cap:
-                keys_out[n] = key
-                pos_out[n] = q
+            if n == cap:
+                return n + 1, nan, gt, eq
+            keys_out[n] = key
+            pos_out[n] = q
             n += 1
     return n, nan, gt, eq
 
@@ -308,7 +311,8 @@ class _Scan(NamedTuple):
     thr_key: int  # every key >= thr_key was kept ...
     keys: np.ndarray  # ... here (uint64), with its position (ascending) ...
     pos: np.ndarray
-    complete: bool  # ... unless there were more than the buffer held
+    complete: bool  # ... unless there were more than the buffer held; then:
+    hist: np.ndarray | None  # the exact histogram (and nan, gt, eq come from it)
 
 
 class _Source:
@@ -318,8 +322,9 @@ class _Source:
     The usual path reads the scores once: `scan` samples 4096 evenly spread rows to place a threshold a
     little below the k-th largest, then one pass keeps every row at or above it (about 2k + 16 m / 4096
     rows) and counts rows against a reference key; `top` and `at` finish among the kept rows. When the
-    kept rows do not suffice (the threshold landed too high, or too many rows tie above it) they fall
-    back to two exact passes (`histogram`, then `split` / `split_at`). Either way the result is the same.
+    kept rows would not fit (the scan then stops at once) or do not suffice (the threshold landed too
+    high), two exact passes decide (`histogram`, then `split` / `split_at`). Either way the result is the
+    same.
     """
 
     def __init__(self, m: int, scores: np.ndarray | None = None, prior=None, weight: float = 0.0) -> None:
@@ -342,7 +347,15 @@ class _Source:
             prior = self.prior if self.prior is not None else np.empty((0, 3), dtype=np.float32)
             _sample_keys(scores, self._bits(), prior, self.weight, self.prior is not None, m, sample)
             rank = min(_SAMPLE, -(-2 * k * _SAMPLE // m) + _SAMPLE_MARGIN)
-            thr = int(np.sort(sample)[_SAMPLE - rank]) if rank < _SAMPLE else 0
+            ordered = np.sort(sample)
+            thr = int(ordered[_SAMPLE - rank]) if rank < _SAMPLE else 0
+            # A value that many sampled rows share is a big block of ties: start just above it (if the
+            # rows above do not reach rank k, the block holds the boundary, and the exact passes must
+            # list it anyway).
+            if rank < _SAMPLE and np.count_nonzero(ordered == ordered[_SAMPLE - rank]) > rank:
+                larger = ordered[ordered > ordered[_SAMPLE - rank]]
+                if larger.size:
+                    thr = int(larger[0])
             cap = min(m, 2 * (rank * m // _SAMPLE) + 4096)
         keys = np.empty(cap, dtype=np.uint64)
         pos = np.empty(cap, dtype=np.int64)
@@ -354,9 +367,10 @@ class _Source:
             n, nan, gt, eq = _scan_array(
                 self.scores, self._bits(), np.uint64(thr), np.uint64(ref_key), keys, pos
             )
-        complete = n <= cap
-        n = min(n, cap)
-        return _Scan(int(nan), int(gt), int(eq), thr, keys[:n], pos[:n], complete)
+        if n <= cap:
+            return _Scan(int(nan), int(gt), int(eq), thr, keys[:n], pos[:n], True, None)
+        hist, nan, gt, eq = self.histogram(ref_key)
+        return _Scan(nan, gt, eq, thr, keys[:0], pos[:0], False, hist)
 
     def top(self, scan: _Scan, k: int) -> tuple[np.ndarray, np.ndarray, int]:
         """Positions above the k-th largest score, positions equal to it (ascending), and its key."""
@@ -364,14 +378,14 @@ class _Source:
             key = int(_kth_key_any(scan.keys, k))
             ukey = np.uint64(key)
             return scan.pos[scan.keys > ukey], scan.pos[scan.keys == ukey], key
-        return self.split(self.histogram()[0], k)
+        return self.split(scan.hist if scan.hist is not None else self.histogram()[0], k)
 
     def at(self, scan: _Scan, key: int) -> tuple[np.ndarray, np.ndarray]:
         """Positions whose key is above `key`, and those equal to it (ascending)."""
         if scan.complete and scan.thr_key <= key:
             ukey = np.uint64(key)
             return scan.pos[scan.keys > ukey], scan.pos[scan.keys == ukey]
-        return self.split_at(self.histogram()[0], key)
+        return self.split_at(scan.hist if scan.hist is not None else self.histogram()[0], key)
 
     def histogram(self, ref_key: int = 0) -> tuple[np.ndarray, int, int, int]:
         """(histogram of top digits, NaN count, count of keys > ref_key, count == ref_key)."""

@@ -11,10 +11,12 @@ Three parts, each optional:
    hmm_decay 0.7) after observing a batch, a DPS select over the whole dataset (METHODS 2) and an
    INSIGHT select with its default candidate pool, each the median of --repeats calls after a warm-up.
    A "step" is close + DPS select. Next to each time: in the sparse regime the time of np.argpartition
-   over --observed floats measured in the same run (the step should cost a few of those, whatever N);
-   in the full regime the memory-bandwidth floor of the arrays the pass must touch (close: 121 bytes per
-   prompt read + written, dps.py; select: the 12-byte prior row of every prompt) at the stream bandwidth
-   of a large numpy copy measured in the same run. Memory: the belief arrays' bytes per prompt (exact,
+   over --observed floats, timed right after every step (the step should cost a few of those, whatever
+   N); in the full regime the memory-bandwidth floor of the arrays the pass must touch (close: 121 bytes
+   per prompt read + written, dps.py; select: the 12-byte prior row of every prompt) at the stream
+   bandwidth of a large numpy copy measured in the same run. Both ratios are also taken in CPU seconds
+   of the one-thread steps (the table shows those): on a shared machine wall-clock ratios include time
+   the process did not run at all. Memory: the belief arrays' bytes per prompt (exact,
    capacity included) and the resident memory per prompt (RSS growth when the beliefs are built; peak RSS
    via VmHWM), and bytes per prompt at 1%, 10% and 100% observed. 10^8 runs in a regime only when more
    than --min-free-gb of memory is available (the full regime's arrays alone are 9 GB); otherwise it is
@@ -141,16 +143,17 @@ def rss(pid: int) -> int:
     return psutil.Process(pid).memory_info().rss
 
 
-def stream_bandwidth(nbytes: int = 1 << 29, repeats: int = 5) -> float:
-    """Bytes read + written per second by np.copyto over a large array (one thread)."""
+def stream_bandwidth(nbytes: int = 1 << 29, repeats: int = 5, clock=time.perf_counter) -> float:
+    """Bytes read + written per second by np.copyto over a large array (one thread); per CPU second
+    with clock=time.process_time (what a shared machine distorts least)."""
     src = np.ones(nbytes // 8, dtype=np.float64)
     dst = np.empty_like(src)
     np.copyto(dst, src)
     samples = []
     for _ in range(repeats):
-        t = time.perf_counter()
+        t = clock()
         np.copyto(dst, src)
-        samples.append(time.perf_counter() - t)
+        samples.append(clock() - t)
     return 2 * src.nbytes / statistics.median(samples)
 
 
@@ -205,21 +208,15 @@ def sparse_beliefs(n: int, observed: int, seed: int = 6) -> tuple[BeliefArrays, 
     return ba, pool
 
 
-def argpartition_seconds(m: int, batch: int, repeats: int) -> float:
-    """Median time of np.argpartition over m float64 (the top `batch`), the sparse step's yardstick."""
-    x = np.random.default_rng(0).random(m)
-    k = max(0, m - batch)
-    np.argpartition(x, k)
-    samples = []
-    for _ in range(max(5, 4 * repeats)):
-        t = time.perf_counter()
-        np.argpartition(x, k)
-        samples.append(time.perf_counter() - t)
-    return statistics.median(samples)
-
-
 def kernel_figures(
-    n: int, regime: str, batch: int, repeats: int, bandwidth: float, observed: int, seed: int = 0
+    n: int,
+    regime: str,
+    batch: int,
+    repeats: int,
+    bandwidth: float,
+    observed: int,
+    cpu_bandwidth: float,
+    seed: int = 0,
 ) -> dict[str, Any]:
     """close_step, DPS select and INSIGHT select over n prompts in `regime` ("sparse": `observed`
     prompts ever observed; "full": all of them); memory per prompt."""
@@ -245,16 +242,32 @@ def kernel_figures(
         successes = np.where(states == 1, 0.0, np.where(states == 3, 8.0, 4.0))
         apply_results(ba, ids, successes, np.full(batch, 8.0), states, 1.0, 1.0, 1.0)
 
+    cpu_close, cpu_dps, arg_wall, arg_cpu = [], [], [], []
+    yardstick = np.random.default_rng(0).random(min(observed, n)) if regime == "sparse" else None
+
+    def argpartition_now() -> None:
+        """np.argpartition over `observed` floats, timed right after each step (same load)."""
+        k = max(0, yardstick.size - batch)
+        t, c = time.perf_counter(), time.process_time()
+        np.argpartition(yardstick, k)
+        arg_wall.append(time.perf_counter() - t)
+        arg_cpu.append(time.process_time() - c)
+
     def steps(count: int, first_step: int, insight: bool):
         closes, dps, ins = [], [], []
         for step in range(first_step, first_step + count + 1):  # the first one warms up
             observe_batch()
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             close_step(ba, HMM_DECAY)
-            t_close = time.perf_counter() - t
-            t = time.perf_counter()
+            t_close, c_close = time.perf_counter() - t, time.process_time() - c
+            t, c = time.perf_counter(), time.process_time()
             strategies.select(ba, strategy="dps", params=None, step=step + 1, **kw)
-            t_dps = time.perf_counter() - t
+            t_dps, c_dps = time.perf_counter() - t, time.process_time() - c
+            if step > first_step and not insight:  # one thread: CPU seconds are comparable to the copy's
+                cpu_close.append(c_close)
+                cpu_dps.append(c_dps)
+            if step > first_step and yardstick is not None:
+                argpartition_now()
             t = time.perf_counter()
             if insight:
                 strategies.select(ba, strategy="insight", params=None, step=step + 1, **kw)
@@ -306,9 +319,23 @@ def kernel_figures(
         close_x_floor=close_s / close_floor,
         select_dps_x_floor=dps_s / select_floor,
     )
+    # The same in CPU seconds of the one-thread steps against the copy's CPU-second bandwidth: on a
+    # shared machine the wall-clock ratios include time this process did not run at all.
+    cpu_c, cpu_d = statistics.median(cpu_close), statistics.median(cpu_dps)
+    row.update(
+        close_cpu_s=cpu_c,
+        select_dps_cpu_s=cpu_d,
+        close_cpu_x_floor=cpu_c / (CLOSE_BYTES * m / cpu_bandwidth),
+        select_dps_cpu_x_floor=cpu_d / (SELECT_BYTES * m / cpu_bandwidth),
+    )
     if regime == "sparse":
-        arg = argpartition_seconds(m, batch, repeats)
-        row.update(argpartition_s=arg, step_x_argpartition=(close_s + dps_s) / arg)
+        arg, arg_c = statistics.median(arg_wall), statistics.median(arg_cpu)
+        row.update(
+            argpartition_s=arg,
+            step_x_argpartition=(close_s + dps_s) / arg,
+            argpartition_cpu_s=arg_c,
+            step_cpu_x_argpartition=(cpu_c + cpu_d) / arg_c,
+        )
     return row
 
 
@@ -348,14 +375,14 @@ def print_kernels(rows: list[dict]) -> None:
     print(f"\nIn-process kernels (numba threads={numba.get_num_threads()}, cores={os.cpu_count()})")
     head = (
         f"{'N':>6} {'regime':>7} {'observed':>10} {'close ms':>9} {'DPS sel ms':>11} {'step ms':>9}"
-        f" {'vs':>18} {'1-thr ms':>9} {'INSIGHT ms':>11} {'B/p held':>9} {'RSS B/p':>8}"
+        f" {'vs (in CPU seconds)':>18} {'1-thr ms':>9} {'INSIGHT ms':>11} {'B/p held':>9} {'RSS B/p':>8}"
     )
     print(head)
     for r in rows:
         if r["regime"] == "sparse":
-            vs = f"{r['step_x_argpartition']:.1f}x argpart({r['observed']:,})"
+            vs = f"{r['step_cpu_x_argpartition']:.1f}x argpart({r['observed']:,})"
         else:
-            vs = f"{r['close_x_floor']:.2f}x / {r['select_dps_x_floor']:.2f}x floor"
+            vs = f"{r['close_cpu_x_floor']:.2f}x / {r['select_dps_cpu_x_floor']:.2f}x floor"
         print(
             f"{fmt_n(r['n']):>6} {r['regime']:>7} {r['observed']:>10,} {r['close_s'] * 1e3:>9.2f}"
             f" {r['select_dps_s'] * 1e3:>11.2f} {r['step_s'] * 1e3:>9.2f} {vs:>18}"
@@ -561,7 +588,7 @@ def service_figures(n: int, batch: int, replay_steps: int, redis_url: str | None
                 {"prompt_id": int(i), "successes": int(s), "trials": int(k)}
                 for i, s, k in zip(ids, succ, trials, strict=True)
             ]
-            body = {"dataset": ds, "step": step, "request_id": f"s{step}", "results": results}
+            body = {"dataset": ds, "step": step, "request_id": f"{ds}-s{step}", "results": results}
             post("/observe", body, "observe", record)
             post("/select", select_body(step + 1, ds=ds), "select_close", record)
 
@@ -857,11 +884,13 @@ def main() -> None:
 
     t_start = time.perf_counter()
     bandwidth = stream_bandwidth()
+    cpu_bandwidth = stream_bandwidth(clock=time.process_time)
     result: dict[str, Any] = {
         "cores": os.cpu_count(),
         "numba_threads": numba.get_num_threads(),
         "memory_total_gb": psutil.virtual_memory().total / 1e9,
         "stream_bandwidth_gb_per_s": bandwidth / 1e9,
+        "stream_bandwidth_gb_per_cpu_s": cpu_bandwidth / 1e9,
         "belief_bytes_per_prompt": BeliefArrays.new(1).nbytes_per_prompt,
         "batch": args.batch,
         "hmm_decay": HMM_DECAY,
@@ -890,7 +919,7 @@ def main() -> None:
                 )
                 skipped.append((n, regime))
                 continue
-            row = kernel_figures(n, regime, args.batch, args.repeats, bandwidth, args.observed)
+            row = kernel_figures(n, regime, args.batch, args.repeats, bandwidth, args.observed, cpu_bandwidth)
             kernels.append(row)
             print(f"  {fmt_n(n)} {regime}: step {row['step_s'] * 1e3:.2f} ms", flush=True)
     result["kernels"] = kernels

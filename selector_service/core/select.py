@@ -20,6 +20,7 @@ So which tied positions get in is a uniformly random subset and their order a un
 
 from __future__ import annotations
 
+import math
 import threading
 from collections import OrderedDict
 from typing import NamedTuple
@@ -162,10 +163,11 @@ def _collect_prior(prior, weight, digit, above, cand_keys, cand_pos):
 
 
 @numba.njit(nogil=True, cache=True)
-def _scan_array(scores, bits, thr_key, ref_key, keys_out, pos_out):
-    """One pass: counts (NaN, keys > ref_key, keys == ref_key) and the keys and positions (ascending) of
-    every score whose key is >= thr_key; returns (kept, nan, gt, eq), or (size + 1, partial counts) as
-    soon as more than keys_out.size would have to be kept."""
+def _scan_array(scores, bits, thr, ref, keys_out, pos_out):
+    """One pass: counts (NaN, scores > ref, scores == ref) and the keys and positions (ascending) of
+    every score >= thr; returns (kept, nan, gt, eq), or (size + 1, partial counts) as soon as more than
+    keys_out.size would have to be kept. Compares values, not keys (the same order: keys sort like the
+    values, -0.0 like +0.0), and forms a key only for a kept score."""
     cap = keys_out.size
     n = 0
     nan = 0
@@ -176,21 +178,21 @@ def _scan_array(scores, bits, thr_key, ref_key, keys_out, pos_out):
         if s != s:
             nan += 1
             continue
-        key = _order_key(s, bits[q])
-        gt += np.int64(key > ref_key)
-        eq += np.int64(key == ref_key)
-        if key >= thr_key:
+        gt += np.int64(s > ref)
+        eq += np.int64(s == ref)
+        if s >= thr:
             if n == cap:  # the sample misled: give up at once, the exact passes decide
                 return n + 1, nan, gt, eq
-            keys_out[n] = key
+            keys_out[n] = _order_key(s, bits[q])
             pos_out[n] = q
             n += 1
     return n, nan, gt, eq
 
 
 @numba.njit(nogil=True, cache=True)
-def _scan_prior(prior, weight, thr_key, ref_key, keys_out, pos_out):
-    """_scan_array for DPS prior rows scored on the fly."""
+def _scan_prior(prior, weight, thr, ref, keys_out, pos_out):
+    """_scan_array for DPS prior rows scored on the fly (no key and no score array for the rows below
+    the threshold: a float32 load and three comparisons when weight is 0)."""
     buf = np.empty(1, dtype=np.float64)
     ubuf = buf.view(np.uint64)
     cap = keys_out.size
@@ -203,14 +205,13 @@ def _scan_prior(prior, weight, thr_key, ref_key, keys_out, pos_out):
         if s != s:
             nan += 1
             continue
-        buf[0] = s
-        key = _order_key(s, ubuf[0])
-        gt += np.int64(key > ref_key)
-        eq += np.int64(key == ref_key)
-        if key >= thr_key:
+        gt += np.int64(s > ref)
+        eq += np.int64(s == ref)
+        if s >= thr:
             if n == cap:
                 return n + 1, nan, gt, eq
-            keys_out[n] = key
+            buf[0] = s
+            keys_out[n] = _order_key(s, ubuf[0])
             pos_out[n] = q
             n += 1
     return n, nan, gt, eq
@@ -359,14 +360,12 @@ class _Source:
             cap = min(m, 2 * (rank * m // _SAMPLE) + 4096)
         keys = np.empty(cap, dtype=np.uint64)
         pos = np.empty(cap, dtype=np.int64)
+        thr_value = _key_to_value(thr) if thr else -math.inf  # key 0: keep everything
+        ref_value = _key_to_value(ref_key) if ref_key else -math.inf
         if self.prior is not None:
-            n, nan, gt, eq = _scan_prior(
-                self.prior, self.weight, np.uint64(thr), np.uint64(ref_key), keys, pos
-            )
+            n, nan, gt, eq = _scan_prior(self.prior, self.weight, thr_value, ref_value, keys, pos)
         else:
-            n, nan, gt, eq = _scan_array(
-                self.scores, self._bits(), np.uint64(thr), np.uint64(ref_key), keys, pos
-            )
+            n, nan, gt, eq = _scan_array(self.scores, self._bits(), thr_value, ref_value, keys, pos)
         if n <= cap:
             return _Scan(int(nan), int(gt), int(eq), thr, keys[:n], pos[:n], True, None)
         hist, nan, gt, eq = self.histogram(ref_key)

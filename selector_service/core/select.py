@@ -266,6 +266,13 @@ def _kth_key_among(cand, r):
     as soon as all are equal. No pivots, so O(size) whatever the input (numpy's introselect slows down
     10-30x on some arrangements of a large block of equal values).
     """
+    low = cand[0]
+    high = cand[0]
+    for i in range(1, cand.size):
+        low = min(low, cand[i])
+        high = max(high, cand[i])
+    if low == high:  # one block of equal values (a tie at the top, as in a cold start): done
+        return low
     work = cand.copy()
     count = work.size
     remaining = r
@@ -423,6 +430,8 @@ class _Source:
     @staticmethod
     def _finish(above, cand_keys, cand_pos, key):
         ukey = np.uint64(key)
+        if cand_keys.size and cand_keys.min() == ukey == cand_keys.max():
+            return np.sort(above), cand_pos, key  # all candidates tie (no filtering copies)
         above = np.concatenate([above, cand_pos[cand_keys > ukey]])
         return np.sort(above), cand_pos[cand_keys == ukey], key
 

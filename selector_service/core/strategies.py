@@ -278,18 +278,21 @@ def select(
     ties = stream(key, step, seed, "ties")
     if strategy == "dps" and whole:  # O(prompts ever observed): select.dps_select
         return dps_select(ba, batch_size, params["entropy_weight"], ties)
-    candidates = candidate_pool(n, pool_size, stream(key, step, seed, "candidates"))
+    # The whole dataset: positions are prompt ids (no id array of N is built); a pool: its ids.
+    candidates = None if whole else candidate_pool(n, pool_size, stream(key, step, seed, "candidates"))
+
+    def ids_at(pos: np.ndarray) -> np.ndarray:
+        return pos if candidates is None else candidates[pos]
+
     if strategy == "mopps":
         rng = stream(key, step, seed, "thompson")
-        scores, draws = thompson_scores(
-            ba.alpha, ba.beta, None if whole else candidates, params["target"], rng
-        )
+        scores, draws = thompson_scores(ba.alpha, ba.beta, candidates, params["target"], rng)
         if params["mode"] == "threshold":
             distance = np.maximum(0.3 - draws, 0.0) + np.maximum(draws - 0.7, 0.0)
             pos = topk_random_ties(-distance, batch_size, ties)
         else:
             pos = topk_random_ties(scores, batch_size, ties)
-        return candidates[pos], scores[pos]
+        return ids_at(pos), scores[pos]
 
     if full_scores is not None and spec.deterministic:
         full_scores = np.asarray(full_scores, dtype=np.float64)
@@ -297,9 +300,9 @@ def select(
             raise ValueError(f"full_scores must have shape ({n},), got {full_scores.shape}")
         scores = full_scores if whole else full_scores[candidates]
     else:
-        scores = _deterministic_scores(ba, strategy, params, None if whole else candidates, dataset_k)
+        scores = _deterministic_scores(ba, strategy, params, candidates, dataset_k)
     pos = topk_random_ties(scores, batch_size, ties)
-    return candidates[pos], scores[pos]
+    return ids_at(pos), scores[pos]
 
 
 def score(

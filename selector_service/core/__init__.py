@@ -6,10 +6,11 @@ has a slow float64 twin in tests/naive.py, and runs without fastmath so the same
 bits in every process. Parallel kernels are launched under `PARALLEL_LOCK` (see _parallel.py), so
 wrappers may be called from many threads at once.
 
-Modules: outcomes (rewards -> successes, trials, states), beliefs (BeliefArrays, Beta update),
-dps (DPS step close), mi (INSIGHT's weighted mutual information), scores (MoPPS, baselines, DPS score),
-special (numba digamma), rng (the counter-based generator behind every random choice), select
-(pools, top-k with random ties, epoch walks), domain (the accepted range of every setting and
+Modules: outcomes (rewards -> successes, trials, states), beliefs (BeliefArrays: per-prompt arrays
+and the observed set that holds DPS state; the Beta update), dps (DPS step close over the observed
+set), mi (INSIGHT's weighted mutual information), scores (MoPPS, baselines, DPS score), special (numba
+digamma), rng (the counter-based generator behind every random choice), select (pools, top-k with
+random ties, DPS over the whole dataset, epoch walks), domain (the accepted range of every setting and
 parameter), strategies (registry, validation, select / score).
 """
 

@@ -9,6 +9,8 @@ purpose)` gives the same values in every process, replica and numpy version.
 - `uniform_batch` (METHODS 4): a seeded permutation per epoch, walked B at a time.
 - `history_batch` (METHODS 4, SRPO): the same walk skipping prompts whose latest result was solved.
 - `mopps_threshold_select` (METHODS 1.2, variant `threshold`).
+- `dps_select` (METHODS 2): DPS over the whole dataset from the observed set alone (beliefs.py), the
+  never-observed prompts drawn from their implicit block (O(prompts ever observed + B)).
 
 The tie rule (defined once, here; tests/naive.topk_random_ties is its literal twin): with b the k-th
 largest score, every score > b is taken; of the t positions whose score equals b (in ascending
@@ -480,10 +482,10 @@ def topk_random_ties(scores: np.ndarray, k: int, rng: Stream) -> np.ndarray:
     """Positions (int64) of the k largest `scores`, ordered by score descending; the tie rule of the
     module docstring (uniformly random among equal scores, at the boundary and inside the result).
 
-    Two passes over the scores whatever their arrangement: a histogram of the keys' top 16 bits (which
-    also finds NaN), then a pass that collects the positions above the k-th largest's top digit and the
-    candidates sharing it, narrowed by a radix select (_kth_key_among); only the (at most k) chosen
-    positions are sorted. NaN scores are rejected.
+    Usually one pass over the scores (see _Source: a sampled threshold, then the rows above it), two
+    exact ones where the sample misleads, whatever the arrangement of the scores: no pivots, so a large
+    block of equal scores costs no more than random ones (numpy's introselect slows down 10-30x on some
+    such arrangements); only the (at most k) chosen positions are sorted. NaN scores are rejected.
     """
     scores = np.ascontiguousarray(scores, dtype=np.float64)
     if scores.ndim != 1:

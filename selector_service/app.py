@@ -6,6 +6,7 @@ changes nothing; an unreachable store is a 503.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 import time
@@ -101,6 +102,37 @@ class BodyLimit:
                 await _send_json(send, 413, exc.detail)
 
 
+class InternalErrors:
+    """Answers an unexpected exception with a 500 `{"detail"}` and keeps the connection usable.
+
+    Starlette's own handler for `Exception` sends its response and then re-raises, and the server then
+    drops the keep-alive connection without saying so: the client's next request on it (say, a valid
+    observe) fails with a reset, an outcome it cannot tell from a lost write.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except Exception as exc:
+            if started:
+                raise
+            log.exception("unhandled error")
+            await _send_json(send, 500, f"internal error ({type(exc).__name__}); see the service log")
+
+
 class RequestMetrics:
     """Counts and times every request by its route template (bounded label values)."""
 
@@ -149,7 +181,8 @@ def _validation_message(exc: RequestValidationError) -> str:
         if err.get("type") == "extra_forbidden":
             msg = "unknown field (check the spelling against /openapi.json)"
         elif err.get("type") == "json_invalid":
-            msg = "body is not valid JSON (NaN and Infinity are not allowed)"
+            reason = (err.get("ctx") or {}).get("error", "")
+            msg = f"body is not valid JSON ({reason}): send UTF-8 JSON; NaN and Infinity are not allowed"
         parts.append(f"{loc}: {msg}" if loc else msg)
     return "; ".join(parts[:10]) + (f" (and {len(parts) - 10} more)" if len(parts) > 10 else "")
 
@@ -207,6 +240,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         try:
             yield
         finally:
+            if refresh["task"] is not None:
+                refresh["task"].cancel()
             await engine.close()
             await store.close()
 
@@ -247,7 +282,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             name=body.name,
             size=body.size,
             rollouts_per_prompt=body.rollouts_per_prompt,
-            success_threshold=body.success_threshold,
+            success_threshold=body.success_threshold + 0.0,  # -0.0 is the same threshold as 0.0
             beta_prior=tuple(body.beta_prior),
             beta_decay=body.beta_decay,
             hmm_decay=body.hmm_decay,
@@ -350,18 +385,24 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @api.get("/datasets/{name}/beliefs", response_model=BeliefsResponse)
     async def beliefs(
+        request: Request,
         name: NamePath,
         engine: EngineDep,
         ids: Annotated[
-            str, Query(description="Comma-separated prompt ids, e.g. 1,2,3", max_length=16_000_000)
+            str,
+            Query(
+                description="Comma-separated prompt ids (decimal digits), e.g. 1,2,3",
+                max_length=16_000_000,
+                pattern=r"^[0-9]+(,[0-9]+)*$",
+            ),
         ],
     ) -> BeliefsResponse:
-        try:
+        if len(request.query_params.getlist("ids")) > 1:
+            raise InvalidRequest("pass the ids once, comma-separated: ?ids=1,2,3 (not ?ids=1&ids=2)")
+        try:  # ASCII digits only (the pattern): no signs, underscores or other scripts' digits
             arr = np.array([int(x) for x in ids.split(",")], dtype=np.int64)
-        except (ValueError, OverflowError):
-            raise InvalidRequest(
-                "ids must be comma-separated integers without empty items, e.g. ?ids=1,2,3"
-            ) from None
+        except OverflowError:
+            raise InvalidRequest("a prompt id is out of range: ids must be in 0..size-1") from None
         if arr.size > settings.max_ids_per_request:
             raise PayloadTooLarge(
                 f"{arr.size} ids in one request; the limit is {settings.max_ids_per_request}"
@@ -417,6 +458,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @app.get("/metrics", response_class=Response)
     async def prometheus_metrics(engine: EngineDep) -> Response:
+        """Prometheus text format. Dataset gauges come from a catch-up with the store that may take at
+        most SELECTOR_METRICS_WAIT_S; a slower one (a frozen store, a long replay) goes on in the
+        background and this scrape reports the last complete figures."""
+        task = refresh["task"]
+        if task is None or task.done():
+            task = refresh["task"] = asyncio.get_running_loop().create_task(refresh_rows(engine))
+        await asyncio.wait({task}, timeout=settings.metrics_wait_s)
+        return Response(metrics.render(collector), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    refresh: dict[str, asyncio.Task | None] = {"task": None}
+
+    async def refresh_rows(engine: Engine) -> None:
         try:
             names = await engine.list_datasets()
             rows = {}
@@ -427,8 +480,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                     continue
             collector.update(rows, {n: s.records for n, s in engine.sync_stats.items()})
         except ServiceError as exc:
-            log.warning("metrics without dataset gauges: %s", exc.detail)
-        return Response(metrics.render(collector), media_type="text/plain; version=0.0.4; charset=utf-8")
+            log.warning("metrics keep their last dataset gauges: %s", exc.detail)
 
     @app.exception_handler(ServiceError)
     async def service_error(_request: Request, exc: ServiceError) -> JSONResponse:
@@ -448,14 +500,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             return JSONResponse({"detail": UNDECODABLE_BODY}, status_code=422)
         return JSONResponse({"detail": str(exc.detail)}, status_code=exc.status_code, headers=exc.headers)
 
-    @app.exception_handler(Exception)
-    async def unexpected(_request: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled error")
-        return JSONResponse(
-            {"detail": f"internal error ({type(exc).__name__}); see the service log"}, status_code=500
-        )
-
     _document_models(app, (ObserveRequest,))
+    app.add_middleware(InternalErrors)  # innermost: its 500 is counted by RequestMetrics
     app.add_middleware(RequestMetrics)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes, import_limit=settings.max_import_bytes)
     return app

@@ -87,7 +87,13 @@ def serve(args: argparse.Namespace) -> int:
     try:
         settings = Settings(**overrides)
     except ValidationError as exc:
-        print(f"selector-service: bad configuration: {exc}", file=sys.stderr)
+        for err in exc.errors(include_url=False):
+            field = ".".join(str(p) for p in err["loc"])
+            flag = f"--{field.replace('_', '-')}"
+            env = f"SELECTOR_{field.upper()}"
+            source = f"{flag} / {env}" if field in overrides else env
+            message = err["msg"].removeprefix("Value error, ")
+            print(f"selector-service: bad configuration: {source}: {message}", file=sys.stderr)
         return EXIT_CONFIG
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import hashlib
+import json
 import logging
 import math
 import time
@@ -33,7 +34,14 @@ from redis.exceptions import RedisError
 
 from selector_service.core import strategies
 from selector_service.core.outcomes import outcomes_from_counts, outcomes_from_flat
-from selector_service.errors import Conflict, InvalidRequest, NotFound, PayloadTooLarge, Unavailable
+from selector_service.errors import (
+    Conflict,
+    InvalidRequest,
+    NotFound,
+    PayloadTooLarge,
+    ServiceError,
+    Unavailable,
+)
 from selector_service.settings import Settings
 from selector_service.state import (
     DatasetSpec,
@@ -63,6 +71,9 @@ REPLAY_BUDGET = 2e8  # prompt-updates of DPS closes we accept replaying after a 
 # SNAPSHOT_PACING_MIN_S are not paced: they stall nothing, and small datasets keep their log short.
 SNAPSHOT_PACING = 4.0
 SNAPSHOT_PACING_MIN_S = 1.0
+# The snapshot lock expires this long after its holder last renewed it (it renews while it writes), so
+# a process killed mid-snapshot holds up the dataset's next snapshot for at most this long.
+SNAPSHOT_LOCK_TTL_MS = 30_000
 
 
 @dataclass
@@ -82,6 +93,7 @@ class Engine:
         self._locks: dict[str, asyncio.Lock] = {}
         self._snapshotting: dict[str, asyncio.Task] = {}
         self._snapshot_not_before: dict[str, float] = {}  # time.monotonic() per dataset (pacing)
+        self._maintaining: dict[str, asyncio.Task] = {}  # catch-ups started by writes (see observe)
         self.sync_stats: dict[str, SyncStats] = {}
         self.catchup_observer: Callable[[float], None] | None = None
 
@@ -112,9 +124,10 @@ class Engine:
             return False
 
     async def close(self) -> None:
-        for task in list(self._snapshotting.values()):
+        tasks = [*self._snapshotting.values(), *self._maintaining.values()]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._snapshotting.values(), return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     # ---- datasets -------------------------------------------------------------------------------
     async def create_dataset(self, spec: DatasetSpec) -> tuple[bool, DatasetSpec]:
@@ -127,7 +140,8 @@ class Engine:
         stored = DatasetSpec.from_doc(doc)
         if status == "conflict":
             raise Conflict(
-                f"dataset {spec.name!r} already exists with a different spec ({stored.fingerprint()}); "
+                f"dataset {spec.name!r} already exists with a different spec "
+                f"({json.dumps(stored.public(), sort_keys=True)}); "
                 "use another name, or DELETE it first"
             )
         if status == "created":
@@ -280,7 +294,7 @@ class Engine:
         commit script). Whatever the outcome, when this one took at least SNAPSHOT_PACING_MIN_S, the
         next automatic snapshot of this dataset waits SNAPSHOT_PACING times its duration.
         """
-        ttl_ms = 600_000
+        ttl_ms = SNAPSHOT_LOCK_TTL_MS
         try:
             if not await self.store.try_snapshot_lock(name, self.owner, ttl_ms):
                 return
@@ -290,6 +304,8 @@ class Engine:
                     if self._states.get(name) is not state:
                         return
                     header, arrays = await asyncio.to_thread(state.copy_for_snapshot)
+                if not await self.store.renew_snapshot_lock(name, self.owner, ttl_ms):
+                    return  # held past its TTL while waiting for the dataset: another writer may have it
                 chunks = iter_snapshot_chunks(header, arrays, self.settings.snapshot_chunk_bytes)
                 del arrays  # the generator holds the copy until it is exhausted
                 written = 0
@@ -308,6 +324,8 @@ class Engine:
                     header["seq"],
                     header["open_step"],
                     compressed(),
+                    owner=self.owner,
+                    lock_ttl_ms=ttl_ms,
                 )
                 log.info(
                     "snapshot of %s at %s (%d bytes, %.3f s, %s)",
@@ -437,7 +455,7 @@ class Engine:
 
     def _too_far_ahead(self, name: str, step: int, open_step: int) -> InvalidRequest:
         return InvalidRequest(
-            f"step {step} is {step - open_step} steps ahead of dataset {name!r}'s open step {open_step}; "
+            f"step {step} is {step - open_step} steps ahead of the open step {open_step} of dataset {name!r}; "
             f"a request may advance it by at most {self.settings.max_step_gap} steps "
             "(SELECTOR_MAX_STEP_GAP). Nothing was applied: check the step you send"
         )
@@ -504,7 +522,26 @@ class Engine:
                 f"step {step} of dataset {name!r} is already closed (the open step is {res.open_step}"
                 f"{late}); nothing was applied: report results for the open step or later"
             )
+        if res.log_length >= self.settings.snapshot_every_records:
+            self._catch_up_later(name)
         return len(results), False, res.lag
+
+    def _catch_up_later(self, name: str) -> None:
+        """Catches up with `name` in the background, which snapshots it when its log is long: a trainer
+        that only observes (no select, no read in between) must not grow the log without bound."""
+        if name in self._maintaining or name in self._snapshotting:
+            return
+
+        async def run() -> None:
+            try:
+                async with self._lock(name):
+                    await self.sync(name)
+            except ServiceError as exc:
+                log.warning("background catch-up of %s failed: %s", name, exc.detail)
+
+        task = asyncio.get_running_loop().create_task(run())
+        self._maintaining[name] = task
+        task.add_done_callback(lambda _t: self._maintaining.pop(name, None))
 
 
 def _behind_a_trim(state: DatasetState, view: LogView) -> bool:

@@ -79,6 +79,12 @@ class Settings(BaseSettings):
         description="Log records a process reads per round trip while catching up with a dataset's log.",
     )
     store_timeout_s: float = Field(5.0, gt=0, description="Timeout of one store operation (seconds).")
+    metrics_wait_s: float = Field(
+        1.0,
+        gt=0,
+        description="Longest a /metrics scrape waits for the datasets' gauges to catch up with the store "
+        "(seconds); a slower catch-up goes on in the background and the scrape reports the last figures.",
+    )
     log_level: str = Field("info", description="uvicorn/app log level.")
 
     @field_validator("embedded_fsync")

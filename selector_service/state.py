@@ -116,7 +116,7 @@ class DatasetSpec:
             name=doc["name"],
             size=int(doc["size"]),
             rollouts_per_prompt=int(doc["rollouts_per_prompt"]),
-            success_threshold=float(doc["success_threshold"]),
+            success_threshold=float(doc["success_threshold"]) + 0.0,  # -0.0 is 0.0
             beta_prior=(float(doc["beta_prior"][0]), float(doc["beta_prior"][1])),
             beta_decay=float(doc["beta_decay"]),
             hmm_decay=float(doc["hmm_decay"]),

@@ -16,7 +16,9 @@ Keys (``P`` = settings.key_prefix, ``v1`` = layout version, ``N`` = dataset name
     P:v1:{rid:<id>}          request id -> dataset name it was first used for (expires likewise); in a
                              slot of its own, so it is claimed in a step of its own (see `claim_request`)
     P:v1:{N}:snap:<sid>:<i>  chunk i of snapshot sid
-    P:v1:{N}:snaplock        who is writing a snapshot now (expires)
+    P:v1:{N}:snaplock        who is writing a snapshot now (expires unless its writer renews it)
+    P:v1:{N}:snapw           ids of snapshots whose chunks are being written (the commit of one removes
+                             the chunks of the others: writers that died or lost the lock)
 
 Log entries (stream fields): ``n`` sequence number (1, 2, 3, ... per dataset incarnation, written in the
 same script that appends, so the log is numbered without holes), ``k`` kind (``o`` observe, ``a``
@@ -39,6 +41,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import time
 import uuid
 from collections.abc import AsyncIterable
 from dataclasses import dataclass
@@ -46,14 +49,18 @@ from typing import Any
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 LAYOUT = "v1"
 
 # KEYS: 1 meta, 2 log, 3 rid key.  ARGV: 1 uid, 2 step, 3 request id, 4 payload, 5 rid ttl (s),
-# 6 max step gap, 7 body digest, 8 max lag.  Returns {status, log id or "", open step, lag}; status:
-# ok | dup (same id, same body: applied before) | conflict (same id, other body) | closed | ahead | gone.
+# 6 max step gap, 7 body digest, 8 max lag.  Returns {status, log id or "", open step, lag, log length};
+# status: ok | dup (same id, same body: applied before) | conflict (same id, other body) | closed | ahead |
+# gone.
 # A step s < open step c is accepted as late evidence when c - s <= max lag (METHODS 3.1); the answer
 # and the remembered request id carry its lag, so a retry answers what the first call answered.
 _OBSERVE = """
@@ -78,7 +85,7 @@ if step > open then
 end
 local lag = tostring(open - step)
 redis.call('SET', KEYS[3], id .. ' ' .. ARGV[7] .. ' ' .. lag, 'EX', tonumber(ARGV[5]))
-return {'ok', id, tostring(open), lag}
+return {'ok', id, tostring(open), lag, tostring(redis.call('XLEN', KEYS[2]))}
 """
 
 # KEYS: 1 claim key.  ARGV: 1 dataset name, 2 ttl (s).  Returns the dataset the request id belongs to:
@@ -122,12 +129,16 @@ redis.call('HSET', KEYS[2], 'uid', ARGV[2], 'open_step', '0', 'seq', '0')
 return {'created', ARGV[1]}
 """
 
-# KEYS: 1 meta, 2 log.  ARGV: 1 uid, 2 snapshot id, 3 covered log id, 4 chunk count, 5 open step it
-# covers, 6 trim (0/1), 7 sequence number of the covered record.  Makes a fully written snapshot current
-# and trims the log below what it covers. Returns the id of the snapshot it replaced ('' if none) so the
-# caller deletes its chunks; 'gone' when the dataset was deleted; 'stale' when a newer snapshot is
-# already current or its cover point has left the log; 'mismatch' when the record at its cover point
-# has another sequence number (the snapshot is not the prefix it claims to be: never committed).
+# KEYS: 1 meta, 2 log, 3 snaplock, 4 snapw.  ARGV: 1 uid, 2 snapshot id, 3 covered log id, 4 chunk
+# count, 5 open step it covers, 6 trim (0/1), 7 sequence number of the covered record, 8 lock owner.
+# Makes a fully written snapshot current and trims the log below what it covers.
+# Returns {status, ids of snapshots whose chunks the caller deletes...}; status: ok; gone (dataset
+# deleted); lost (the writer no longer holds the snapshot lock); stale (a newer snapshot is current, or
+# its cover point has left the log); mismatch (the record at its cover point has another sequence
+# number: the snapshot is not the prefix it claims to be, never committed). Only the lock holder
+# commits, so on ok every other id in snapw is a writer that died or lost the lock; the replaced
+# snapshot joins them there, and each stays in snapw until the caller has deleted its chunks (a caller
+# that dies first leaves them to the next commit). A resent commit of the current snapshot is ok.
 _COMMIT_SNAPSHOT = """
 local function older(a, b)
   local am, as = string.match(a, '^(%d+)-(%d+)$')
@@ -135,24 +146,35 @@ local function older(a, b)
   am, as, bm, bs = tonumber(am), tonumber(as), tonumber(bm), tonumber(bs)
   return am < bm or (am == bm and as < bs)
 end
+redis.call('SREM', KEYS[4], ARGV[2])
 local uid = redis.call('HGET', KEYS[1], 'uid')
-if uid ~= ARGV[1] then return 'gone' end
+if uid ~= ARGV[1] then return {'gone'} end
+if redis.call('HGET', KEYS[1], 'snap') == ARGV[2] then return {'ok', unpack(redis.call('SMEMBERS', KEYS[4]))} end
+if redis.call('GET', KEYS[3]) ~= ARGV[8] then return {'lost'} end
 local cur = redis.call('HGET', KEYS[1], 'snap_covered')
-if cur and not older(cur, ARGV[3]) then return 'stale' end
+if cur and not older(cur, ARGV[3]) then return {'stale'} end
 local at = redis.call('XRANGE', KEYS[2], ARGV[3], ARGV[3])
-if #at == 0 then return 'stale' end
+if #at == 0 then return {'stale'} end
 local fields = at[1][2]
 for i = 1, #fields, 2 do
-  if fields[i] == 'n' and fields[i + 1] ~= ARGV[7] then return 'mismatch' end
+  if fields[i] == 'n' and fields[i + 1] ~= ARGV[7] then return {'mismatch'} end
 end
-local old = redis.call('HGET', KEYS[1], 'snap') or ''
+local old = redis.call('HGET', KEYS[1], 'snap')
+if old then redis.call('SADD', KEYS[4], old) end
 redis.call('HSET', KEYS[1], 'snap', ARGV[2], 'snap_covered', ARGV[3], 'snap_chunks', ARGV[4],
            'snap_step', ARGV[5], 'snap_seq', ARGV[7])
 if ARGV[6] == '1' then
   redis.call('XTRIM', KEYS[2], 'MINID', ARGV[3])
   redis.call('HSET', KEYS[1], 'trim', ARGV[3])
 end
-return old
+return {'ok', unpack(redis.call('SMEMBERS', KEYS[4]))}
+"""
+
+# KEYS: 1 snaplock.  ARGV: 1 owner, 2 ttl (ms).  Extends the lock when `owner` still holds it; 1 or 0.
+_RENEW_LOCK = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[2]))
+return 1
 """
 
 # KEYS: 1 meta, 2 log.  ARGV: 1 first id to read ('-' or '(<cursor>'), 2 count.  The meta hash, the log
@@ -169,7 +191,10 @@ return {meta, len, entries}
 # 6 open step.  Creates a dataset whose beliefs start from an imported snapshot (chunks already written).
 # Returns 'created' or 'exists' (the name is taken; nothing changed).
 _IMPORT = """
-if redis.call('EXISTS', KEYS[1]) == 1 then return 'exists' end
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  if redis.call('HGET', KEYS[2], 'uid') == ARGV[2] then return 'created' end  -- a resent import
+  return 'exists'
+end
 redis.call('SET', KEYS[1], ARGV[1])
 redis.call('DEL', KEYS[2], KEYS[3])
 redis.call('HSET', KEYS[2], 'uid', ARGV[2], 'open_step', ARGV[6], 'seq', '0', 'snap', ARGV[3],
@@ -197,6 +222,7 @@ class WriteResult:
     log_id: str
     open_step: int
     lag: int = 0
+    log_length: int = 0
 
 
 @dataclass(frozen=True)
@@ -253,11 +279,11 @@ class Keys:
     def snap_chunk(self, name: str, snap_id: str, index: int) -> str:
         return f"{self._base(name)}:snap:{snap_id}:{index}"
 
-    def snap_glob(self, name: str, snap_id: str) -> str:
-        return f"{self._base(name)}:snap:{snap_id}:*"
-
     def snaplock(self, name: str) -> str:
         return f"{self._base(name)}:snaplock"
+
+    def snapw(self, name: str) -> str:
+        return f"{self._base(name)}:snapw"
 
     def claim(self, request_id: str) -> str:
         # Hash-tagged by the request id: independent of any dataset's slot (see `Store.claim_request`).
@@ -280,7 +306,13 @@ async def connect(url: str, timeout_s: float) -> aioredis.Redis | RedisCluster:
         await probe.aclose()
     if info.get("cluster_enabled") in (1, "1"):
         return RedisCluster.from_url(url, **kwargs)
-    return aioredis.Redis.from_url(url, health_check_interval=30, **kwargs)
+    # After a store restart every pooled connection is closed on the server's side, and the first command
+    # sent on one fails. So a command that fails to connect or finds its connection closed is sent again,
+    # once, on a fresh connection (never after a timeout: the store may just be slow). Every write is
+    # safe to send twice: an observe carries its request id (a second copy is a duplicate), a step
+    # advance to the open step changes nothing, a snapshot commit of an already current snapshot is stale.
+    retry = Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,))
+    return aioredis.Redis.from_url(url, health_check_interval=30, retry=retry, **kwargs)
 
 
 class Store:
@@ -303,6 +335,7 @@ class Store:
         self._commit = client.register_script(_COMMIT_SNAPSHOT)
         self._import = client.register_script(_IMPORT)
         self._read = client.register_script(_READ)
+        self._renew = client.register_script(_RENEW_LOCK)
         self._claim = client.register_script(_CLAIM)
 
     async def close(self) -> None:
@@ -343,7 +376,7 @@ class Store:
             )
         )
         if status != "created":
-            await self._delete_matching(self.keys.snap_glob(name, snap_id))
+            await self._delete_chunks(name, snap_id, len(chunks))
             return False
         await self.r.sadd(self.keys.registry, name)
         return True
@@ -358,7 +391,9 @@ class Store:
 
     async def delete_dataset(self, name: str) -> bool:
         existed = bool(await self.r.delete(self.keys.spec(name)))
-        await self.r.delete(self.keys.meta(name), self.keys.log(name), self.keys.snaplock(name))
+        await self.r.delete(
+            self.keys.meta(name), self.keys.log(name), self.keys.snaplock(name), self.keys.snapw(name)
+        )
         for pattern in (self.keys.snap_pattern(name), self.keys.rid_pattern(name)):
             await self._delete_matching(pattern)
         await self.r.srem(self.keys.registry, name)
@@ -400,7 +435,8 @@ class Store:
             keys=[self.keys.meta(name), self.keys.log(name), self.keys.rid(name, uid, request_id)],
             args=[uid, step, request_id, payload, self.rid_ttl, self.max_step_gap, digest, max_lag],
         )
-        return WriteResult(_s(res[0]), _s(res[1]), int(_s(res[2])), int(_s(res[3])))
+        length = int(_s(res[4])) if len(res) > 4 else 0
+        return WriteResult(_s(res[0]), _s(res[1]), int(_s(res[2])), int(_s(res[3])), length)
 
     async def advance(self, name: str, uid: str, step: int) -> WriteResult:
         res = await self._advance(
@@ -435,6 +471,10 @@ class Store:
         if cur is not None and _s(cur) == owner:
             await self.r.delete(self.keys.snaplock(name))
 
+    async def renew_snapshot_lock(self, name: str, owner: str, ttl_ms: int) -> bool:
+        """Extends the snapshot lock by `ttl_ms` if `owner` still holds it; False when it was lost."""
+        return bool(await self._renew(keys=[self.keys.snaplock(name)], args=[owner, ttl_ms]))
+
     async def write_snapshot(
         self,
         name: str,
@@ -443,46 +483,74 @@ class Store:
         covered_seq: int,
         open_step: int,
         chunks: AsyncIterable[bytes | memoryview],
+        owner: str,
+        lock_ttl_ms: int,
         trim: bool = True,
     ) -> bool:
         """Writes the chunks as they arrive (counting them), then switches the dataset to them atomically.
 
+        The caller holds the snapshot lock as `owner`; it is renewed while chunks are written (a writer
+        that dies leaves it for at most `lock_ttl_ms`), and the commit happens only while it is held.
         Chunks are consumed one at a time, so a producer that compresses as it goes never needs the whole
-        snapshot in memory. Returns False (and removes what it wrote) when the dataset is gone, a newer
-        snapshot won, or the record at `covered_id` does not carry `covered_seq` (StoreError: the state
-        the snapshot was taken from is not the log prefix it claims to be); on an error while writing
-        chunks, removes those written so far and re-raises.
+        snapshot in memory. Returns False (and removes what it wrote) when the dataset is gone, the lock
+        was lost, or a newer snapshot won; raises StoreError (after removing what it wrote) when the
+        record at `covered_id` does not carry `covered_seq` (the state the snapshot was taken from is not
+        the log prefix it claims to be). On an error while writing chunks, removes those written so far
+        and re-raises. A successful commit removes the replaced snapshot and every orphaned one.
         """
         snap_id = uuid.uuid4().hex[:16]
         count = 0
+        renewed = time.monotonic()
         try:
+            await self.r.sadd(self.keys.snapw(name), snap_id)
             async for chunk in chunks:
                 await self.r.set(self.keys.snap_chunk(name, snap_id, count), chunk)
                 count += 1
                 del chunk  # released before the producer makes the next one
+                if time.monotonic() - renewed > lock_ttl_ms / 3000:
+                    if not await self.renew_snapshot_lock(name, owner, lock_ttl_ms):
+                        raise StoreError(f"lost the snapshot lock of dataset {name!r} while writing")
+                    renewed = time.monotonic()
         except BaseException:
             # Nothing refers to these chunks yet. (Not after the commit below: a commit that failed on
             # the client side may still have been applied, and its chunks are then the current snapshot.)
             with contextlib.suppress(RedisError, OSError):
-                await self._delete_matching(self.keys.snap_glob(name, snap_id))
+                await self._delete_chunks(name, snap_id, count + 1)
+                await self.r.srem(self.keys.snapw(name), snap_id)
             raise
-        old = _s(
-            await self._commit(
-                keys=[self.keys.meta(name), self.keys.log(name)],
-                args=[uid, snap_id, covered_id, count, open_step, "1" if trim else "0", covered_seq],
-            )
+        out = await self._commit(
+            keys=[self.keys.meta(name), self.keys.log(name), self.keys.snaplock(name), self.keys.snapw(name)],
+            args=[uid, snap_id, covered_id, count, open_step, "1" if trim else "0", covered_seq, owner],
         )
-        if old in ("gone", "stale", "mismatch"):
-            await self._delete_matching(self.keys.snap_glob(name, snap_id))
-            if old == "mismatch":
+        status = _s(out[0])
+        if status != "ok":
+            await self._delete_chunks(name, snap_id, count)
+            if status == "mismatch":
                 raise StoreError(
                     f"snapshot of dataset {name!r} at {covered_id} claims record number {covered_seq}, "
                     "which the log does not hold there; it was dropped"
                 )
             return False
-        if old:
-            await self._delete_matching(self.keys.snap_glob(name, old))
+        for other in out[1:]:
+            await self._delete_chunks(name, _s(other), None)
+            await self.r.srem(self.keys.snapw(name), other)
         return True
+
+    async def _delete_chunks(self, name: str, snap_id: str, count: int | None) -> None:
+        """Deletes chunks 0..count-1 of a snapshot; with count None, from 0 up to the first one missing
+        (a writer writes them in order), in batches."""
+        if count is not None:
+            for lo in range(0, count, 256):
+                await self.r.delete(
+                    *(self.keys.snap_chunk(name, snap_id, i) for i in range(lo, min(count, lo + 256)))
+                )
+            return
+        lo = 0
+        while True:
+            batch = [self.keys.snap_chunk(name, snap_id, i) for i in range(lo, lo + 64)]
+            if await self.r.delete(*batch) < len(batch):
+                return
+            lo += 64
 
     async def read_snapshot_chunk(self, name: str, snap_id: str, index: int) -> bytes:
         """Chunk `index` of snapshot `snap_id`; StoreError when it is missing (evicted or deleted)."""

@@ -415,3 +415,39 @@ def test_lost_snapshot_chunk_is_a_clear_503_never_a_reset(outage):
     finally:
         fresh.stop()
         client.close()
+
+
+def test_metrics_answer_quickly_while_the_store_is_frozen(outage):
+    """A scrape must not wait out the store timeout per dataset: Prometheus would mark every replica
+    down exactly when it is needed. The gauges keep their last figures meanwhile."""
+    server, svc, name = outage
+    with httpx.Client(base_url=svc.url, timeout=ANSWER_BOUND_S) as c:
+        assert f'selector_dataset_open_step{{dataset="{name}"}} 2.0' in c.get("/metrics").text
+        server.proc.send_signal(signal.SIGSTOP)
+        try:
+            for _ in range(3):
+                t0 = time.perf_counter()
+                r = c.get("/metrics")
+                elapsed = time.perf_counter() - t0
+                assert r.status_code == 200 and elapsed < 3.0, elapsed  # the wait is 1 s; a hang is >= 5
+                assert f'selector_dataset_open_step{{dataset="{name}"}} 2.0' in r.text
+        finally:
+            server.proc.send_signal(signal.SIGCONT)
+
+
+def test_the_first_request_after_a_store_restart_succeeds(outage):
+    """Pooled connections the restarted server closed are checked before use, not failed on."""
+    server, svc, name = outage
+    server.stop()
+    server.start()
+    time.sleep(2.5)  # the service's pooled connections are now idle and dead
+    with httpx.Client(base_url=svc.url, timeout=30) as c:
+        r = c.get(f"/datasets/{name}/beliefs", params={"ids": "1"})
+        assert r.status_code == 200, r.text
+        body = {
+            "dataset": name,
+            "step": 3,
+            "request_id": f"{name}-after",
+            "results": [{"prompt_id": 1, "rewards": [1]}],
+        }
+        assert c.post("/observe", json=body).status_code == 200

@@ -1,26 +1,21 @@
-"""verl and TRL adapters against a real selector service.
+"""Adapter helpers, the verl sampler's input checks, and TRL against a real selector service.
 
 TRL is tested with its real classes (``RepeatSampler`` for the index pattern, ``GRPOTrainer`` for real
-training steps on a tiny random model). verl does not install next to this project's pins, so its
-adapter is tested against a contract test that replays verl 0.7's call sequence: a dataset whose rows
-carry ``extra_info`` (and default a missing index to 0, as verl's ``RLHFDataset`` does), a
-``num_workers=0`` dataloader with verl's collate rule, ``repeat(interleave=True)``, a batch reordering
-like verl's sequence balancing, then ``sampler.update(batch)``.
+training steps on a tiny random model). The verl, AReaL and OpenRLHF adapters run inside those
+frameworks' own training code in tests/test_frameworks.py; here only the verl sampler's refusals of
+bad input, which need no verl.
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
-import random
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
-from torch.utils.data import DataLoader
 
 from trainer_client.client import DatasetInfo, Result, SelectorClient
 from trainer_client.integrations import check_permutation, first_step, group_results
@@ -57,7 +52,9 @@ def test_check_permutation() -> None:
 
 
 def _info(open_step: int | None, observations: int | None) -> DatasetInfo:
-    return DatasetInfo("d", 4, 8, 1.0, (1.0, 1.0), 1.0, 0.7, "binary", {}, open_step, observations)
+    return DatasetInfo(
+        "d", 4, 8, 1.0, (1.0, 1.0), 1.0, 0.7, "binary", {}, open_step=open_step, observations=observations
+    )
 
 
 def test_first_step_continues_after_an_earlier_run() -> None:
@@ -104,193 +101,26 @@ def client(service: Any) -> Iterable[RecordingClient]:
 # --------------------------------------------------------------------------------------------------
 
 
-class VerlLikeDataset:
-    """The parts of verl's RLHFDataset the sampler and trainer touch: ``dataframe`` (a datasets.Dataset)
-    and ``__getitem__`` that copies ``extra_info.index`` to ``index``, defaulting a missing one to 0."""
-
-    def __init__(self, rows: list[dict[str, Any]]) -> None:
-        import datasets
-
-        self.dataframe = datasets.Dataset.from_list(rows)
-
-    def __len__(self) -> int:
-        return len(self.dataframe)
-
-    def __getitem__(self, item: int) -> dict[str, Any]:
-        row = dict(self.dataframe[item])
-        if row.get("extra_info") is None:
-            row["extra_info"] = {}
-        row["index"] = row["extra_info"].get("index", 0)
-        row["input_ids"] = torch.tensor([len(row["prompt"]), 1, 2])
-        return row
-
-
-def verl_collate(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """verl's rule: tensors are stacked, everything else becomes a numpy object array."""
-    out: dict[str, Any] = {}
-    for key in rows[0]:
-        values = [r[key] for r in rows]
-        if isinstance(values[0], torch.Tensor):
-            out[key] = torch.stack(values)
-        else:
-            array = np.empty(len(values), dtype=object)
-            array[:] = values
-            out[key] = array
-    return out
-
-
-class DataProtoLike:
-    """``batch`` (tensors) + ``non_tensor_batch`` (numpy object arrays), with verl's interleaved repeat."""
-
-    def __init__(self, batch: dict[str, torch.Tensor], non_tensor_batch: dict[str, np.ndarray]) -> None:
-        self.batch = batch
-        self.non_tensor_batch = non_tensor_batch
-
-    @classmethod
-    def from_single_dict(cls, data: dict[str, Any]) -> DataProtoLike:
-        tensors = {k: v for k, v in data.items() if isinstance(v, torch.Tensor)}
-        return cls(tensors, {k: v for k, v in data.items() if k not in tensors})
-
-    def repeat(self, repeat_times: int, interleave: bool = True) -> DataProtoLike:
-        assert interleave
-        return DataProtoLike(
-            {k: v.repeat_interleave(repeat_times, dim=0) for k, v in self.batch.items()},
-            {k: np.repeat(v, repeat_times, axis=0) for k, v in self.non_tensor_batch.items()},
-        )
-
-    def reorder(self, order: list[int]) -> None:
-        self.batch = {k: v[order] for k, v in self.batch.items()}
-        self.non_tensor_batch = {k: v[order] for k, v in self.non_tensor_batch.items()}
-
-
 def verl_rows(ids: list[int | None]) -> list[dict[str, Any]]:
-    rows = []
-    for row, prompt_id in enumerate(ids):
-        extra = {"split": "train"} if prompt_id is None else {"split": "train", "index": prompt_id}
-        rows.append({"prompt": f"question {row}", "data_source": "unit", "extra_info": extra})
-    return rows
+    """Rows as verl's RLHFDataset returns them (only the field the sampler reads)."""
+    return [{"extra_info": {"split": "train"} if i is None else {"split": "train", "index": i}} for i in ids]
 
 
 def verl_config(url: str, dataset: str, batch_size: int, **selector: Any) -> dict[str, Any]:
     return {
         "train_batch_size": batch_size,
         "dataloader_num_workers": 0,
-        "sampler": {
-            "class_path": "pkg://trainer_client.integrations.verl",
-            "class_name": "SelectorCurriculumSampler",
-            "selector": {"url": url, "dataset": dataset, "strategy": "insight", **selector},
-        },
+        "sampler": {"selector": {"url": url, "dataset": dataset, "strategy": "insight", **selector}},
     }
 
 
-def verl_fit(sampler: Any, dataset: VerlLikeDataset, *, steps: int, n: int, reward_of) -> list[list[int]]:
-    """verl 0.7's loop, reduced to what touches the sampler. Returns each step's prompt ids."""
-    loader = DataLoader(
-        dataset,
-        batch_size=sampler.batch_size,
-        sampler=sampler,
-        num_workers=0,
-        drop_last=True,
-        collate_fn=verl_collate,
-    )
-    seen = []
-    shuffle = random.Random(0)
-    iterator = iter(loader)
-    for _ in range(steps):
-        batch = DataProtoLike.from_single_dict(next(iterator))
-        batch = batch.repeat(n, interleave=True)
-        ids = [int(i) for i in batch.non_tensor_batch["index"]]
-        scores = torch.zeros(len(ids), 5)
-        scores[:, -1] = torch.tensor([reward_of(pid, k % n) for k, pid in enumerate(ids)])
-        batch.batch["token_level_scores"] = scores
-        order = list(range(len(ids)))
-        shuffle.shuffle(order)  # sequence balancing reorders rows across the step
-        batch.reorder(order)
-        sampler.update(batch=batch)
-        seen.append(sorted(set(ids)))
-    return seen
-
-
-@needs_datasets
-def test_verl_sampler_selects_by_extra_info_index_and_reports_every_group(
-    service: Any, client: RecordingClient, dsname: str
-) -> None:
-    size, batch_size, n, steps = 12, 4, 3, 3
-    ids = list(reversed(range(size)))  # extra_info.index differs from the row position
-    dataset = VerlLikeDataset(verl_rows(ids))
-    sampler = verl_adapter.SelectorCurriculumSampler(
-        dataset, verl_config(service.url, dsname, batch_size, rollouts_per_prompt=n), client=client
-    )
-    assert len(sampler) == size
-    assert client.get_dataset(dsname).size == size
-
-    def reward_of(pid: int, k: int) -> float:
-        return 1.0 if pid % 3 == 0 or (pid % 3 == 1 and k == 0) else 0.0
-
-    seen = verl_fit(sampler, dataset, steps=steps, n=n, reward_of=reward_of)
-
-    # Each step's rows are the service's selection for that step, keyed by extra_info.index.
-    assert [step for step, _, _ in client.observed] == [0, 1, 2]
-    for step, request_id, results in client.observed:
-        assert request_id == f"{sampler.run_id}-s{step}"
-        assert sorted(client.selected[step]) == seen[step] == sorted(r.prompt_id for r in results)
-        for result in results:
-            assert sorted(result.rewards) == sorted(reward_of(result.prompt_id, k) for k in range(n))
-
-    info = client.get_dataset(dsname)
-    assert info.observations == steps * batch_size
-    assert info.rollouts == steps * batch_size * n
-    # Beta posteriors moved by exactly what was reported.
-    successes: dict[int, float] = defaultdict(float)
-    trials: dict[int, int] = defaultdict(int)
-    for _, _, results in client.observed:
-        for r in results:
-            successes[r.prompt_id] += sum(x >= 1.0 for x in r.rewards)
-            trials[r.prompt_id] += len(r.rewards)
-    beliefs = client.beliefs(dsname, sorted(trials)).beliefs
-    for belief in beliefs:
-        assert belief.alpha == pytest.approx(1.0 + successes[belief.prompt_id])
-        assert belief.beta == pytest.approx(1.0 + trials[belief.prompt_id] - successes[belief.prompt_id])
-
-
-@needs_datasets
-def test_verl_sampler_resumes_after_the_last_reported_step(
-    service: Any, client: RecordingClient, dsname: str
-) -> None:
-    dataset = VerlLikeDataset(verl_rows(list(range(8))))
-    config = verl_config(service.url, dsname, 4)
-    first = verl_adapter.SelectorCurriculumSampler(dataset, config, client=client)
-    verl_fit(first, dataset, steps=2, n=2, reward_of=lambda pid, k: float(k))
-    state = first.state_dict()
-    assert state["next_step"] == 2
-
-    resumed = verl_adapter.SelectorCurriculumSampler(dataset, config, client=client)
-    resumed.load_state_dict(state)
-    assert resumed.run_id == first.run_id
-    verl_fit(resumed, dataset, steps=1, n=2, reward_of=lambda pid, k: float(k))
-    assert [step for step, _, _ in client.observed] == [0, 1, 2]
-
-    # A checkpoint taken mid-epoch restores the position instead of selecting new steps.
-    iterator = iter(resumed)
-    first_half = [next(iterator), next(iterator)]
-    saved = iterator.state_dict()
-    calls = client.select_calls
-    restored = iter(resumed)
-    restored.load_state_dict(saved)
-    second_half = [next(restored), next(restored)]
-    assert client.select_calls == calls  # the step in progress is not selected again
-    assert second_half == [next(iterator), next(iterator)]
-    assert sorted(first_half + second_half) == sorted(client.selected[3])
-
-
-@needs_datasets
 def test_verl_sampler_refuses_rows_without_extra_info_index(service: Any, dsname: str) -> None:
-    dataset = VerlLikeDataset(verl_rows([0, 1, None, 3]))
     with pytest.raises(ValueError, match=r"row 2 .* no extra_info.index; verl would silently use 0"):
-        verl_adapter.SelectorCurriculumSampler(dataset, verl_config(service.url, dsname, 2))
+        verl_adapter.SelectorCurriculumSampler(
+            verl_rows([0, 1, None, 3]), verl_config(service.url, dsname, 2)
+        )
 
 
-@needs_datasets
 @pytest.mark.parametrize(
     ("ids", "overrides", "message"),
     [
@@ -305,7 +135,7 @@ def test_verl_sampler_configuration_errors(
 ) -> None:
     config = verl_config(service.url, dsname, 2) | overrides
     with pytest.raises(ValueError, match=message):
-        verl_adapter.SelectorCurriculumSampler(VerlLikeDataset(verl_rows(ids)), config)
+        verl_adapter.SelectorCurriculumSampler(verl_rows(ids), config)
 
 
 def test_verl_settings_from_environment_and_unknown_keys(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -325,32 +155,16 @@ def test_verl_settings_from_environment_and_unknown_keys(monkeypatch: pytest.Mon
         verl_adapter.SelectorSettings.resolve({"dataset": "d"}, {})
 
 
-@needs_datasets
-def test_verl_sampler_refuses_filtered_batches(service: Any, client: RecordingClient, dsname: str) -> None:
-    dataset = VerlLikeDataset(verl_rows(list(range(6))))
-    sampler = verl_adapter.SelectorCurriculumSampler(
-        dataset, verl_config(service.url, dsname, 3), client=client
-    )
-    loader = DataLoader(dataset, batch_size=3, sampler=sampler, num_workers=0, collate_fn=verl_collate)
-    batch = DataProtoLike.from_single_dict(next(iter(loader))).repeat(2)
-    keep = [
-        i
-        for i, pid in enumerate(batch.non_tensor_batch["index"])
-        if pid != batch.non_tensor_batch["index"][0]
-    ]
-    batch.reorder(keep)  # DAPO-style filtering dropped the first group
-    batch.batch["token_level_scores"] = torch.ones(len(keep), 2)
-    with pytest.raises(RuntimeError, match="other prompts than the ones selected"):
-        sampler.update(batch)
-    assert client.observed == []
-
-
 def test_verl_version_gate(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(verl_adapter.metadata, "version", lambda name: "0.9.1")
-    with pytest.raises(RuntimeError, match=r"supports verl >=0\.5,<0\.8"):
-        verl_adapter._check_verl_version()
+    with pytest.raises(RuntimeError, match=r"trainer_client\.integrations\.verl_main"):
+        verl_adapter._check_verl_version(trainer_reports=False)
+    verl_adapter._check_verl_version(trainer_reports=True)
     monkeypatch.setattr(verl_adapter.metadata, "version", lambda name: "0.7.1")
-    verl_adapter._check_verl_version()
+    verl_adapter._check_verl_version(trainer_reports=False)
+    monkeypatch.setattr(verl_adapter.metadata, "version", lambda name: "0.4.0")
+    with pytest.raises(RuntimeError, match="too old"):
+        verl_adapter._check_verl_version(trainer_reports=False)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -92,8 +92,9 @@ def test_a_snapshot_that_is_not_the_prefix_it_claims_is_never_committed(redis_ur
             async def chunks():
                 yield b"not a snapshot"
 
+            assert await store.try_snapshot_lock("m", "me", 30_000)
             with pytest.raises(StoreError, match="claims record number 2"):
-                await store.write_snapshot("m", spec.uid, last_id, 2, 0, chunks())
+                await store.write_snapshot("m", spec.uid, last_id, 2, 0, chunks(), "me", 30_000)
             assert "snap" not in await store.read_meta("m")
             assert (await store.read_log("m", "", 10)).length == 3  # nothing trimmed
         finally:

@@ -124,8 +124,30 @@ def test_a_truncated_or_extended_export_is_refused(http, dsname):
     assert r.status_code == 201, r.text
 
 
-@pytest.mark.parametrize("ids", ["1,,2", "1,2,", ",1", "", " ", "1;2", "0x1"])
+@pytest.mark.parametrize(
+    "ids", ["1,,2", "1,2,", ",1", "", " ", "1;2", "0x1", "1_0", "+1", "\u0661", " 1", "1.0"]
+)
 def test_malformed_id_lists_are_422(http, dsname, ids):
     make(http, dsname)
     r = http.get(f"/datasets/{dsname}/beliefs", params={"ids": ids})
     assert r.status_code == 422, r.text
+
+
+def test_ids_given_twice_are_422(http, dsname):
+    make(http, dsname)
+    r = http.get(f"/datasets/{dsname}/beliefs", params=[("ids", "1"), ("ids", "2")])
+    assert r.status_code == 422 and "once" in r.json()["detail"], r.text
+
+
+def test_a_spec_conflict_names_the_stored_spec_in_full(http, dsname):
+    make(http, dsname, max_lag=2, success_threshold=0.0)
+    # -0.0 is the same threshold as 0.0
+    same = http.post(
+        "/datasets",
+        json={"name": dsname, "size": 10, "rollouts_per_prompt": 2, "max_lag": 2, "success_threshold": -0.0},
+    )
+    assert same.status_code == 200, same.text
+    r = http.post(
+        "/datasets", json={"name": dsname, "size": 10, "rollouts_per_prompt": 2, "success_threshold": 0.0}
+    )
+    assert r.status_code == 409 and '"max_lag": 2' in r.json()["detail"], r.text

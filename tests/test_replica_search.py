@@ -91,9 +91,14 @@ class Replica:
 
     async def kill(self) -> None:
         self.dead = True
-        for task in list(self.inflight) + list(self.engine._snapshotting.values()):
+        for task in [*self.inflight, *self.engine._snapshotting.values(), *self.engine._maintaining.values()]:
             task.cancel()
-        await asyncio.gather(*self.inflight, *self.engine._snapshotting.values(), return_exceptions=True)
+        await asyncio.gather(
+            *self.inflight,
+            *self.engine._snapshotting.values(),
+            *self.engine._maintaining.values(),
+            return_exceptions=True,
+        )
         await self.client.aclose()
 
 

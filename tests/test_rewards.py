@@ -1,4 +1,8 @@
-"""Verifiers on tricky strings: number spellings, boxed answers, answer markers, Countdown equations."""
+"""Verifiers on tricky strings: number spellings, boxed answers, answer markers, Countdown equations.
+
+Answer equality goes through math-verify (Hugging Face's verifier); these tests pin what the
+combination of our extraction and its comparison does on the strings that used to be scored wrong.
+"""
 
 from __future__ import annotations
 
@@ -46,6 +50,10 @@ from trainer_client.rewards import (
         ("90^\\circ", Fraction(90)),
         ("12 \\text{ dollars}", Fraction(12)),
         ("1{,}000", Fraction(1000)),
+        ("2 3/4", Fraction(11, 4)),  # a mixed number, not 23/4
+        ("-2 3/4", Fraction(-11, 4)),
+        ("3 / 4", Fraction(3, 4)),
+        ("\\frac {1} {2}", Fraction(1, 2)),
     ],
 )
 def test_parse_number_accepts_common_spellings(text: str, value: Fraction) -> None:
@@ -66,6 +74,9 @@ def test_parse_number_accepts_common_spellings(text: str, value: Fraction) -> No
         "1e5",
         "--3",
         "1.2.3",
+        "1 234",  # spaces inside a number are not dropped
+        "2 5/4",  # not a proper mixed number
+        "6 * 8 = 48",
         None,
     ],
 )
@@ -121,6 +132,14 @@ def test_gsm8k_final_answer() -> None:
         ("12-5", "5"),  # a hyphen after a digit is subtraction, not a sign
         ("It is 3 then 4/5", "4/5"),
         ("Answer is 7", "7"),
+        ("Answer: 6 * 8 = 48", "48"),  # the value the marker line states, not its first number
+        ("Answer: 6 * 8 = 48.\nThen 6 more", "48"),
+        ("The answer is 3 + 4 = 7, so 7", "7"),
+        ("Answer: The product of 6 and 8 is 48.", "48"),
+        ("Answer: 48 (because 6 * 8)", "48"),
+        ("Answer: 2 3/4", "2 3/4"),
+        ("Answer: 2 3/4 cups", "2 3/4"),
+        ("I ate 2 3/4", "2 3/4"),  # the fallback keeps a mixed number whole
     ],
 )
 def test_extract_answer(completion: str, answer: str) -> None:
@@ -146,10 +165,44 @@ def test_extract_answer_none_without_numbers() -> None:
         ("seven", "7", False),
         (None, "7", False),
         ("", "", False),
+        ("2 3/4", "11/4", True),
+        ("2 3/4", "\\frac{11}{4}", True),
+        ("2 3/4", "23/4", False),
+        ("\\text{(A)}", "\\text{(A)}", True),  # MATH's text answers
+        ("(A)", "\\text{(A)}", True),
+        ("\\text{(B)}", "\\text{(A)}", False),
+        ("\\text{Monday}", "\\text{Monday}", True),
+        ("\\text{Monday}", "\\text{Tuesday}", False),
+        ("[-2, 3)", "[-2,3)", True),
+        ("[-2, 3)", "[-2,3]", False),
+        ("\\{2, 1\\}", "\\{1,2\\}", True),
+        ("x^2+2x+1", "(x+1)^2", True),
+        ("\\frac{\\sqrt{3}}{2}", "\\dfrac{\\sqrt3}{2}", True),
+        ("1/3", "0.333333", False),  # plain numbers compare exactly
+        ("\\frac{1}{2", "\\frac{1}{2}", False),  # unbalanced: not parsed, not an error
     ],
 )
 def test_answers_match(predicted: str | None, expected: str, match: bool) -> None:
     assert answers_match(predicted, expected) is match
+
+
+@pytest.mark.parametrize(
+    ("completion", "answer", "reward"),
+    [
+        ("So the answer is \\boxed{\\text{(A)}}.", "\\text{(A)}", 1.0),
+        ("So the answer is \\boxed{\\text{(A)}}.", "\\text{(C)}", 0.0),
+        ("6 * 8 means six eights. Answer: 6 * 8 = 48", "48", 1.0),
+        ("6 * 8 means six eights. Answer: 6 * 8 = 48", "6", 0.0),
+        ("Answer: 2 3/4", "11/4", 1.0),
+        ("Answer: 2 3/4", "23/4", 0.0),
+        ("The area is \\boxed{\\frac{\\sqrt{3}}{4}}", "\\frac{\\sqrt3}{4}", 1.0),
+        ("The roots are \\boxed{\\{-3, 3\\}}", "\\{3,-3\\}", 1.0),
+        ("I am not sure.", "7", 0.0),
+        ("\\boxed{" + "(" * 300 + "}", "1", 0.0),  # garbage is a zero, never an exception
+    ],
+)
+def test_math_reward_on_strings_that_were_scored_wrong(completion: str, answer: str, reward: float) -> None:
+    assert math_reward(completion, answer) == reward
 
 
 def test_math_reward_binary() -> None:

@@ -1,9 +1,13 @@
-"""The vLLM rollout engine on SmolLM2-135M: sampling shape, and weight sync after a GRPO update.
+"""The vLLM rollout engine on SmolLM2-135M: sampling shape, log-probs, and weight sync after an update.
 
-The sync test is the proof that rollouts follow training: before the update the engine's log-probs
-of a fixed token sequence equal the PyTorch policy's; after one (deliberately large) GRPO step and
-``sync_weights`` they equal the *updated* policy's and differ from the old ones by far more than the
-engine/PyTorch numerical gap.
+The sync test is the proof that rollouts follow training. It probes through ``generate(...,
+logprobs=0)``, the path rollouts take, with a prompt longer than one KV-cache block (128 tokens on
+the CPU backend), so that the second generation from the same prompt reads the prompt's keys and
+values from the prefix cache. Reloading the weights without dropping that cache leaves the engine
+continuing from stale keys and values: the test shows that happening (the probe can fail), then that
+``sync_weights`` (reload + a successful cache reset) makes the engine's log-probs equal the *updated*
+PyTorch policy's. (vLLM exempts ``prompt_logprobs`` requests from prefix-cache reads, so a probe
+through them could not see a stale cache.)
 """
 
 from __future__ import annotations
@@ -36,6 +40,10 @@ from trainer_client.rollout import VLLMRollout  # noqa: E402
 ENGINE_VS_TORCH_ATOL = 2e-3
 
 
+# The CPU backend's KV-cache block size; the probe prompt must fill at least one block.
+CPU_BLOCK_TOKENS = 128
+
+
 @pytest.fixture(scope="module")
 def stack():
     # The suite imports the selector core (numba/llvmlite) first; the engine must start regardless.
@@ -44,7 +52,8 @@ def stack():
     path = resolve_model("smollm2-135m")
     tokenizer = load_tokenizer(path)
     policy = load_policy(path)
-    engine = VLLMRollout(path, seed=0, max_model_len=256)
+    engine = VLLMRollout(path, seed=0, max_model_len=512)
+    assert engine.dtype == "float32"  # "auto" on a CPU
     yield tokenizer, policy, engine
     engine.close()
 
@@ -53,9 +62,13 @@ def _prompt(tokenizer, text: str) -> tuple[int, ...]:
     return tuple(tokenizer(render_prompt(tokenizer, text), add_special_tokens=False)["input_ids"])
 
 
-def _policy_logprobs(policy, sequence) -> list[float]:
+def _trainer_logprobs(policy, prompt, completion, temperature: float = 1.0) -> list[float]:
     with torch.no_grad():
-        return completion_logprobs(policy, [sequence[:1]], [sequence[1:]]).tolist()
+        return completion_logprobs(policy, [prompt], [completion], temperature=temperature).tolist()
+
+
+def _gap(a, b) -> float:
+    return max(abs(x - y) for x, y in zip(a, b, strict=True))
 
 
 def test_generate_returns_k_completions_per_prompt(stack) -> None:
@@ -67,6 +80,8 @@ def test_generate_returns_k_completions_per_prompt(stack) -> None:
         assert len(out.completions) == 4
         for completion in out.completions:
             assert 1 <= len(completion.token_ids) <= 8
+            assert len(completion.logprobs) == len(completion.token_ids)
+            assert all(lp <= 0.0 for lp in completion.logprobs)
             assert completion.finish_reason in {"stop", "length"}
             if completion.finish_reason == "stop":
                 assert completion.token_ids[-1] == tokenizer.eos_token_id
@@ -75,27 +90,52 @@ def test_generate_returns_k_completions_per_prompt(stack) -> None:
     assert greedy[0].completions[0].token_ids == again[0].completions[0].token_ids
 
 
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_engine_logprobs_are_the_trainers_at_the_sampling_temperature(stack, temperature) -> None:
+    """float32 engine vs float32 trainer: the sampled tokens' log-probs agree (after temperature)."""
+    tokenizer, policy, engine = stack
+    prompt = _prompt(tokenizer, "What is 7 * 6? Reply with the final result as 'Answer: <number>'.")
+    out = engine.generate([prompt], n=2, max_new_tokens=12, temperature=temperature)[0]
+    for completion in out.completions:
+        trainer = _trainer_logprobs(policy, prompt, completion.token_ids, temperature)
+        assert completion.logprobs == pytest.approx(trainer, abs=ENGINE_VS_TORCH_ATOL)
+
+
 def test_engine_follows_weights_after_a_grpo_update(stack) -> None:
     tokenizer, policy, engine = stack
-    prompt = _prompt(tokenizer, "What is 12 + 9? Reply with the final result as 'Answer: <number>'.")
-    probe = (
-        prompt
-        + engine.generate([prompt], n=1, max_new_tokens=12, temperature=0.0)[0].completions[0].token_ids
-    )
+    story = " ".join(f"Step {i}: add {i} apples to the basket." for i in range(1, 22))
+    prompt = _prompt(tokenizer, f"{story} How many apples are in the basket? Reply as 'Answer: <number>'.")
+    assert len(prompt) > 2 * CPU_BLOCK_TOKENS  # two full blocks of the prompt get cached
 
-    engine_before = engine.token_logprobs([probe])[0]
-    torch_before = _policy_logprobs(policy, probe)
-    assert engine_before == pytest.approx(torch_before, abs=ENGINE_VS_TORCH_ATOL)
+    def probe() -> tuple[tuple[int, ...], list[float]]:
+        completion = engine.generate([prompt], n=1, max_new_tokens=12, temperature=1.0)[0].completions[0]
+        return completion.token_ids, list(completion.logprobs)
+
+    first_tokens, engine_before = probe()
+    old_policy = _trainer_logprobs(policy, prompt, first_tokens)
+    assert engine_before == pytest.approx(old_policy, abs=ENGINE_VS_TORCH_ATOL)
 
     # One large GRPO step on sampled completions with made-up mixed rewards.
     sampled = engine.generate([prompt], n=4, max_new_tokens=12, temperature=1.0)[0]
-    samples = build_samples([prompt], [[c.token_ids for c in sampled.completions]], [[1.0, 0.0, 1.0, 0.0]])
+    samples = build_samples(
+        [prompt],
+        [[c.token_ids for c in sampled.completions]],
+        [[1.0, 0.0, 1.0, 0.0]],
+        sampler_logprobs=[[c.logprobs for c in sampled.completions]],
+    )
     stats = GRPOLearner(policy, GRPOConfig(lr=1e-3)).update(samples)
-    assert stats.updated
-    engine.sync_weights(policy.state_dict().items())
+    assert stats.updated and stats.mismatch_max < ENGINE_VS_TORCH_ATOL
 
-    engine_after = engine.token_logprobs([probe])[0]
-    torch_after = _policy_logprobs(policy, probe)
-    assert engine_after == pytest.approx(torch_after, abs=ENGINE_VS_TORCH_ATOL)
-    moved = max(abs(a - b) for a, b in zip(engine_after, engine_before, strict=True))
-    assert moved > 20 * ENGINE_VS_TORCH_ATOL, "the engine still serves the old weights"
+    # The probe can fail: new weights with the old prefix cache continue from stale keys/values.
+    weights = ((name, tensor.detach()) for name, tensor in policy.state_dict().items())
+    engine._llm.collective_rpc(
+        "reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True}
+    )
+    stale_tokens, stale = probe()
+    assert _gap(stale, _trainer_logprobs(policy, prompt, stale_tokens)) > 20 * ENGINE_VS_TORCH_ATOL
+
+    engine.sync_weights(policy.state_dict().items())  # reload + prefix-cache reset (raises if refused)
+    tokens, engine_after = probe()
+    assert engine_after == pytest.approx(_trainer_logprobs(policy, prompt, tokens), abs=ENGINE_VS_TORCH_ATOL)
+    moved = _gap(_trainer_logprobs(policy, prompt, first_tokens), old_policy)
+    assert moved > 20 * ENGINE_VS_TORCH_ATOL, "the update did not move the policy enough to tell"

@@ -165,3 +165,71 @@ def test_problem_is_hashable_and_compares_without_meta() -> None:
     a = Problem("What is 1 + 1?", "2", {"tier": 0})
     b = Problem("What is 1 + 1?", "2", {"tier": 5})
     assert a == b and hash(a) == hash(b)
+
+
+# --------------------------------------------------------------------------------------------------
+# Groups: the difficulty configuration of every prompt
+# --------------------------------------------------------------------------------------------------
+def test_procedural_tasks_expose_their_tier_as_the_group() -> None:
+    arithmetic = load_task("arithmetic", num_prompts=27, seed=0)
+    assert arithmetic.prompt_groups() == [p.meta["tier"] for p in arithmetic.problems]
+    assert sorted(arithmetic.groups) == list(range(len(ARITHMETIC_TIERS)))
+    assert arithmetic.groups[8].startswith("tier 8: a * b, three digits")
+    countdown = load_task("countdown", num_prompts=6, seed=0)
+    assert [p.group for p in countdown.problems] == [p.meta["tier"] for p in countdown.problems]
+    assert countdown.groups == {0: "tier 0: 2 numbers", 1: "tier 1: 3 numbers", 2: "tier 2: 4 numbers"}
+
+
+def test_jsonl_groups_come_from_math_levels_when_every_record_has_one(tmp_path: Path) -> None:
+    task = load_task("jsonl", num_prompts=5, seed=0, data=str(DATA / "math_sample.jsonl"))
+    assert task.prompt_groups() == [int(p.meta["level"].split()[-1]) for p in task.problems]
+    assert all(task.groups[g] == f"Level {g}" for g in task.prompt_groups())
+    gsm8k = load_task("jsonl", num_prompts=8, seed=0, data=str(DATA / "gsm8k_sample.jsonl"))
+    assert gsm8k.prompt_groups() == [None] * 8 and gsm8k.groups == {}
+    partial = _write(
+        tmp_path,
+        [
+            json.dumps({"question": "Q1?", "answer": "1", "level": "Level 2"}),
+            json.dumps({"question": "Q2?", "answer": "2"}),
+        ],
+    )
+    assert load_task("jsonl", num_prompts=2, seed=0, data=partial).prompt_groups() == [None, None]
+
+
+# --------------------------------------------------------------------------------------------------
+# reasoning-gym
+# --------------------------------------------------------------------------------------------------
+def test_reasoning_gym_task_spreads_prompts_over_curriculum_levels() -> None:
+    pytest.importorskip("reasoning_gym")
+    task = load_task("rg:chain_sum", num_prompts=40, seed=3)
+    again = load_task("rg:chain_sum", num_prompts=40, seed=3)
+    other = load_task("rg:chain_sum", num_prompts=40, seed=4)
+    assert task.name == "rg:chain_sum" and "<answer>" in task.system_prompt
+    assert [p.prompt for p in task.problems] == [p.prompt for p in again.problems]
+    assert [p.prompt for p in task.problems] != [p.prompt for p in other.problems]
+    # chain_sum's shortest attribute has 10 levels: 10 groups of 4, shuffled
+    assert Counter(task.prompt_groups()) == dict.fromkeys(range(10), 4)
+    assert task.prompt_groups() != sorted(task.prompt_groups())
+    assert task.groups[0] == "level 0: min_terms=2, max_terms=2, min_digits=1, max_digits=1"
+    for index, problem in enumerate(task.problems):
+        terms = problem.meta["entry"]["metadata"]["num_terms"]
+        assert terms == problem.group + 2  # level L: exactly that level's number of terms
+        assert task.reward(index, f"Let me add.\n<answer>{problem.answer}</answer>") == 1.0
+        assert task.reward(index, f"<answer>{int(problem.answer) + 1}</answer>") == 0.0
+        assert task.reward(index, problem.answer) == 0.0  # no answer tag, no reward
+
+
+def test_reasoning_gym_levels_and_errors() -> None:
+    pytest.importorskip("reasoning_gym")
+    chosen = load_task("rg:chain_sum:0,2-3", num_prompts=9, seed=0)
+    assert sorted(set(chosen.prompt_groups())) == [0, 2, 3] and sorted(chosen.groups) == [0, 2, 3]
+    plain = load_task("rg:gsm_symbolic", num_prompts=2, seed=0)  # no curriculum: one group
+    assert plain.prompt_groups() == [0, 0] and plain.groups == {0: "default configuration"}
+    with pytest.raises(ValueError, match="did you mean chain_sum"):
+        load_task("rg:chain_summ", num_prompts=4, seed=0)
+    with pytest.raises(ValueError, match=r"curriculum levels 0\.\.10"):
+        load_task("rg:chain_sum:11", num_prompts=4, seed=0)
+    with pytest.raises(ValueError, match="bad level list"):
+        load_task("rg:chain_sum:easy", num_prompts=4, seed=0)
+    with pytest.raises(ValueError, match="no curriculum"):
+        load_task("rg:gsm_symbolic:1", num_prompts=4, seed=0)

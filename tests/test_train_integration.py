@@ -1,7 +1,7 @@
 """The training loop end to end against a real selector service, plus its small pure pieces.
 
 - Pure pieces (no model): the Dynamic Sampling epoch walk, the resume step, config validation, the
-  summary table.
+  command line's defaults (those of the config dataclasses), the summary table and the plot.
 - The command line's failure modes against a real (or absent) service: one ``error:`` line and a
   non-zero exit, no traceback, before any model is loaded.
 - Dynamic Sampling in process (transformers backend, a stand-in task whose reward is the parity of
@@ -21,14 +21,17 @@ from pathlib import Path
 
 import pytest
 
+from trainer_client import cli
 from trainer_client.client import DatasetInfo
+from trainer_client.config import GRPOConfig
 from trainer_client.train import EpochWalk, TrainConfig, first_step_for, format_summary
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 ROOT = Path(__file__).resolve().parents[1]
 REQUIRED_KEYS = {
-    "step", "strategy", "mean_reward", "solve_rate", "effective_ratio", "rollouts", "loss",
-    "select_ms", "observe_ms", "gen_s", "train_s",
+    "step", "strategy", "mean_reward", "solve_rate", "effective_ratio", "rollouts", "select_ms",
+    "observe_ms", "gen_s", "train_s", "updated", "mismatch_mean", "mismatch_max", "mismatch_kl",
+    "tis_weight_mean", "tis_capped_frac", "clip_frac", "kl", "grad_norm", "entropy",
 }  # fmt: skip
 
 
@@ -73,18 +76,95 @@ def test_train_config_validation_says_what_to_fix() -> None:
         TrainConfig(dataset="d", strategy="uniform", steps=1, batch_size=2, rollouts=1).validate()
     with pytest.raises(ValueError, match="larger than the dataset"):
         TrainConfig(dataset="d", strategy="uniform", steps=1, batch_size=20, rollouts=4).validate(10)
+    with pytest.raises(ValueError, match="--tis-cap must be 0"):
+        GRPOConfig(tis_cap=0.5).validate()
+    with pytest.raises(ValueError, match="--old-logprobs"):
+        GRPOConfig(old_logprobs="engine").validate()
+
+
+def test_top_p_below_one_is_refused() -> None:
+    """Sampling from the nucleus while the update uses the full distribution's log-probs is wrong."""
+    base = {"dataset": "d", "strategy": "uniform", "steps": 1, "batch_size": 2, "rollouts": 4}
+    with pytest.raises(ValueError, match="--top-p must be 1"):
+        TrainConfig(**base, top_p=0.9).validate()
+    TrainConfig(**base, top_p=1.0).validate()
+
+
+def _parsed(*extra: str):
+    return cli._build_configs(cli._parser().parse_args(["train", "--dataset", "d", "--task", "arithmetic",
+                                                        "--metrics-out", "m.jsonl", *extra]))  # fmt: skip
+
+
+def test_cli_defaults_are_the_config_dataclasses_defaults() -> None:
+    config = _parsed()
+    assert config.grpo == GRPOConfig()  # every field, --precision included
+    assert config == TrainConfig(dataset="d")
+    assert config.grpo.precision == "fp32"
+    # a lone --clip-eps sets both sides; --clip-eps-high alone is DAPO's clip-higher
+    assert (
+        _parsed("--clip-eps", "0.1").grpo.clip_eps_low,
+        _parsed("--clip-eps", "0.1").grpo.clip_eps_high,
+    ) == (0.1, 0.1)
+    higher = _parsed("--clip-eps-high", "0.28").grpo
+    assert (higher.clip_eps_low, higher.clip_eps_high) == (GRPOConfig().clip_eps_low, 0.28)
+    options = _parsed("--tis-cap", "0", "--old-logprobs", "recompute", "--precision", "bf16").grpo
+    assert (options.tis_cap, options.old_logprobs, options.precision) == (0.0, "recompute", "bf16")
+
+
+def test_vllm_dtype_defaults_to_bf16_on_gpus_and_fp32_on_cpus() -> None:
+    pytest.importorskip("torch")
+    from trainer_client.rollout import resolve_vllm_dtype
+
+    assert cli._parser().parse_args(["train", "--dataset", "d", "--task", "arithmetic",
+                                     "--metrics-out", "m"]).vllm_dtype == "auto"  # fmt: skip
+    assert resolve_vllm_dtype("auto", cuda=True) == "bfloat16"
+    assert resolve_vllm_dtype("auto", cuda=False) == "float32"
+    assert resolve_vllm_dtype("float16", cuda=True) == "float16"
+
+
+def _records(**update) -> list[dict]:
+    records = [
+        {"step": s, "mean_reward": r, "solve_rate": r, "effective_ratio": 0.5, "rollouts": 8, "total_rollouts": 8 * (s + 1),
+         "select_ms": 1.0, "observe_ms": 2.0, "gen_s": 1.0, "train_s": 2.0, "sync_s": 0.5, "step_s": 4.0,
+         "updated": True, "mismatch_mean": 0.01 * (s + 1), "mismatch_max": 0.1 * (s + 1), "mismatch_kl": 1e-4,
+         "tis_weight_mean": 1.0, "tis_capped_frac": 0.0, "clip_frac": 0.0, "kl": None, "grad_norm": 0.5 + s,
+         "entropy": 2.0 - 0.1 * s}
+        for s, r in enumerate([0.1, 0.2, 0.3, 0.5])
+    ]  # fmt: skip
+    for record in records:
+        record.update(update)
+    return records
 
 
 def test_format_summary_reports_first_and_last() -> None:
-    records = [
-        {"step": s, "mean_reward": r, "solve_rate": r, "effective_ratio": 0.5, "loss": 0.1, "rollouts": 8,
-         "select_ms": 1.0, "observe_ms": 2.0, "gen_s": 1.0, "train_s": 2.0, "sync_s": 0.5, "step_s": 4.0}
-        for s, r in enumerate([0.1, 0.2, 0.3, 0.5])
-    ]  # fmt: skip
-    text = format_summary(records, header={"run": "x"})
+    text = format_summary(_records(), header={"run": "x"})
     reward_line = next(line for line in text.splitlines() if line.startswith("mean_reward"))
     assert reward_line.split()[1:] == ["0.1000", "0.5000", "0.2750"]
+    mismatch_line = next(line for line in text.splitlines() if line.startswith("mismatch_max"))
+    assert mismatch_line.split()[1:] == ["0.1000", "0.4000", "0.2500"]
+    assert not any(line.startswith(("loss", "kl ")) for line in text.splitlines())  # kl not recorded
     assert "rollouts: 32 total" in text
+
+
+def test_plot_draws_the_quantities_that_move_and_no_loss() -> None:
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    from trainer_client.plots import build_figure
+
+    records = _records()
+    figure = build_figure([("insight", records), ("hf", _records(mismatch_mean=None, mismatch_max=None))])
+    panels = {ax.get_title(): ax for ax in figure.axes}
+    assert not any("loss" in title.lower() for title in panels)
+    mismatch = panels["trainer/sampler mismatch"]
+    drawn = {line.get_label(): list(line.get_ydata()) for line in mismatch.lines}
+    assert drawn == {  # the run without engine log-probs draws nothing here
+        "insight: mismatch_mean": [r["mismatch_mean"] for r in records],
+        "insight: mismatch_max": [r["mismatch_max"] for r in records],
+    }
+    for title, key in (("entropy", "entropy"), ("clip fraction and gradient norm", "grad_norm")):
+        assert [r[key] for r in records] in [list(line.get_ydata()) for line in panels[title].lines]
+    plt.close(figure)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -161,6 +241,9 @@ def test_cli_reports_service_rejections_before_loading_the_model(service_url, tm
     bad_args = _cli(*_base_args(service_url, dataset, tmp_path), "--rollouts", "1", timeout=120)
     assert bad_args.returncode == 2 and "--rollouts must be >= 2" in bad_args.stderr
 
+    nucleus = _cli(*_base_args(service_url, dataset, tmp_path), "--top-p", "0.9", timeout=120)
+    assert nucleus.returncode == 2 and "--top-p must be 1" in nucleus.stderr
+
 
 @dataclass(frozen=True)
 class _Problem:
@@ -230,6 +313,9 @@ def test_dynamic_sampling_reports_every_rollout(service_url) -> None:
         assert record["rollouts"] == 4 * record["groups"]
         assert record["trained_groups"] <= 2
         assert record["updated"] == (record["trained_groups"] > 0)
+        assert record["mismatch_mean"] is None  # transformers generation reports no log-probs
+        if record["updated"]:
+            assert record["grad_norm"] > 0 and record["entropy"] > 0
     # every generated rollout reached the service, none twice
     assert summary.rollouts == sum(r["rollouts"] for r in records) == records[-1]["total_rollouts"]
     assert summary.observations == sum(r["groups"] for r in records)
@@ -254,6 +340,11 @@ def test_two_grpo_steps_with_vllm_through_the_cli(service_url, tmp_path) -> None
         assert 0.0 <= record["mean_reward"] <= 1.0 and 0.0 <= record["effective_ratio"] <= 1.0
         assert record["updated"] == (record["effective_ratio"] > 0)
         assert record["observe_duplicate"] is False
+        assert "loss" not in record
+        if record["updated"]:  # float32 vLLM vs the float32 trainer: log-probs agree per token
+            assert 0.0 <= record["mismatch_mean"] <= record["mismatch_max"] < 2e-3
+            assert record["tis_weight_mean"] == pytest.approx(1.0, abs=2e-3)
+            assert record["tis_capped_frac"] == 0.0 and record["entropy"] > 0
     assert (tmp_path / "metrics.png").stat().st_size > 0
     assert "mean_reward" in result.stdout and "metrics:" in result.stdout
 

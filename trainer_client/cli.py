@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer_client.client import Conflict, DatasetInfo, SelectorClient, SelectorError
+from trainer_client.config import OLD_LOGPROBS, PRECISIONS, GRPOConfig, TrainConfig, default_of
 
 EXIT_OK, EXIT_CONFIG, EXIT_SERVICE, EXIT_MODEL, EXIT_INTERRUPTED = 0, 2, 3, 4, 130
 DEFAULT_URL = "http://127.0.0.1:8000"
@@ -34,6 +35,13 @@ class _CliError(Exception):
 
 
 def _parser() -> argparse.ArgumentParser:
+    # Every default that a config dataclass also has is read from it, so the two cannot disagree.
+    def grpo(name: str) -> Any:
+        return default_of(GRPOConfig, name)
+
+    def run(name: str) -> Any:
+        return default_of(TrainConfig, name)
+
     parser = argparse.ArgumentParser(prog="trainer-client", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     train = commands.add_parser(
@@ -58,7 +66,12 @@ def _parser() -> argparse.ArgumentParser:
     data = train.add_argument_group("data")
     data.add_argument("--dataset", required=True, help="dataset name in the service (created if missing)")
     data.add_argument(
-        "--task", required=True, choices=["arithmetic", "countdown", "jsonl"], help="prompt set"
+        "--task",
+        required=True,
+        type=_task_name,
+        metavar="{arithmetic,countdown,jsonl,rg:NAME[:LEVELS]}",
+        help="prompt set; rg:NAME is a reasoning-gym dataset, its curriculum levels (e.g. rg:chain_sum:0-3) "
+        "becoming prompt groups",
     )
     data.add_argument("--data", help="JSONL file (task jsonl only)")
     data.add_argument("--num-prompts", type=int, default=256, help="prompts in the dataset")
@@ -69,56 +82,118 @@ def _parser() -> argparse.ArgumentParser:
     selection = train.add_argument_group("selection")
     selection.add_argument(
         "--strategy",
-        default="insight",
+        default=run("strategy"),
         help="a service strategy (uniform, insight, dps, mopps, expected_difficulty, inverse_evidence, "
         "history_resampling, ...) or dynamic_sampling (done by the trainer)",
     )
     selection.add_argument(
         "--params", type=json.loads, default=None, help="strategy params as JSON, e.g. '{\"eta\": 2}'"
     )
-    selection.add_argument("--seed", type=int, default=0, help="seeds selection, sampling and training")
     selection.add_argument(
-        "--ds-oversample", type=int, default=3, help="dynamic_sampling: prompts drawn per round / B"
+        "--seed", type=int, default=run("seed"), help="seeds selection, sampling and training"
     )
     selection.add_argument(
-        "--ds-max-rounds", type=int, default=4, help="dynamic_sampling: rounds per step at most"
+        "--ds-oversample",
+        type=int,
+        default=run("ds_oversample"),
+        help="dynamic_sampling: prompts drawn per round / B",
+    )
+    selection.add_argument(
+        "--ds-max-rounds",
+        type=int,
+        default=run("ds_max_rounds"),
+        help="dynamic_sampling: rounds per step at most",
     )
 
     loop = train.add_argument_group("loop")
-    loop.add_argument("--steps", type=int, default=20, help="training steps")
-    loop.add_argument("--batch-size", type=int, default=8, help="prompts per step (B)")
-    loop.add_argument("--rollouts", type=int, default=8, help="completions per prompt (K)")
-    loop.add_argument("--max-new-tokens", type=int, default=64, help="completion length cap, tokens")
-    loop.add_argument("--temperature", type=float, default=1.0, help="sampling temperature")
-    loop.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass")
+    loop.add_argument("--steps", type=int, default=run("steps"), help="training steps")
+    loop.add_argument("--batch-size", type=int, default=run("batch_size"), help="prompts per step (B)")
+    loop.add_argument("--rollouts", type=int, default=run("rollouts"), help="completions per prompt (K)")
+    loop.add_argument(
+        "--max-new-tokens", type=int, default=run("max_new_tokens"), help="completion length cap, tokens"
+    )
+    loop.add_argument("--temperature", type=float, default=grpo("temperature"), help="sampling temperature")
+    loop.add_argument(
+        "--top-p",
+        type=float,
+        default=run("top_p"),
+        help="nucleus sampling mass; only 1 is accepted (the update's log-probs are those of the full "
+        "temperature-scaled distribution)",
+    )
     loop.add_argument("--run-id", help="prefix of observe request ids (default: strategy-seed-random)")
     loop.add_argument(
         "--start-step", type=int, help="first step (default: 0 on a fresh dataset, else after its open step)"
     )
-    loop.add_argument("--eval-every", type=int, default=0, help="greedy evaluation every N steps (0: off)")
-    loop.add_argument("--eval-size", type=int, default=64, help="prompts in the fixed evaluation subset")
+    loop.add_argument(
+        "--eval-every", type=int, default=run("eval_every"), help="greedy evaluation every N steps (0: off)"
+    )
+    loop.add_argument(
+        "--eval-size", type=int, default=run("eval_size"), help="prompts in the fixed evaluation subset"
+    )
 
-    grpo = train.add_argument_group("GRPO update")
-    grpo.add_argument("--lr", type=float, default=1e-5, help="AdamW learning rate")
-    grpo.add_argument("--clip-eps", type=float, default=0.2, help="lower clip of the ratio (1 - eps)")
-    grpo.add_argument("--clip-eps-high", type=float, help="upper clip (1 + eps); default: --clip-eps")
-    grpo.add_argument("--kl-coef", type=float, default=0.0, help="KL penalty to the initial policy (0: off)")
-    grpo.add_argument(
-        "--no-std-scale", action="store_true", help="advantages r - mean(r), not divided by std"
+    update = train.add_argument_group("GRPO update")
+    update.add_argument("--lr", type=float, default=grpo("lr"), help="AdamW learning rate")
+    update.add_argument("--weight-decay", type=float, default=grpo("weight_decay"), help="AdamW weight decay")
+    update.add_argument(
+        "--clip-eps",
+        type=float,
+        default=argparse.SUPPRESS,
+        help=f"lower clip of the ratio (1 - eps) (default: {grpo('clip_eps_low')})",
     )
-    grpo.add_argument("--grpo-epochs", type=int, default=1, help="passes over each batch")
-    grpo.add_argument("--minibatches", type=int, default=1, help="optimizer steps per pass")
-    grpo.add_argument("--micro-batch", type=int, default=8, help="sequences per forward/backward (memory)")
-    grpo.add_argument("--max-grad-norm", type=float, default=1.0, help="gradient clipping norm")
-    grpo.add_argument(
+    update.add_argument(
+        "--clip-eps-high",
+        type=float,
+        default=argparse.SUPPRESS,
+        help=f"upper clip (1 + eps) (default: --clip-eps when given, else {grpo('clip_eps_high')})",
+    )
+    update.add_argument(
+        "--kl-coef", type=float, default=grpo("kl_coef"), help="KL penalty to the initial policy (0: off)"
+    )
+    update.add_argument(
+        "--no-std-scale",
+        action="store_true",
+        default=not grpo("scale_by_std"),
+        help="advantages r - mean(r), not divided by std (the loss is still divided by the batch's tokens)",
+    )
+    update.add_argument("--grpo-epochs", type=int, default=grpo("epochs"), help="passes over each batch")
+    update.add_argument(
+        "--minibatches", type=int, default=grpo("minibatches"), help="optimizer steps per pass"
+    )
+    update.add_argument(
+        "--micro-batch",
+        type=int,
+        default=grpo("micro_batch_size"),
+        help="sequences per forward/backward (memory)",
+    )
+    update.add_argument(
+        "--max-grad-norm", type=float, default=grpo("max_grad_norm"), help="gradient clipping norm"
+    )
+    update.add_argument(
         "--precision",
-        choices=["bf16", "fp32"],
-        default="bf16",
-        help="bf16: forward/backward under bfloat16 autocast (about 2-3x faster on CPUs with AVX512-BF16); "
-        "weights and optimizer state stay float32",
+        choices=list(PRECISIONS),
+        default=grpo("precision"),
+        help="bf16: the transformer body under bfloat16 autocast (about 2-3x faster on CPUs with AVX512-BF16); "
+        "the output head, softmax, weights and optimizer state stay float32",
     )
-    grpo.add_argument(
-        "--no-share-prompt", action="store_true", help="recompute the prompt for every completion of a group"
+    update.add_argument(
+        "--tis-cap",
+        type=float,
+        default=grpo("tis_cap"),
+        help="truncated importance sampling: weight each token's gradient by min(p_trainer / p_sampler, cap) "
+        "to correct the rollout engine/trainer mismatch (0: off)",
+    )
+    update.add_argument(
+        "--old-logprobs",
+        choices=list(OLD_LOGPROBS),
+        default=grpo("old_logprobs"),
+        help="with --grpo-epochs or --minibatches > 1: the PPO ratio's old log-probs from the rollout engine "
+        "(no extra forward pass) or recomputed by the trainer",
+    )
+    update.add_argument(
+        "--no-share-prompt",
+        action="store_true",
+        default=not grpo("share_prompt"),
+        help="recompute the prompt for every completion of a group",
     )
 
     model = train.add_argument_group("model and rollouts")
@@ -126,7 +201,11 @@ def _parser() -> argparse.ArgumentParser:
         "--model", default="smollm2-135m", help="built-in model name or local HF checkpoint dir"
     )
     model.add_argument("--backend", choices=["vllm", "hf"], default="vllm", help="rollout engine")
-    model.add_argument("--vllm-dtype", default="float32", help="vLLM weight dtype (float32 matches training)")
+    model.add_argument(
+        "--vllm-dtype",
+        default="auto",
+        help="vLLM weight dtype; auto: bfloat16 on a GPU, float32 on a CPU (matches the trainer exactly)",
+    )
     model.add_argument("--gpu-memory-utilization", type=float, help="vLLM memory share (default 0.3)")
 
     output = train.add_argument_group("output")
@@ -140,6 +219,16 @@ def _parser() -> argparse.ArgumentParser:
     plot.add_argument("--out", type=Path, required=True, help="PNG path")
     plot.add_argument("--title", default="", help="figure title")
     return parser
+
+
+def _task_name(value: str) -> str:
+    from trainer_client.tasks import TASK_NAMES
+
+    if value in TASK_NAMES or (value.startswith("rg:") and len(value) > 3):
+        return value
+    raise argparse.ArgumentTypeError(
+        f"invalid choice {value!r}: choose {', '.join(TASK_NAMES)} or rg:NAME (a reasoning-gym dataset)"
+    )
 
 
 def _quiet_libraries() -> None:
@@ -177,23 +266,28 @@ def _ensure_dataset(client: SelectorClient, args: argparse.Namespace, size: int)
     return client.get_dataset(args.dataset)
 
 
-def _build_configs(args: argparse.Namespace) -> Any:
-    from trainer_client.grpo import GRPOConfig
-    from trainer_client.train import TrainConfig
-
+def _build_configs(args: argparse.Namespace) -> TrainConfig:
+    # Clip-higher only when asked for: a lone --clip-eps sets both sides.
+    clip_low = getattr(args, "clip_eps", default_of(GRPOConfig, "clip_eps_low"))
+    clip_high = getattr(
+        args, "clip_eps_high", getattr(args, "clip_eps", default_of(GRPOConfig, "clip_eps_high"))
+    )
     grpo = GRPOConfig(
         lr=args.lr,
-        clip_eps_low=args.clip_eps,
-        clip_eps_high=args.clip_eps_high if args.clip_eps_high is not None else args.clip_eps,
+        clip_eps_low=clip_low,
+        clip_eps_high=clip_high,
         kl_coef=args.kl_coef,
         scale_by_std=not args.no_std_scale,
         epochs=args.grpo_epochs,
         minibatches=args.minibatches,
         micro_batch_size=args.micro_batch,
         max_grad_norm=args.max_grad_norm,
+        weight_decay=args.weight_decay,
         temperature=args.temperature,
         share_prompt=not args.no_share_prompt,
         precision=args.precision,
+        tis_cap=args.tis_cap,
+        old_logprobs=args.old_logprobs,
     )
     if args.params is not None and not isinstance(args.params, dict):
         raise ValueError("--params must be a JSON object, e.g. '{\"eta\": 2.0}'")
@@ -285,7 +379,7 @@ def _build_trainer(
         import numpy as np
         import torch
 
-        from trainer_client.grpo import GRPOLearner
+        from trainer_client.grpo import GRPOLearner, UnsupportedModel, check_output_head
         from trainer_client.model import ModelError, load_policy, load_tokenizer, render_prompt, resolve_model
         from trainer_client.rollout import HFRollout, VLLMRollout, vllm_available
         from trainer_client.train import Trainer
@@ -302,10 +396,11 @@ def _build_trainer(
         path = resolve_model(args.model)
         tokenizer = load_tokenizer(path)
         policy = load_policy(path)
-    except (ModelError, OSError) as exc:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        policy.to(device)
+        check_output_head(policy)  # before minutes of engine start-up
+    except (ModelError, OSError, UnsupportedModel) as exc:
         raise _CliError(f"cannot load model {args.model!r}: {exc}", EXIT_MODEL) from None
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    policy.to(device)
 
     if args.backend == "vllm":
         if not vllm_available():

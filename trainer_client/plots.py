@@ -1,8 +1,19 @@
 """Learning curves from metrics JSONL files (one or several runs, e.g. one per strategy).
 
-Four panels: mean reward vs step, mean reward vs cumulative rollouts (what a run costs), effective
-ratio (share of groups with a GRPO signal) vs step, and the loss (or the greedy evaluation accuracy
-when the runs recorded one) vs step.
+Nine panels, three rows:
+
+- outcomes: mean reward vs step, mean reward vs cumulative rollouts (what a run costs), and the
+  greedy evaluation accuracy (when the runs recorded one);
+- data: the effective ratio (share of groups with a GRPO signal) vs step, and the trainer/sampler
+  log-prob mismatch per token (mean solid, max dashed; log scale) with its truncated importance
+  weights' capped share;
+- the update: KL (to the reference when the KL penalty is on, else the sampler-to-trainer KL),
+  clip fraction, pre-clip gradient norm, and the policy's entropy.
+
+A quantity a run did not record (an HF-backend run has no sampler log-probs, a run without the KL
+penalty has no reference KL) is simply absent from its panel. There is deliberately no loss panel:
+with one optimizer step per batch the ratio is 1 and the "loss" is ``-sum(A * length) / tokens``,
+which does not depend on the model.
 """
 
 from __future__ import annotations
@@ -12,7 +23,20 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["load_metrics", "plot_runs"]
+__all__ = ["PANELS", "build_figure", "load_metrics", "plot_runs"]
+
+# Panel title -> (record keys drawn in it, y label). Keys after the first are drawn dashed.
+PANELS: dict[str, tuple[tuple[str, ...], str]] = {
+    "reward vs step": (("mean_reward",), "mean reward (rollouts of the step)"),
+    "reward vs cost": (("mean_reward",), "mean reward"),
+    "evaluation (fixed prompt subset)": (("eval_accuracy",), "greedy accuracy"),
+    "effective ratio": (("effective_ratio",), "share of groups with reward spread"),
+    "trainer/sampler mismatch": (("mismatch_mean", "mismatch_max"), "|logp trainer - logp sampler| (nats)"),
+    "truncated IS weights": (("tis_capped_frac", "tis_weight_mean"), "capped share / mean weight"),
+    "KL": (("kl", "mismatch_kl"), "KL to reference / sampler-trainer KL"),
+    "clip fraction and gradient norm": (("clip_frac", "grad_norm"), "clipped share / grad norm"),
+    "entropy": (("entropy",), "mean per-token entropy (nats)"),
+}
 
 
 def load_metrics(path: str | Path) -> list[dict[str, Any]]:
@@ -21,59 +45,87 @@ def load_metrics(path: str | Path) -> list[dict[str, Any]]:
         return [json.loads(line) for line in handle if line.strip()]
 
 
+def _series(records: Sequence[dict[str, Any]], key: str) -> tuple[list[Any], list[float]]:
+    points = [(r["step"], float(r[key])) for r in records if r.get(key) is not None]
+    return [p[0] for p in points], [p[1] for p in points]
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, never a window
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def build_figure(runs: Sequence[tuple[str, Sequence[dict[str, Any]]]], *, title: str = "") -> Any:
+    """The matplotlib figure of ``runs`` (``(label, records)`` pairs); `plot_runs` saves it."""
+    from matplotlib.ticker import MaxNLocator
+
+    plt = _pyplot()
+
+    figure, axes = plt.subplots(3, 3, figsize=(16, 11))
+    panels = dict(zip(PANELS, axes.flat, strict=True))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for index, (label, records) in enumerate(runs):
+        if not records:
+            continue
+        color = colors[index % len(colors)]
+        steps = [r["step"] for r in records]
+        rewards = [r["mean_reward"] for r in records]
+        panels["reward vs step"].plot(steps, rewards, marker=".", color=color, label=label)
+        panels["reward vs cost"].plot(
+            [r["total_rollouts"] for r in records], rewards, marker=".", color=color, label=label
+        )
+        evaluation = [(r["step"], r["eval_accuracy"]) for r in records if "eval_accuracy" in r]
+        if evaluation and "eval_accuracy_initial" in records[0]:
+            evaluation.insert(0, (records[0]["step"] - 1, records[0]["eval_accuracy_initial"]))
+        if evaluation:
+            panels["evaluation (fixed prompt subset)"].plot(
+                *zip(*evaluation, strict=True), marker="o", color=color, label=label
+            )
+        for name in list(PANELS)[3:]:
+            for position, key in enumerate(PANELS[name][0]):
+                xs, ys = _series(records, key)
+                if xs:
+                    panels[name].plot(
+                        xs,
+                        ys,
+                        marker=".",
+                        color=color,
+                        linestyle="-" if position == 0 else "--",
+                        label=f"{label}: {key}",
+                    )
+    for name, ax in panels.items():
+        ax.set(title=name, xlabel="step", ylabel=PANELS[name][1])
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(alpha=0.3)
+        if ax.lines:
+            ax.legend(fontsize=7)
+        else:
+            ax.text(0.5, 0.5, "not recorded", ha="center", va="center", transform=ax.transAxes, alpha=0.6)
+    panels["reward vs cost"].set_xlabel("rollouts generated (cumulative)")
+    panels["evaluation (fixed prompt subset)"].set_xlabel("step (-1: before training)")
+    panels["effective ratio"].set_ylim(-0.02, 1.02)
+    mismatch = panels["trainer/sampler mismatch"]
+    values = [y for line in mismatch.lines for y in line.get_ydata()]
+    if values and min(values) > 0:  # from 1e-5 (float32 on both sides) to 0.1 (bf16): log scale
+        mismatch.set_yscale("log")
+    if title:
+        figure.suptitle(title)
+    figure.tight_layout()
+    return figure
+
+
 def plot_runs(
     runs: Sequence[tuple[str, Sequence[dict[str, Any]]]], out: str | Path, *, title: str = ""
 ) -> Path:
     """Write a PNG with the curves of ``runs`` (``(label, records)`` pairs) to ``out``."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
-
+    plt = _pyplot()
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    has_eval = any("eval_accuracy" in r for _, records in runs for r in records)
-    figure, axes = plt.subplots(2, 2, figsize=(11, 7.5))
-    (reward_ax, cost_ax), (effective_ax, last_ax) = axes
-    for label, records in runs:
-        if not records:
-            continue
-        steps = [r["step"] for r in records]
-        rewards = [r["mean_reward"] for r in records]
-        reward_ax.plot(steps, rewards, marker=".", label=label)
-        cost_ax.plot([r["total_rollouts"] for r in records], rewards, marker=".", label=label)
-        effective_ax.plot(steps, [r["effective_ratio"] for r in records], marker=".", label=label)
-        if has_eval:
-            points = [(r["step"], r["eval_accuracy"]) for r in records if "eval_accuracy" in r]
-            if "eval_accuracy_initial" in records[0]:
-                points.insert(0, (records[0]["step"] - 1, records[0]["eval_accuracy_initial"]))
-            last_ax.plot(*zip(*points, strict=True), marker="o", label=label)
-        else:
-            last_ax.plot(steps, [r["loss"] for r in records], marker=".", label=label)
-    reward_ax.set(xlabel="step", ylabel="mean reward (rollouts of the step)", title="reward vs step")
-    cost_ax.set(xlabel="rollouts generated (cumulative)", ylabel="mean reward", title="reward vs cost")
-    effective_ax.set(
-        xlabel="step",
-        ylabel="share of groups with reward spread",
-        title="effective ratio",
-        ylim=(-0.02, 1.02),
-    )
-    if has_eval:
-        last_ax.set(
-            xlabel="step (-1: before training)",
-            ylabel="greedy accuracy",
-            title="evaluation (fixed prompt subset)",
-        )
-    else:
-        last_ax.set(xlabel="step", ylabel="GRPO loss", title="loss")
-    for ax in axes.flat:
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    if title:
-        figure.suptitle(title)
-    figure.tight_layout()
-    figure.savefig(out, dpi=110)
+    figure = build_figure(runs, title=title)
+    figure.savefig(out, dpi=100)
     plt.close(figure)
     return out

@@ -3,12 +3,17 @@
 Two families:
 
 - Final-answer tasks (procedural arithmetic, GSM8K, MATH). `extract_answer` finds what the model
-  committed to, in this order: the last complete ``\\boxed{...}`` (nested braces allowed), the text after
-  the last "Answer:" / "answer is", a GSM8K-style ``#### n`` line, and finally the last number anywhere
-  in the completion (the lenient fallback: a small model that writes "7 + 5 = 12" gets credit).
-  `answers_match` compares numerically with exact rationals (``1,000`` == ``1000.0`` == ``$1000``,
-  ``\\frac{1}{2}`` == ``0.5`` == ``1/2``) and falls back to a normalised string comparison for
-  non-numeric answers (``\\sqrt{3}``, intervals). It does no symbolic algebra.
+  committed to, in this order: the last complete ``\\boxed{...}`` (nested braces allowed), the value
+  stated on the line of the last "Answer:" / "answer is" marker (the whole line when it is one number,
+  else the number after the line's last ``=`` or "is" in its first sentence: "Answer: 6 * 8 = 48" is
+  48), a GSM8K-style ``#### n`` line, and finally the last number anywhere in the completion (the
+  lenient fallback: a small model that writes "7 + 5 = 12" gets credit). `answers_match` decides
+  equality with Hugging Face's ``math-verify`` (the verifier TRL and open-r1 use: SymPy equality of
+  numbers, fractions, radicals, sets, intervals, matrices, ``\\text{}`` choices). Plain numbers are
+  read here first, exactly, and handed to it as rationals, because its own reading of them is made for
+  other conventions: ``2 3/4`` is the mixed number 11/4 (not 23/4, and not 3), ``1,234`` a thousands
+  separator (not a European decimal), ``$5`` and ``50%`` plain 5 and 50. Extraction stays ours because
+  it encodes this project's prompt contract (the "Answer:" line, ``####``), which no library knows.
 - Countdown (TinyZero's game): the completion must put an equation in ``<answer>...</answer>``. Reward
   1.0 when the equation uses every given number exactly once (the multiset of numbers in the equation
   equals the given one, TinyZero's rule) and evaluates to the target within 1e-5; 0.1 when an answer
@@ -24,9 +29,11 @@ Every function here is total: malformed input yields ``None`` or a zero reward, 
 from __future__ import annotations
 
 import re
+import threading
 from collections import Counter
 from collections.abc import Sequence
 from fractions import Fraction
+from typing import Any
 
 __all__ = [
     "COUNTDOWN_CORRECT",
@@ -39,7 +46,6 @@ __all__ = [
     "last_answer_tag",
     "last_boxed",
     "math_reward",
-    "normalize_answer_text",
     "parse_number",
 ]
 
@@ -52,15 +58,23 @@ _MAX_EQUATION_CHARS = 256
 _MAX_NESTING = 32
 # Numbers with more digits than this are not answers, they are degenerate output (and slow to convert).
 _MAX_NUMBER_CHARS = 64
+# Longest non-numeric answer handed to SymPy, and how long it may think about one comparison.
+_MAX_ANSWER_CHARS = 512
+_SYMPY_TIMEOUT_S = 5
 
 # A number as people write it: optional sign, thousands separators, decimals, or a/b.
 # The sign only counts when it does not follow a word character or a closing bracket, so "12-5"
 # yields 12 and 5, not 12 and -5.
-_PLAIN_NUMBER = r"(?:(?<![\w)\]}])-)?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:\s*/\s*\d+(?:\.\d+)?)?"
+_PLAIN_NUMBER = (
+    r"(?:(?<![\w)\]}])-)?(?:\d+[ \t]+\d+\s*/\s*\d+(?![\d.])|(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?"
+    r"(?:\s*/\s*\d+(?:\.\d+)?)?)"
+)
 _LATEX_FRAC = r"-?\\[dt]?frac\s*\{[^{}]*\}\s*\{[^{}]*\}"
 _NUMBER_TOKEN = re.compile(rf"{_LATEX_FRAC}|{_PLAIN_NUMBER}")
 _ANSWER_MARKER = re.compile(r"\banswer\b\s*(?:is\b|:|=)", re.IGNORECASE)
 _GSM8K_MARKER = "####"
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=\S)")
+_STATES = re.compile(r"=|\bis\b", re.IGNORECASE)  # what separates a computation from its value
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
 _BOX_COMMANDS = ("\\boxed", "\\fbox")
 
@@ -71,15 +85,17 @@ _FRAC_BRACED = re.compile(r"^(-?)\\[dt]?frac\s*\{([^{}]*)\}\s*\{([^{}]*)\}$")
 _FRAC_SHORT = re.compile(r"^(-?)\\[dt]?frac\s*(\d)(\d)$")  # \frac12
 _DECIMAL = re.compile(r"^[+-]?(?:\d+\.?\d*|\.\d+)$")
 _THOUSANDS = re.compile(r"^[+-]?\d{1,3}(?:,\d{3})+(?:\.\d+)?$")
+_MIXED = re.compile(r"^(-?)(\d+)\s+(\d+)/(\d+)$")
 
 
 def parse_number(text: str | None) -> Fraction | None:
     """The exact value of a number written as text, or None when it is not a single number.
 
     Accepts signs, ``$``/``\\$``, thousands separators (``1,234``), decimals (``12.50``, ``12.``),
-    trailing ``%`` and units in ``\\text{...}``, ``a/b``, ``\\frac{a}{b}`` (also ``\\dfrac``,
-    ``\\tfrac``, ``\\frac12``), and surrounding ``$...$`` or ``\\(...\\)``. ``1,2`` is not a number
-    (ambiguous), neither is ``3 apples and 4 pears``.
+    trailing ``%`` and units in ``\\text{...}``, ``a/b``, mixed numbers (``2 3/4`` = 11/4),
+    ``\\frac{a}{b}`` (also ``\\dfrac``, ``\\tfrac``, ``\\frac12``), and surrounding ``$...$`` or
+    ``\\(...\\)``. ``1,2`` is not a number (ambiguous), neither are ``1 234`` and ``3 apples and 4
+    pears``.
     """
     if text is None:
         return None
@@ -93,13 +109,22 @@ def parse_number(text: str | None) -> Fraction | None:
     s = s.strip().rstrip(".,;:").strip()
     while len(s) >= 2 and s[0] in "({[" and s[-1] in ")}]" and _balanced(s[1:-1]):
         s = s[1:-1].strip()
-    s = s.replace(" ", "")
+    # Spaces are meaningful inside a number ("2 3/4" is not 23/4): only those around a slash go.
+    s = re.sub(r"\s*/\s*", "/", s)
     if not s or len(s) > _MAX_NUMBER_CHARS:
         return None
 
     if match := _FRAC_BRACED.match(s) or _FRAC_SHORT.match(s):
         sign, numerator, denominator = match.groups()
         return _ratio(parse_number(numerator), parse_number(denominator), negative=sign == "-")
+    if match := _MIXED.match(s):  # 2 3/4: a whole number and a proper fraction
+        sign, whole, numerator, denominator = match.groups()
+        if not 0 < int(numerator) < int(denominator):
+            return None
+        value = int(whole) + Fraction(int(numerator), int(denominator))
+        return -value if sign else value
+    if any(char.isspace() for char in s):
+        return None
     if s.count("/") == 1:
         numerator, denominator = s.split("/")
         return _ratio(parse_number(numerator), parse_number(denominator), negative=False)
@@ -132,27 +157,57 @@ def _balanced(s: str) -> bool:
     return depth == 0
 
 
-def normalize_answer_text(text: str) -> str:
-    """A canonical spelling for comparing non-numeric answers: no spaces, ``$``, ``\\left``/``\\right``,
-    ``\\dfrac``/``\\tfrac`` spelled ``\\frac``, no trailing period, lower case."""
-    s = _TEXT_BLOCK.sub("", text)
-    for old in ("\\left", "\\right", "\\!", "\\,", "\\;", "\\$", "$", " "):
-        s = s.replace(old, "")
-    s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
-    return s.rstrip(".").lower()
+def _math_value(text: str) -> list[Any]:
+    """``text`` as math-verify's parsed form: our exact reading of a plain number as a SymPy rational,
+    else math-verify's own parse of it as a boxed LaTeX answer ([] when it cannot be read)."""
+    value = parse_number(text)
+    if value is not None:
+        import sympy
+
+        return [sympy.Rational(value.numerator, value.denominator), text]
+    if len(text) > _MAX_ANSWER_CHARS or not _balanced_braces(text):
+        return []
+    from math_verify import LatexExtractionConfig, parse
+
+    return parse(
+        "\\boxed{" + text + "}",
+        extraction_config=[LatexExtractionConfig(boxed_match_priority=0)],
+        parsing_timeout=_timeout_s(),
+    )
+
+
+def _timeout_s() -> int | None:
+    """math-verify bounds SymPy work with SIGALRM, which only the main thread may use; elsewhere the
+    input length bound (``_MAX_ANSWER_CHARS``) is the only limit."""
+    return _SYMPY_TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
+
+
+def _balanced_braces(text: str) -> bool:
+    depth = 0
+    for char in text:
+        depth += (char == "{") - (char == "}")
+        if depth < 0:
+            return False
+    return depth == 0
 
 
 def answers_match(predicted: str | None, expected: str) -> bool:
-    """Whether a predicted final answer equals the reference: exact rational equality when both parse as
-    numbers, otherwise equality of `normalize_answer_text` spellings."""
-    if predicted is None:
+    """Whether a predicted final answer equals the reference, decided by math-verify's ``verify``
+    (numbers compared exactly after our reading of them, see the module docstring)."""
+    if predicted is None or not predicted.strip() or not expected.strip():
         return False
-    expected_value = parse_number(expected)
-    predicted_value = parse_number(predicted)
-    if expected_value is not None:
-        return predicted_value is not None and predicted_value == expected_value
-    normalized = normalize_answer_text(predicted)
-    return bool(normalized) and normalized == normalize_answer_text(expected)
+    gold = _math_value(expected)
+    if not gold:
+        return False
+    guess = _math_value(predicted)
+    if not guess:
+        return False
+    from math_verify import verify
+
+    try:
+        return bool(verify(gold, guess, timeout_seconds=_timeout_s()))
+    except Exception:  # a verifier must never crash the loop: what cannot be verified is wrong
+        return False
 
 
 def last_boxed(text: str) -> str | None:
@@ -214,6 +269,23 @@ def _last_number(text: str) -> str | None:
     return last
 
 
+def _stated_value(line: str) -> str | None:
+    """The value an answer line states: the whole line when it is one number ("2 3/4", "$1,200"),
+    else the first number after the last ``=`` or "is" of its first sentence ("6 * 8 = 48" -> 48,
+    "The result is 48" -> 48), else that sentence's first number ("12 apples. Hope this helps! 3" -> 12).
+    """
+    whole = line.strip().rstrip(".,;:").strip()
+    if parse_number(whole) is not None:
+        return whole
+    sentence = _SENTENCE_END.split(line, maxsplit=1)[0]
+    cuts = [m.end() for m in _STATES.finditer(sentence)]
+    if cuts:
+        found = _first_number(sentence[cuts[-1] :])
+        if found is not None:
+            return found
+    return _first_number(sentence)
+
+
 def extract_answer(completion: str) -> str | None:
     """What the completion commits to as its final answer (see the module docstring for the order).
 
@@ -226,9 +298,10 @@ def extract_answer(completion: str) -> str | None:
     markers = list(_ANSWER_MARKER.finditer(completion))
     if markers:
         tail = completion[markers[-1].end() :]
-        line = tail.strip().splitlines()[0] if tail.strip() else ""
-        if parse_number(line) is not None:
-            return line.strip().rstrip(".,;:").strip()
+        lines = tail.strip().splitlines()
+        value = _stated_value(lines[0]) if lines else None
+        if value is not None:
+            return value
         found = _first_number(tail)
         if found is not None:
             return found

@@ -8,9 +8,12 @@ the engine conditioned on):
   ``reload_weights`` (checkpoint-format names, so vLLM's own loader fuses/repacks them exactly as at
   start-up; a plain ``load_weights`` breaks on the CPU backend, which repacks linear weights), then
   drops the prefix cache, whose KV entries were computed with the old weights. On a 135M model this
-  takes about a second on a CPU.
+  takes about a second on a CPU. ``generate`` asks for the log-prob of every sampled token (``logprobs=0``, after temperature), which
+  the trainer compares with its own to measure and correct the sampler/trainer mismatch.
 - ``HFRollout``: ``transformers`` ``generate`` on the training model itself; weights are shared, so
-  syncing is a no-op. Slower, but works wherever PyTorch does.
+  syncing is a no-op. Slower, but works wherever PyTorch does. It reports no log-probs: the sampler is
+  the training model itself (float32, eval mode), so the only gap is that of ``--precision bf16``,
+  and it is neither measured nor corrected.
 
 vLLM notes: the engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, set before vLLM is
 imported) so ``collective_rpc`` reaches the model directly; the CPU backend rejects per-request seeds,
@@ -36,17 +39,23 @@ __all__ = [
     "PromptRollouts",
     "RolloutEngine",
     "VLLMRollout",
+    "resolve_vllm_dtype",
     "vllm_available",
 ]
 
 
 @dataclass(frozen=True)
 class Completion:
-    """One sampled completion. ``token_ids`` include the end-of-sequence token when one was produced."""
+    """One sampled completion. ``token_ids`` include the end-of-sequence token when one was produced.
+
+    ``logprobs``: the engine's log-prob of each sampled token under the distribution it sampled from
+    (temperature applied), or None when the engine does not report them.
+    """
 
     token_ids: tuple[int, ...]
     text: str
     finish_reason: str  # "stop" (end-of-sequence) or "length" (cut at max_new_tokens)
+    logprobs: tuple[float, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -89,6 +98,15 @@ def vllm_available() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
+def resolve_vllm_dtype(requested: str, *, cuda: bool) -> str:
+    """The vLLM weight dtype for ``--vllm-dtype``: ``"auto"`` is bfloat16 on a GPU (vLLM's fast kernels;
+    the trainer's truncated importance weights correct the sampler's rounding) and float32 on a CPU
+    (where vLLM's float32 log-probs match a float32 trainer to ~1e-6). Other values pass through."""
+    if requested == "auto":
+        return "bfloat16" if cuda else "float32"
+    return requested
+
+
 def _check_sampling(n: int, max_new_tokens: int, temperature: float, top_p: float) -> None:
     if n < 1 or max_new_tokens < 1:
         raise ValueError("n and max_new_tokens must be >= 1")
@@ -126,7 +144,7 @@ class VLLMRollout(RolloutEngine):
         model_path: str | os.PathLike[str],
         *,
         seed: int = 0,
-        dtype: str = "float32",
+        dtype: str = "auto",
         max_model_len: int = 1024,
         gpu_memory_utilization: float | None = None,
         enforce_eager: bool | None = None,
@@ -141,10 +159,14 @@ class VLLMRollout(RolloutEngine):
 
         on_gpu = torch.cuda.is_available()
         threads = torch.get_num_threads()
+        self.dtype = resolve_vllm_dtype(dtype, cuda=on_gpu)
         with _hidden_from_vllm_kernel_scan():
             self._llm = LLM(
                 model=str(model_path),
-                dtype=dtype,
+                dtype=self.dtype,
+                # Sampled tokens' log-probs after temperature (the distribution actually sampled from),
+                # not the raw softmax: the trainer compares them with its own temperature-scaled ones.
+                logprobs_mode="processed_logprobs",
                 seed=seed,
                 max_model_len=max_model_len,
                 # On the CPU backend this fraction sizes the KV cache in host memory; 0.3 leaves room
@@ -168,41 +190,38 @@ class VLLMRollout(RolloutEngine):
         from vllm import SamplingParams
 
         _check_sampling(n, max_new_tokens, temperature, top_p)
-        params = SamplingParams(n=n, temperature=temperature, top_p=top_p, max_tokens=max_new_tokens)
+        # logprobs=0: the log-prob of each sampled token only (no top-k alternatives).
+        params = SamplingParams(
+            n=n, temperature=temperature, top_p=top_p, max_tokens=max_new_tokens, logprobs=0
+        )
         requests = [{"prompt_token_ids": list(p)} for p in prompts]
         outputs = self._llm.generate(requests, params, use_tqdm=False)
         return [
             PromptRollouts(
                 prompt_token_ids=tuple(out.prompt_token_ids),
                 completions=tuple(
-                    Completion(tuple(c.token_ids), c.text, "stop" if c.finish_reason == "stop" else "length")
+                    Completion(
+                        tuple(c.token_ids),
+                        c.text,
+                        "stop" if c.finish_reason == "stop" else "length",
+                        _sampled_logprobs(c.token_ids, c.logprobs),
+                    )
                     for c in out.outputs
                 ),
             )
             for out in outputs
         ]
 
-    def token_logprobs(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
-        """Log-prob of every token after the first of each sequence under the engine's current weights
-        (vLLM's prompt log-probs). Used to check that the engine follows the trained policy."""
-        from vllm import SamplingParams
-
-        params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
-        outputs = self._llm.generate(
-            [{"prompt_token_ids": list(s)} for s in sequences], params, use_tqdm=False
-        )
-        result = []
-        for sequence, out in zip(sequences, outputs, strict=True):
-            entries = out.prompt_logprobs[1:]  # the first token has no prediction
-            result.append([entry[token].logprob for entry, token in zip(entries, sequence[1:], strict=True)])
-        return result
-
     def sync_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         weights = ((name, tensor.detach()) for name, tensor in named_tensors)
         self._llm.collective_rpc(
             "reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True}
         )
-        self._llm.reset_prefix_cache()
+        # Cached KV blocks of earlier prompts hold keys/values of the old weights; a prompt sharing a
+        # full block with one of them would be continued from stale state. vLLM refuses the reset
+        # (returns False) while requests are running; none are between steps, so False is a bug.
+        if not self._llm.reset_prefix_cache():
+            raise RuntimeError("vLLM refused to reset its prefix cache after a weight update")
 
     def close(self) -> None:
         engine = getattr(self._llm, "llm_engine", None)
@@ -210,6 +229,13 @@ class VLLMRollout(RolloutEngine):
         if callable(shutdown):
             shutdown()
         self._llm = None  # type: ignore[assignment]
+
+
+def _sampled_logprobs(token_ids: Sequence[int], logprobs: Any) -> tuple[float, ...] | None:
+    """The log-prob of each sampled token from vLLM's per-position ``{token: Logprob}`` dicts."""
+    if logprobs is None or len(logprobs) != len(token_ids):
+        return None
+    return tuple(float(entry[token].logprob) for entry, token in zip(logprobs, token_ids, strict=True))
 
 
 class HFRollout(RolloutEngine):

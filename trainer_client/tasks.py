@@ -1,9 +1,15 @@
-"""Prompt sets with verifiable rewards: procedural arithmetic, Countdown, and GSM8K/MATH-style JSONL.
+"""Prompt sets with verifiable rewards: procedural arithmetic, Countdown, GSM8K/MATH-style JSONL, and
+the procedural datasets of reasoning-gym.
 
 A `Task` is an ordered list of `Problem`s; a problem's position is its prompt id in the selector
 service (``0..len(problems)-1``), so the same task must be rebuilt identically on every run: every
 generator here is a pure function of ``(num_prompts, seed)`` (its own ``random.Random``, never the
 global RNG).
+
+Every problem may carry a ``group``: an int id of the difficulty configuration it was generated
+with (arithmetic and Countdown: the tier; reasoning-gym: the curriculum level; JSONL: MATH's
+"Level N" when every record has one). ``Task.groups`` maps each id to a description. Groups are
+metadata for the selector service (per-group beliefs); the trainer itself does not use them.
 
 Arithmetic tiers
     Chosen so that SmolLM2-135M-Instruct has a real spread of per-prompt success rates (at sampling
@@ -32,6 +38,18 @@ Arithmetic tiers
     With 4 prompts per tier the tier means are rough; the tier order follows them (which is why
     two-digit products come before two-digit additions).
 
+reasoning-gym (``rg:NAME`` or ``rg:NAME:LEVELS``)
+    Any dataset of the ``reasoning-gym`` package (``rg:chain_sum``, ``rg:basic_arithmetic``,
+    ``rg:leg_counting``, ...). Its curriculum's difficulty levels become the groups: level ``L``
+    generates with every curriculum attribute at its level-``L`` value (only that level's range, not
+    the easier ones). ``LEVELS`` picks them (``0-3``, ``0,2,5``); by default levels ``0..n-1`` where n
+    is the level count of the attribute with the fewest (so every attribute still changes from one
+    level to the next). A dataset without a curriculum is one group (0) with its default
+    configuration. Prompts are spread evenly over the levels and shuffled; each level is generated
+    from its own seed derived from ``seed``. The prompt is the dataset's question with reasoning-gym's
+    default system prompt (answer inside ``<answer>`` tags); the reward is the dataset's own
+    ``score_answer`` on the last ``<answer>`` tag's content.
+
 Countdown (TinyZero)
     2 to 4 numbers in 1..99 and a target reachable by combining all of them with + - * / (exact
     intermediate results); tier = count of numbers - 2. Reward: see `trainer_client.rewards`.
@@ -47,9 +65,12 @@ JSONL
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import json
 import random
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -58,6 +79,7 @@ from trainer_client import rewards
 
 __all__ = [
     "ARITHMETIC_TIERS",
+    "REASONING_GYM_PREFIX",
     "TASK_NAMES",
     "Problem",
     "Task",
@@ -65,9 +87,11 @@ __all__ = [
     "countdown_task",
     "jsonl_task",
     "load_task",
+    "reasoning_gym_task",
 ]
 
 TASK_NAMES = ("arithmetic", "countdown", "jsonl")
+REASONING_GYM_PREFIX = "rg:"
 
 # How many times a generator redraws a problem that duplicates an earlier prompt before accepting the
 # duplicate (small tiers have few distinct problems: tier 1 has 16).
@@ -84,11 +108,13 @@ MATH_INSTRUCTION = "Give the final answer as \\boxed{{answer}}."
 
 @dataclass(frozen=True)
 class Problem:
-    """One prompt: the user message sent to the model, its reference answer, and metadata."""
+    """One prompt: the user message sent to the model, its reference answer, its group (the id of the
+    difficulty configuration it comes from, None when unknown) and metadata."""
 
     prompt: str
     answer: str
     meta: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+    group: int | None = None
 
 
 Scorer = Callable[[Problem, str], float]
@@ -102,9 +128,14 @@ class Task:
     system_prompt: str | None
     problems: list[Problem]
     scorer: Scorer = field(repr=False)
+    groups: dict[int, str] = field(default_factory=dict)  # group id -> its difficulty configuration
 
     def __len__(self) -> int:
         return len(self.problems)
+
+    def prompt_groups(self) -> list[int | None]:
+        """The group of every prompt id, in order (what a per-prompt metadata upload would send)."""
+        return [problem.group for problem in self.problems]
 
     def reward(self, index: int, completion: str) -> float:
         """Reward of `completion` for prompt `index`, in [0, 1]."""
@@ -180,6 +211,18 @@ def _tier8(rng: random.Random) -> tuple[str, int]:
     return f"{a} * {b}", a * b
 
 
+_TIER_FORMS = (
+    "a + 0, a * 1, 10 * a",
+    "a + b, both in 1..4",
+    "a * b, one digit each",
+    "a + b, a in 5..9, b in 2..9",
+    "a * b, two digits * one digit",
+    "a + b, two digits + one digit",
+    "a - b, two digits each, a > b",
+    "(a + b) * c - d",
+    "a * b, three digits * two digits",
+)
+
 # Tier index -> generator of (expression, value). Order is difficulty for SmolLM2-135M (see docstring).
 ARITHMETIC_TIERS: tuple[Callable[[random.Random], tuple[str, int]], ...] = (
     _tier0,
@@ -216,9 +259,11 @@ def arithmetic_task(num_prompts: int, seed: int, *, tiers: tuple[int, ...] | Non
                 prompt=f"What is {expression}? {ANSWER_INSTRUCTION}",
                 answer=str(value),
                 meta={"tier": tier, "expression": expression},
+                group=tier,
             )
         )
-    return Task(name="arithmetic", system_prompt=None, problems=problems, scorer=_math_scorer)
+    groups = {tier: f"tier {tier}: {_TIER_FORMS[tier]}" for tier in sorted(set(tiers))}
+    return Task(name="arithmetic", system_prompt=None, problems=problems, scorer=_math_scorer, groups=groups)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -271,9 +316,13 @@ def countdown_task(num_prompts: int, seed: int) -> Task:
                 prompt=COUNTDOWN_INSTRUCTION.format(numbers=numbers, target=target),
                 answer=expression,
                 meta={"tier": size - 2, "numbers": numbers, "target": target},
+                group=size - 2,
             )
         )
-    return Task(name="countdown", system_prompt=None, problems=problems, scorer=_countdown_scorer)
+    groups = {size - 2: f"tier {size - 2}: {size} numbers" for size in _COUNTDOWN_SIZES}
+    return Task(
+        name="countdown", system_prompt=None, problems=problems, scorer=_countdown_scorer, groups=groups
+    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -340,7 +389,149 @@ def jsonl_task(path: str | Path, num_prompts: int, seed: int) -> Task:
     if len(problems) > num_prompts:
         keep = sorted(random.Random(f"jsonl:{seed}").sample(range(len(problems)), num_prompts))
         problems = [problems[i] for i in keep]
-    return Task(name="jsonl", system_prompt=None, problems=problems, scorer=_math_scorer)
+    # MATH's "level": "Level 3" on every record gives groups; anything less complete gives none.
+    levels = [_math_level(p.meta.get("level")) for p in problems]
+    groups: dict[int, str] = {}
+    if all(level is not None for level in levels):
+        problems = [dataclasses.replace(p, group=level) for p, level in zip(problems, levels, strict=True)]
+        groups = {level: f"Level {level}" for level in sorted(set(levels))}  # type: ignore[misc]
+    return Task(name="jsonl", system_prompt=None, problems=problems, scorer=_math_scorer, groups=groups)
+
+
+def _math_level(value: Any) -> int | None:
+    match = (
+        re.fullmatch(r"\s*(?:level\s*)?(\d+)\s*", str(value), re.IGNORECASE) if value is not None else None
+    )
+    return int(match.group(1)) if match else None
+
+
+# --------------------------------------------------------------------------------------------------
+# reasoning-gym
+# --------------------------------------------------------------------------------------------------
+
+# How many items past the needed count a level may generate while looking for distinct questions.
+_RG_DRAW_FACTOR = 4
+
+
+def _parse_levels(text: str) -> list[int]:
+    """``"0-3"`` -> [0, 1, 2, 3]; ``"0,2,5"`` -> [0, 2, 5]; ranges and lists combine (``"0-2,5"``)."""
+    levels: list[int] = []
+    for part in text.split(","):
+        match = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", part)
+        if match is None:
+            raise ValueError(f"bad level list {text!r}: use e.g. 0-3 or 0,2,5")
+        low, high = int(match.group(1)), int(match.group(2) or match.group(1))
+        if high < low:
+            raise ValueError(f"bad level range {part.strip()!r}: the first level must not exceed the second")
+        levels.extend(range(low, high + 1))
+    return sorted(set(levels))
+
+
+def _describe(config: Any, fields_: Sequence[str]) -> str:
+    return ", ".join(f"{name}={getattr(config, name)!r}" for name in fields_)
+
+
+def reasoning_gym_task(
+    name: str, num_prompts: int, seed: int, *, levels: Sequence[int] | None = None
+) -> Task:
+    """`num_prompts` problems of the reasoning-gym dataset `name`, spread over curriculum `levels`
+    (the groups; see the module docstring), shuffled by `seed`."""
+    _check_count(num_prompts)
+    try:
+        from reasoning_gym.coaching.attributes import RangeAttributeDefinition
+        from reasoning_gym.coaching.base_curriculum import DefaultCurriculumContext, RangeAttributeMode
+        from reasoning_gym.factory import DATASETS, create_curriculum, create_dataset, has_curriculum
+        from reasoning_gym.utils import SYSTEM_PROMPTS
+        from reasoning_gym.utils import extract_answer as extract_tagged
+    except ImportError:
+        raise ValueError(
+            "rg: tasks need the reasoning-gym package: pip install 'rlvr-selector[trainer]'"
+        ) from None
+    if name not in DATASETS:
+        close = difflib.get_close_matches(name, DATASETS, n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close else f"; e.g. {', '.join(sorted(DATASETS)[:6])}"
+        raise ValueError(f"reasoning-gym has no dataset {name!r}{hint}")
+
+    configs: dict[int, Any] = {}
+    descriptions: dict[int, str] = {}
+    if has_curriculum(name):
+        curriculum = create_curriculum(name)
+        attributes = list(curriculum.attributes.values())
+        most = max(len(a.levels) for a in attributes)
+        chosen = list(levels) if levels is not None else list(range(min(len(a.levels) for a in attributes)))
+        if not chosen or any(not 0 <= level < most for level in chosen):
+            raise ValueError(f"rg:{name} has curriculum levels 0..{most - 1}; got {list(chosen)}")
+        context = DefaultCurriculumContext(mode=RangeAttributeMode.UPPER_BOUND)
+        shown = [
+            field_name
+            for a in attributes
+            for field_name in (
+                (a.lower_field_name, a.upper_field_name)
+                if isinstance(a, RangeAttributeDefinition)
+                else (a.field_name,)
+            )
+        ]
+        for level in chosen:
+            curriculum.set_global_level(level)
+            configs[level] = curriculum.generate_configuration(context=context)
+            descriptions[level] = f"level {level}: {_describe(configs[level], shown)}"
+    else:
+        if levels is not None and list(levels) != [0]:
+            raise ValueError(f"rg:{name} has no curriculum: it has one level (0), its default configuration")
+        configs[0] = None
+        descriptions[0] = "default configuration"
+
+    order = sorted(configs)
+    rng = random.Random(f"rg:{name}:{seed}")
+    plan = [order[i % len(order)] for i in range(num_prompts)]
+    rng.shuffle(plan)
+    datasets: dict[int, Any] = {}
+    entries: dict[int, list[dict[str, Any]]] = {}
+    for level in order:
+        count = plan.count(level)
+        level_seed = random.Random(f"rg:{name}:{seed}:{level}").getrandbits(31)
+        size = count * _RG_DRAW_FACTOR
+        config = configs[level]
+        options = dict(vars(config)) if config is not None else {}
+        options.update(seed=level_seed, size=size)
+        datasets[level] = dataset = create_dataset(name, **options)
+        distinct, repeats, seen = [], [], set()
+        for index in range(size):
+            if len(distinct) == count:
+                break
+            entry = dataset[index]
+            (repeats if entry["question"] in seen else distinct).append(entry)
+            seen.add(entry["question"])
+        entries[level] = (distinct + repeats)[:count]  # small levels repeat questions rather than fail
+    problems = []
+    taken = dict.fromkeys(order, 0)
+    for level in plan:
+        entry = entries[level][taken[level]]
+        taken[level] += 1
+        problems.append(
+            Problem(
+                prompt=entry["question"],
+                answer=str(entry["answer"]),
+                meta={"dataset": name, "level": level, "entry": entry},
+                group=level,
+            )
+        )
+
+    def score(problem: Problem, completion: str) -> float:
+        answer = extract_tagged(completion)
+        try:
+            value = float(datasets[problem.group].score_answer(answer, problem.meta["entry"]))
+        except Exception:  # a verifier must never crash the loop: what it cannot score is wrong
+            return 0.0
+        return min(max(value, 0.0), 1.0) if value == value else 0.0
+
+    return Task(
+        name=f"{REASONING_GYM_PREFIX}{name}",
+        system_prompt=SYSTEM_PROMPTS["default"],
+        problems=problems,
+        scorer=score,
+        groups=descriptions,
+    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -352,7 +543,8 @@ def _check_count(num_prompts: int) -> None:
 
 
 def load_task(name: str, *, num_prompts: int, seed: int, data: str | None = None) -> Task:
-    """Build the named task; ``data`` is the JSONL file for ``jsonl`` and must be absent otherwise."""
+    """Build the named task (``arithmetic``, ``countdown``, ``jsonl``, ``rg:NAME[:LEVELS]``); ``data`` is
+    the JSONL file for ``jsonl`` and must be absent otherwise."""
     if name == "jsonl":
         if not data:
             raise ValueError("task 'jsonl' needs a data file: pass --data path/to/problems.jsonl")
@@ -363,4 +555,11 @@ def load_task(name: str, *, num_prompts: int, seed: int, data: str | None = None
         return arithmetic_task(num_prompts, seed)
     if name == "countdown":
         return countdown_task(num_prompts, seed)
-    raise ValueError(f"unknown task {name!r}; choose one of {', '.join(TASK_NAMES)}")
+    if name.startswith(REASONING_GYM_PREFIX):
+        dataset, _, levels = name[len(REASONING_GYM_PREFIX) :].partition(":")
+        return reasoning_gym_task(
+            dataset, num_prompts, seed, levels=_parse_levels(levels) if levels else None
+        )
+    raise ValueError(
+        f"unknown task {name!r}; choose one of {', '.join(TASK_NAMES)} or {REASONING_GYM_PREFIX}NAME"
+    )

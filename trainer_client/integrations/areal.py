@@ -1,0 +1,492 @@
+"""AReaL adapter: fully asynchronous RL with prompts chosen by the selector service (AReaL 1.0).
+
+AReaL's rollout runs ahead of training: its dispatcher keeps pulling prompts from the train data loader
+and submits episodes while earlier ones are still generating, bounded by
+``rollout.max_head_offpolicyness`` (how many weight versions a rollout may lag). So step s+1 (and s+2)
+is selected before the rewards of step s are in, and each group's rewards arrive whenever its episode
+finishes. Three pieces handle that:
+
+`SelectorSampler`
+    The train data loader's sampler. Each data-loader batch is one service step: the first time a
+    batch's index is needed the sampler calls ``/select`` for the next step (with the global batch size;
+    rank r of W takes every W-th prompt) and yields the chosen rows. It yields *codes*
+    ``step * len(dataset) + row`` that `SelectorDataset` decodes, so every item carries the step it was
+    selected at, however late its episode finishes. It checkpoints its position with the data loader
+    (``StatefulDataLoader.state_dict``), so a resumed run neither repeats nor skips a selected step.
+
+`SelectorDataset`
+    Wraps the train dataset: item ``code`` is row ``code % len`` with ``selector_step`` and
+    ``selector_prompt_id`` added.
+
+`SelectorWorkflow`
+    Wraps any AReaL ``RolloutWorkflow`` (e.g. ``RLVRWorkflow``). It runs the wrapped workflow on the row
+    without the ``selector_*`` fields, and collects the ``rewards`` of each finished sample under its
+    (step, prompt); when the group's ``group_size`` samples (``gconfig.n_samples``; AReaL runs the
+    workflow once per sample) have finished, it reports them to ``/observe`` for the step the group was
+    selected at, with request id ``{run_id}-s{step}-p{prompt}``: exactly once, whenever it finishes. A
+    sample whose workflow returns None (rejected) counts as finished without a reward.
+
+The service dataset must accept results that arrive late: `SelectorPPOTrainer` creates it with
+``max_lag = rollout.max_head_offpolicyness + 2`` (the versions a rollout may lag, plus the step the
+loader selects ahead and the one being trained). A report for a step older than that is refused by the
+service (409); the workflow logs it and counts it in ``lost`` instead of failing the episode.
+
+`SelectorPPOTrainer`
+    ``areal.PPOTrainer`` whose train data loader is built from the three pieces above (the validation
+    loader is AReaL's). Pass ``selector=SelectorOptions(...)``, and wrap the workflow you give
+    ``train()`` in `SelectorWorkflow` (``trainer.selector_workflow(workflow)`` does it with the right
+    client, dataset and group size).
+
+Usage (an AReaL GSM8K GRPO script)::
+
+    from trainer_client.integrations.areal import SelectorOptions, SelectorPPOTrainer
+
+    with SelectorPPOTrainer(config, train_dataset=train, valid_dataset=valid,
+                            selector=SelectorOptions(url="http://selector:8000", dataset="gsm8k-areal")) as trainer:
+        workflow = trainer.selector_workflow(RLVRWorkflow(reward_fn=gsm8k_reward_fn, gconfig=config.gconfig,
+                                                           tokenizer=trainer.tokenizer))
+        trainer.train(workflow)
+
+The train dataset needs an integer column (default ``prompt_id``) holding a permutation of
+``0..len-1``: it is the service's prompt id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import uuid
+from collections.abc import Iterator, Mapping, Sequence, Sized
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch.utils.data import Dataset, Sampler
+
+from trainer_client.client import (
+    AsyncSelectorClient,
+    Conflict,
+    NotFound,
+    Result,
+    SelectorClient,
+)
+from trainer_client.integrations import check_permutation, first_step
+
+try:
+    from areal.api.workflow_api import RolloutWorkflow as _WorkflowBase
+except ImportError:  # AReaL absent: the same methods on a plain class, for custom loops
+    _WorkflowBase = object  # type: ignore[assignment,misc]
+
+__all__ = [  # and SelectorPPOTrainer, built on first access (it subclasses AReaL's)
+    "SelectorDataset",
+    "SelectorOptions",
+    "SelectorSampler",
+    "SelectorWorkflow",
+    "selector_dataloader",
+]
+
+logger = logging.getLogger(__name__)
+
+STEP_KEY = "selector_step"
+PROMPT_KEY = "selector_prompt_id"
+
+
+@dataclass
+class SelectorOptions:
+    """Where the service is, which dataset and strategy; ``max_lag`` None derives it from the trainer's
+    ``rollout.max_head_offpolicyness``."""
+
+    url: str
+    dataset: str
+    strategy: str = "insight"
+    params: dict[str, Any] = field(default_factory=dict)
+    seed: int = 0
+    token: str | None = None
+    id_column: str = "prompt_id"
+    run_id: str | None = None
+    create: bool = True
+    max_lag: int | None = None
+    success_threshold: float = 1.0
+    beta_decay: float = 1.0
+    hmm_decay: float = 0.7
+    timeout: float = 30.0
+    retries: int = 5
+
+
+def ensure_dataset(
+    client: SelectorClient, options: SelectorOptions, size: int, group_size: int, max_lag: int
+) -> int:
+    """Create the service dataset if needed (with ``max_lag``); the step this run starts at."""
+    try:
+        info = client.get_dataset(options.dataset)
+    except NotFound:
+        if not options.create:
+            raise
+        client.create_dataset(
+            options.dataset,
+            size,
+            rollouts_per_prompt=group_size,
+            success_threshold=options.success_threshold,
+            beta_decay=options.beta_decay,
+            hmm_decay=options.hmm_decay,
+            max_lag=max_lag,
+        )
+        info = client.get_dataset(options.dataset)
+    if info.size != size:
+        raise ValueError(
+            f"dataset {options.dataset!r} in the selector service has {info.size} prompts but the train dataset "
+            f"has {size} rows; use another dataset name"
+        )
+    spec_lag = info.max_lag
+    if spec_lag < max_lag:
+        logger.warning(
+            "dataset %r accepts results up to %d steps late but this trainer may report %d steps late; "
+            "late groups will be refused (409) and counted as lost",
+            options.dataset,
+            spec_lag,
+            max_lag,
+        )
+    return first_step(info)
+
+
+class _Steps(Iterator[int]):
+    """One epoch of codes; selects a step when its first item is needed. Stateful for StatefulDataLoader."""
+
+    def __init__(self, owner: SelectorSampler, steps: int) -> None:
+        self.owner = owner
+        self.steps_left = steps
+        self.codes: list[int] = []
+        self.position = 0
+
+    def __next__(self) -> int:
+        if self.position == len(self.codes):
+            if self.steps_left == 0:
+                raise StopIteration
+            self.codes = self.owner.select_next()
+            self.position = 0
+            self.steps_left -= 1
+        code = self.codes[self.position]
+        self.position += 1
+        return code
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"steps_left": self.steps_left, "codes": list(self.codes), "position": self.position}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.steps_left = int(state["steps_left"])
+        self.codes = [int(c) for c in state["codes"]]
+        self.position = int(state["position"])
+
+
+class SelectorSampler(Sampler[int]):
+    """The train data loader's sampler: one service step per data-loader batch (see the module docstring).
+
+    ``batch_size`` is this rank's data-loader batch size; the step selects ``batch_size * world_size``
+    prompts and rank ``rank`` takes every ``world_size``-th of them. ``row_of`` maps a prompt id to its
+    dataset row (identity when omitted).
+    """
+
+    def __init__(
+        self,
+        data_source: Sized,
+        batch_size: int,
+        *,
+        client: SelectorClient,
+        dataset: str,
+        strategy: str = "insight",
+        params: Mapping[str, Any] | None = None,
+        seed: int = 0,
+        start_step: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        row_of: Mapping[int, int] | None = None,
+    ) -> None:
+        self.size = len(data_source)
+        if batch_size < 1 or batch_size * world_size > self.size:
+            raise ValueError(
+                f"batch size {batch_size} x {world_size} ranks does not fit the {self.size} prompts of the dataset"
+            )
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} outside 0..{world_size - 1}")
+        self.batch_size = batch_size
+        self.client = client
+        self.dataset = dataset
+        self.strategy = strategy
+        self.params = dict(params) if params else None
+        self.seed = seed
+        self.next_step = start_step
+        self.rank = rank
+        self.world_size = world_size
+        self.row_of = row_of
+        self.lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return self.steps_per_epoch() * self.batch_size
+
+    def steps_per_epoch(self) -> int:
+        return self.size // (self.batch_size * self.world_size)
+
+    def __iter__(self) -> Iterator[int]:
+        return _Steps(self, self.steps_per_epoch())
+
+    def select_next(self) -> list[int]:
+        """Select the next step; the codes of this rank's share of it."""
+        with self.lock:
+            step = self.next_step
+            selection = self.client.select(
+                self.dataset, step, self.batch_size * self.world_size, self.strategy, self.params, self.seed
+            )
+            self.next_step = step + 1
+        mine = selection.prompt_ids[self.rank :: self.world_size]
+        rows = mine if self.row_of is None else [self.row_of[pid] for pid in mine]
+        return [step * self.size + row for row in rows]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"next_step": self.next_step}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume: never go back to a step the service has already moved past."""
+        self.next_step = max(int(state["next_step"]), self.next_step)
+
+
+class SelectorDataset(Dataset):
+    """Decodes the sampler's codes: row ``code % len`` plus ``selector_step`` and ``selector_prompt_id``."""
+
+    def __init__(self, dataset: Any, id_column: str = "prompt_id") -> None:
+        self.dataset = dataset
+        self.id_column = id_column
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, code: int) -> dict[str, Any]:
+        step, row = divmod(int(code), len(self.dataset))
+        item = dict(self.dataset[row])
+        item[STEP_KEY] = step
+        item[PROMPT_KEY] = int(item[self.id_column])
+        return item
+
+
+def selector_dataloader(
+    dataset: Any,
+    batch_size: int,
+    *,
+    client: SelectorClient,
+    options: SelectorOptions,
+    start_step: int,
+    rank: int = 0,
+    world_size: int = 1,
+    num_workers: int = 0,
+    collate_fn: Any = None,
+) -> Any:
+    """A ``StatefulDataLoader`` over `SelectorDataset` with a `SelectorSampler` (what AReaL's
+    ``create_dataloader`` builds with a DistributedSampler)."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    if num_workers:
+        raise ValueError(
+            f"num_workers={num_workers}: worker processes would select steps in copies of the sampler; "
+            "use num_workers=0 with the selector"
+        )
+    ids = [dataset[row][options.id_column] for row in range(len(dataset))]
+    row_of = check_permutation(ids, f"train dataset column {options.id_column!r}")
+    sampler = SelectorSampler(
+        dataset,
+        batch_size,
+        client=client,
+        dataset=options.dataset,
+        strategy=options.strategy,
+        params=options.params,
+        seed=options.seed,
+        start_step=start_step,
+        rank=rank,
+        world_size=world_size,
+        row_of=row_of,
+    )
+    return StatefulDataLoader(
+        SelectorDataset(dataset, options.id_column),
+        batch_size=batch_size,
+        sampler=sampler,
+        drop_last=True,
+        num_workers=0,
+        collate_fn=collate_fn or (lambda items: items),
+    )
+
+
+class SelectorWorkflow(_WorkflowBase):  # type: ignore[misc,valid-type]
+    """Runs a wrapped AReaL workflow and reports each finished group (see the module docstring)."""
+
+    def __init__(
+        self,
+        workflow: Any,
+        *,
+        url: str,
+        dataset: str,
+        group_size: int,
+        run_id: str | None = None,
+        token: str | None = None,
+        timeout: float = 30.0,
+        retries: int = 5,
+    ) -> None:
+        if group_size < 1:
+            raise ValueError("group_size must be >= 1")
+        self.workflow = workflow
+        self.url = url
+        self.dataset = dataset
+        self.group_size = group_size
+        self.run_id = run_id or f"areal-{uuid.uuid4().hex[:10]}"
+        self.token = token
+        self.timeout = timeout
+        self.retries = retries
+        self.pending: dict[tuple[int, int], list[Any]] = {}
+        self.lock = threading.Lock()
+        self.reported: list[tuple[int, int, int]] = []  # (step, prompt id, lag)
+        self.lost: list[tuple[int, int]] = []
+        self.samples_started = 0
+        self.samples_finished = 0
+        self._clients: dict[int, AsyncSelectorClient] = {}
+
+    def _client(self) -> AsyncSelectorClient:
+        # httpx's async client belongs to the event loop it was created on; AReaL's rollout runs on its own.
+        loop = asyncio.get_running_loop()
+        client = self._clients.get(id(loop))
+        if client is None:
+            client = AsyncSelectorClient(
+                self.url, token=self.token, timeout=self.timeout, retries=self.retries
+            )
+            self._clients[id(loop)] = client
+        return client
+
+    async def arun_episode(self, engine: Any, data: dict[str, Any]) -> Any:
+        if STEP_KEY not in data:
+            raise KeyError(
+                f"the row has no {STEP_KEY!r}: the train data loader must be the selector's (SelectorPPOTrainer "
+                "or selector_dataloader)"
+            )
+        step, prompt_id = int(data[STEP_KEY]), int(data[PROMPT_KEY])
+        row = {k: v for k, v in data.items() if k not in (STEP_KEY, PROMPT_KEY)}
+        rewards: list[float] = []
+        self.samples_started += 1
+        try:
+            trajectory = await self.workflow.arun_episode(engine, row)
+            rewards = _rewards_of(trajectory)
+        finally:
+            await self._finish_sample(step, prompt_id, rewards)
+        return trajectory
+
+    @property
+    def in_flight(self) -> int:
+        """Samples started and not finished yet, plus groups finished and not yet reported."""
+        with self.lock:
+            return self.samples_started - self.samples_finished
+
+    async def _finish_sample(self, step: int, prompt_id: int, rewards: Sequence[float]) -> None:
+        try:
+            with self.lock:
+                group = self.pending.setdefault((step, prompt_id), [0, []])
+                group[0] += 1
+                group[1].extend(rewards)
+                if group[0] < self.group_size:
+                    return
+                del self.pending[(step, prompt_id)]
+                values = list(group[1])
+            if values:  # a group whose samples were all rejected has nothing to report
+                await self._report(step, prompt_id, values)
+        finally:
+            with self.lock:
+                self.samples_finished += 1
+
+    async def _report(self, step: int, prompt_id: int, values: list[float]) -> None:
+        try:
+            ack = await self._client().observe(
+                self.dataset,
+                step,
+                [Result(prompt_id=prompt_id, rewards=values)],
+                request_id=f"{self.run_id}-s{step}-p{prompt_id}",
+            )
+        except Conflict as exc:
+            logger.error(
+                "the selector refused the rewards of prompt %d at step %d as too late (%s); raise the "
+                "dataset's max_lag above rollout.max_head_offpolicyness + 1",
+                prompt_id,
+                step,
+                exc.detail,
+            )
+            self.lost.append((step, prompt_id))
+            return
+        self.reported.append((step, prompt_id, ack.lag))
+
+    async def aclose(self) -> None:
+        for client in self._clients.values():
+            await client.aclose()
+        self._clients.clear()
+
+
+def _rewards_of(trajectory: Any) -> list[float]:
+    """The rewards of one finished sample: the ``rewards`` entry of AReaL's trajectory dict."""
+    if trajectory is None:
+        return []
+    if not isinstance(trajectory, Mapping) or "rewards" not in trajectory:
+        raise TypeError(
+            "SelectorWorkflow reports the 'rewards' tensor of the wrapped workflow's trajectory dict; "
+            f"got {type(trajectory).__name__}"
+        )
+    value = trajectory["rewards"]
+    values = value.flatten().tolist() if hasattr(value, "flatten") else list(value)
+    return [float(v) for v in values]
+
+
+def _trainer_class() -> type:
+    from areal import PPOTrainer
+    from areal.api.cli_args import TrainDatasetConfig
+
+    class SelectorPPOTrainer(PPOTrainer):  # type: ignore[misc,valid-type]
+        """``areal.PPOTrainer`` with the selector's train data loader (see the module docstring)."""
+
+        def __init__(self, config: Any, *args: Any, selector: SelectorOptions, **kwargs: Any) -> None:
+            self.selector = selector
+            self.selector_client = SelectorClient(
+                selector.url, token=selector.token, timeout=selector.timeout, retries=selector.retries
+            )
+            self.selector_client.check_server()
+            rollout = getattr(config, "rollout", None)
+            staleness = int(getattr(rollout, "max_head_offpolicyness", 0) or 0)
+            self.selector_max_lag = selector.max_lag if selector.max_lag is not None else staleness + 2
+            super().__init__(config, *args, **kwargs)
+
+        def _create_dataloader(self, dataset: Any, dataset_config: Any, rank: int, world_size: int) -> Any:
+            if not isinstance(dataset_config, TrainDatasetConfig):
+                return super()._create_dataloader(dataset, dataset_config, rank, world_size)
+            group_size = int(self.config.gconfig.n_samples)
+            start = ensure_dataset(
+                self.selector_client, self.selector, len(dataset), group_size, self.selector_max_lag
+            )
+            return selector_dataloader(
+                dataset,
+                dataset_config.batch_size // world_size,
+                client=self.selector_client,
+                options=self.selector,
+                start_step=start,
+                rank=rank,
+                world_size=world_size,
+                num_workers=dataset_config.num_workers,
+            )
+
+        def selector_workflow(self, workflow: Any) -> SelectorWorkflow:
+            return SelectorWorkflow(
+                workflow,
+                url=self.selector.url,
+                dataset=self.selector.dataset,
+                group_size=int(self.config.gconfig.n_samples),
+                run_id=self.selector.run_id,
+                token=self.selector.token,
+            )
+
+    return SelectorPPOTrainer
+
+
+def __getattr__(name: str) -> Any:
+    # The trainer subclasses AReaL's, so it exists only where AReaL imports.
+    if name == "SelectorPPOTrainer":
+        return _trainer_class()
+    raise AttributeError(name)

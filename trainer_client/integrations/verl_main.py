@@ -1,0 +1,188 @@
+"""``python -m trainer_client.integrations.verl_main``: verl's PPO/GRPO entry point, with prompts chosen
+by the selector service, for verl >= 0.8.
+
+verl 0.8 removed the curriculum-sampler hook (``data.sampler.class_path`` and ``sampler.update``) that
+`trainer_client.integrations.verl.SelectorCurriculumSampler` plugs into on verl 0.5-0.7. What remains:
+
+- ``RayPPOTrainer(train_sampler=...)`` (the legacy trainer, ``trainer.use_v1=False``) takes any sampler,
+  so selection before rollout still works, but nothing calls the sampler back after a step.
+- ``data.custom_cls`` datasets get ``on_batch_end(batch)``, but only after the checkpoint of a step and
+  never for the last step (the loop returns first), and the sampler is still verl's.
+- The v1 trainer (``trainer.use_v1=True``, 0.9's default) takes a custom ``ReplayBuffer``
+  (``trainer.v1.sampler.custom_sampler``): it chooses among groups that have *already been rolled out*,
+  which is not selection before rollout; its prompt loader is verl's random/sequential sampler.
+
+So this entry point runs verl's own legacy ``TaskRunner`` (``verl.trainer.main_ppo_v0``) with two
+substitutions made inside the Ray task runner process: ``create_rl_sampler`` returns a
+`SelectorCurriculumSampler`, and the trainer is `SelectorRayPPOTrainer`, which reports every step's
+groups (last step included) from ``_update_actor``, i.e. after rewards and advantages and before the
+step's checkpoint. Everything else is verl's: the same hydra config (``ppo_trainer.yaml``), overrides,
+workers, rollout and reward. ``trainer.use_v1`` is set to False (the v1 trainer cannot select before
+rollout); a v1-only option such as ``algorithm.filter_groups`` is refused.
+
+Launch (same overrides as ``python -m verl.trainer.main_ppo``)::
+
+    python -m trainer_client.integrations.verl_main \\
+        data.train_files=... algorithm.adv_estimator=grpo actor_rollout_ref.rollout.n=8 ... \\
+        data.dataloader_num_workers=0 \\
+        +data.sampler.selector.url=http://selector:8000 \\
+        +data.sampler.selector.dataset=gsm8k-run-7 \\
+        +data.sampler.selector.strategy=insight \\
+        +data.sampler.selector.rollouts_per_prompt=8
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from trainer_client.integrations.verl import SelectorCurriculumSampler, verl_version
+
+__all__ = ["install", "main", "selector_sampler"]  # and SelectorRayPPOTrainer, built on first access
+
+logger = logging.getLogger(__name__)
+
+
+def selector_sampler(data_config: Any, dataset: Any) -> SelectorCurriculumSampler:
+    """Stands in for verl's ``create_rl_sampler(data_config, dataset)``."""
+    return SelectorCurriculumSampler(dataset, data_config, trainer_reports=True)
+
+
+def _trainer_class() -> type:
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+
+    class SelectorRayPPOTrainer(RayPPOTrainer):  # type: ignore[misc,valid-type]
+        """verl's ``RayPPOTrainer`` that reports each step's groups to the selector service."""
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            sampler = self.train_dataloader.sampler
+            if not isinstance(sampler, SelectorCurriculumSampler):
+                raise TypeError(
+                    f"the train sampler is {type(sampler).__name__}, not the selector's; build the trainer "
+                    "with train_sampler=selector_sampler(config.data, train_dataset)"
+                )
+            warmup = self.config.trainer.get("critic_warmup", 0) or 0
+            if warmup > 0:
+                raise ValueError(
+                    f"trainer.critic_warmup={warmup}: the actor is not updated during warm-up, and the selector "
+                    "reports each step when the actor update starts; set trainer.critic_warmup=0"
+                )
+
+        def _update_actor(self, batch: Any) -> Any:
+            self.train_dataloader.sampler.update(batch=batch)
+            return super()._update_actor(batch)
+
+    SelectorRayPPOTrainer.__qualname__ = SelectorRayPPOTrainer.__name__ = "SelectorRayPPOTrainer"
+    return SelectorRayPPOTrainer
+
+
+def __getattr__(name: str) -> Any:
+    # The trainer class subclasses verl's, so it exists only where verl is importable.
+    if name == "SelectorRayPPOTrainer":
+        return _trainer_class()
+    raise AttributeError(name)
+
+
+def install() -> type:
+    """Point verl's legacy task runner at the selector sampler and trainer (in this process).
+
+    Returns the trainer class. Idempotent."""
+    import verl.trainer.main_ppo_v0 as v0
+
+    trainer_class = getattr(v0.RayPPOTrainer, "_selector_trainer", None)
+    if trainer_class is None:
+        trainer_class = _trainer_class()
+        trainer_class._selector_trainer = trainer_class  # type: ignore[attr-defined]
+        v0.RayPPOTrainer = trainer_class
+    v0.create_rl_sampler = selector_sampler
+    return trainer_class
+
+
+def _plain_class(actor_class: Any) -> type:
+    """The Python class under a ``@ray.remote`` actor class."""
+    for attribute in ("__ray_actor_class__",):
+        found = getattr(actor_class, attribute, None)
+        if found is not None:
+            return found
+    return actor_class.__ray_metadata__.modified_class
+
+
+def task_runner_class() -> Any:
+    """A Ray actor class running verl's legacy ``TaskRunner.run`` after `install()`."""
+    import ray
+    import verl.trainer.main_ppo_v0 as v0
+
+    verl_run = _plain_class(v0.TaskRunner).run
+
+    class SelectorTaskRunner(v0.BaseTaskRunner):  # type: ignore[misc,name-defined]
+        def run(self, config: Any) -> None:
+            install()
+            verl_run(self, config)
+
+    return ray.remote(num_cpus=1)(SelectorTaskRunner)
+
+
+def check_config(config: Any) -> None:
+    """Refuse settings this route cannot honour, before Ray starts."""
+    from omegaconf import open_dict
+
+    if config.get("data", {}).get("sampler", {}).get("class_path"):
+        raise ValueError(
+            "data.sampler.class_path is the verl 0.5-0.7 route; with this entry point leave it out and keep "
+            "the +data.sampler.selector.* keys"
+        )
+    algorithm = config.get("algorithm", {})
+    filter_groups = algorithm.get("filter_groups") if hasattr(algorithm, "get") else None
+    if filter_groups is not None and filter_groups.get("enable", False):
+        raise ValueError(
+            "algorithm.filter_groups.enable=True runs only in verl's v1 trainer, which cannot select prompts "
+            "before rollout; turn it off with this entry point (DAPO's Dynamic Sampling is the service's "
+            "job here: select with strategy=dps or insight)"
+        )
+    if config.trainer.get("use_v1", False):
+        logger.warning("trainer.use_v1=True is replaced by the legacy trainer: only it can take a sampler")
+    with open_dict(config):
+        config.trainer.use_v1 = False
+
+
+def main(argv: list[str] | None = None) -> None:
+    version = verl_version()
+    if version is None:
+        raise SystemExit("verl is not installed in this environment")
+    if version < (0, 8):
+        raise SystemExit(
+            f"verl {metadata.version('verl')}: use verl's own entry point (python -m verl.trainer.main_ppo) with "
+            "data.sampler.class_path=pkg://trainer_client.integrations.verl "
+            "data.sampler.class_name=SelectorCurriculumSampler"
+        )
+    import sys
+
+    import hydra
+    import verl
+    from verl.trainer.main_ppo import run_ppo
+
+    config_dir = str(Path(verl.__file__).parent / "trainer" / "config")
+
+    @hydra.main(config_path=config_dir, config_name="ppo_trainer", version_base=None)
+    def _run(config: Any) -> None:
+        try:
+            from verl.utils.device import auto_set_device
+
+            auto_set_device(config)
+        except ImportError:  # pragma: no cover - older layouts
+            pass
+        check_config(config)
+        run_ppo(config, task_runner_class=task_runner_class())
+
+    if argv is not None:
+        sys.argv = [sys.argv[0], *argv]
+    os.environ.setdefault("HYDRA_FULL_ERROR", "1")
+    _run()
+
+
+if __name__ == "__main__":
+    main()

@@ -203,3 +203,25 @@ def test_apply_results_rejects_a_bad_decay():
         apply_results(
             ba, np.array([0]), np.array([1.0]), np.array([2.0]), np.array([2], np.int8), 1.5, 1.0, 1.0
         )
+
+
+def test_canonical_arrays_do_not_depend_on_the_order_within_a_step():
+    """Two beliefs fed the same results of a step in different orders (as a replica and a model that
+    replays acknowledged requests sorted differently) hold the observed set in different slot orders but
+    have the same canonical arrays, before and after the close."""
+    rng = np.random.default_rng(11)
+    first, second = BeliefArrays.new(30), BeliefArrays.new(30)
+    for _ in range(3):
+        ids = rng.choice(30, 12, replace=False)
+        s = rng.integers(0, 9, 12).astype(float)
+        states = np.where(s == 0, UNSOLVED, np.where(s == 8, SOLVED, PARTIAL)).astype(np.int8)
+        order = rng.permutation(12)
+        apply_results(first, ids, s, np.full(12, 8.0), states, 1.0, 1.0, 1.0)
+        apply_results(second, ids[order], s[order], np.full(12, 8.0), states[order], 1.0, 1.0, 1.0)
+        for _ in range(2):
+            a, b = first.canonical_arrays(), second.canonical_arrays()
+            for name in a:
+                np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+            close_step(first, 0.7)
+            close_step(second, 0.7)
+    assert not np.array_equal(first.obs_ids[: first.observed], second.obs_ids[: second.observed])

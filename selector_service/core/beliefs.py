@@ -220,6 +220,19 @@ class BeliefArrays:
         OBSERVED_FIELDS; the inverse of `from_arrays`."""
         return {**{name: getattr(self, name) for name in FIELDS}, **self.observed_view()}
 
+    def canonical_arrays(self) -> dict[str, np.ndarray]:
+        """`arrays()` with the observed set in prompt-id order and the slot map renumbered to match
+        (copies). Two beliefs that applied the same results per step, in whatever order within a step,
+        have the same canonical arrays; the raw ones keep each prompt where its first result put it."""
+        view = self.observed_view()
+        order = np.argsort(view["obs_ids"], kind="stable")
+        out = {name: getattr(self, name).copy() for name in FIELDS}
+        out.update({name: arr[order] for name, arr in view.items()})
+        slot = np.full(self.n, -1, dtype=np.int32)
+        slot[out["obs_ids"]] = np.arange(order.size, dtype=np.int32)
+        out["hmm_slot"] = slot
+        return out
+
     @staticmethod
     def check_layout(layout: dict[str, tuple[np.dtype, tuple[int, ...]]], n: int) -> None:
         """Checks the names, dtypes and shapes of a snapshot's arrays (as declared in its header) before

@@ -5,17 +5,20 @@ Measures, each with a warm-up call and the median of --repeats timed calls:
 - INSIGHT scoring (wmi_scores, K = 8) in prompts/s, on one thread (numba.set_num_threads(1)) and on
   all cores. Target: >= 5 M prompts/s per core. One-thread figures are also given per CPU second
   (time.process_time), which other processes on a shared machine distort much less than wall time.
-- DPS close_step over N prompts (default 1e7) in prompts/s, one thread and all cores. Target: >= 20 M
-  prompts/s on 2 cores. The pass is memory-bound at large N, so it also reports the floor: bytes read and
-  written per prompt divided by the stream bandwidth of a numpy copy of a large array measured in the
-  same run (read + write bytes / time), and the measured rate as a share of that floor.
-- Bytes of belief state per prompt (BeliefArrays, metadata of METHODS 6 included; budget <= 128), and
-  memory measured with tracemalloc over a cold-start round at --n-cold prompts (default 1e6): metadata
-  upload (10 groups, pass rates for half), two steps of a select of every strategy, an observe and a
-  close: what stays allocated afterwards (state + caches: epoch permutations, SEC's member index) and
-  the largest transient of one operation on top of it, per prompt.
-- Cold priors: whole-dataset INSIGHT scores with metadata (cold priors gathered per prompt) against
-  the same scores without metadata, as a time ratio in one run.
+- DPS close_step over N prompts (default 1e7), every one observed (the worst case: the close walks only
+  the observed set), in prompts/s, one thread and all cores. Target: >= 20 M prompts/s on 2 cores. The
+  pass is memory-bound at large N, so it also reports the floor: bytes read and written per prompt
+  divided by the stream bandwidth of a numpy copy of a large array measured in the same run (read +
+  write bytes / time), and the measured rate as a share of that floor. Then the whole-dataset DPS select
+  (CPU seconds) against its read floor (the 12-byte prior row of every prompt). Targets: close within
+  2x, select within 3x of their floors.
+- Bytes of belief state per prompt (BeliefArrays; budget <= 128): every prompt observed, 1% and 10%.
+- Cold start (METHODS 6, 7): memory measured with tracemalloc over a round at --n-cold prompts (default
+  1e6): metadata upload (10 groups, pass rates for half), two steps of a select of every strategy, an
+  observe and a close: what stays allocated afterwards (state + caches: epoch permutations, SEC's member
+  index) and the largest transient of one operation on top of it, per prompt; and whole-dataset INSIGHT
+  scores with metadata (cold priors gathered per prompt) against the same scores without metadata, as a
+  time ratio in one run.
 - topk_random_ties against plain np.argpartition(-scores, k-1) at 1e6 scores, as a time ratio: random
   scores, and three arrangements with 99% of the scores tied at 1/3 (as in DPS); CPU seconds of each
   (both run on one thread).
@@ -56,6 +59,7 @@ from selector_service.core import (
     apply_results,
     close_step,
     select,
+    strategies,
     stream,
     topk_random_ties,
     wmi_scores,
@@ -68,6 +72,8 @@ OUT = Path(__file__).resolve().parent / "out" / "kernels.json"
 #: writes hmm_d, hmm_prior, hmm_prev (60); step_state is written back only for observed prompts.
 DPS_BYTES_READ = 36 + 12 + 12 + 1
 DPS_BYTES_WRITTEN = 36 + 12 + 12
+#: Bytes a whole-dataset DPS select must read per prompt at least: its float32[3] prior row.
+SELECT_BYTES = 12
 
 COMPILE_SCRIPT = """
 import time
@@ -78,17 +84,17 @@ from selector_service.core import (BeliefArrays, apply_results, close_step, dps_
 from selector_service.core._parallel import PARALLEL_MIN
 from selector_service.core.coldstart import apply_metadata
 t1 = time.perf_counter()
-ba = BeliefArrays.new(PARALLEL_MIN + 1)
 outcomes_from_flat(np.array([1.0, 0.0]), np.array([0, 2]), "binary", 1.0)
-apply_results(ba, np.array([0]), np.array([1.0]), np.array([2.0]), np.array([2], np.int8), 1.0, 1.0, 1.0)
 for size in (100, PARALLEL_MIN + 1):  # serial and parallel kernels
-    part = BeliefArrays.from_arrays({k: v[:size].copy() for k, v in ba.arrays().items()})
+    part = BeliefArrays.new(size)
+    ids = np.arange(size)
+    apply_results(part, ids, np.ones(size), np.full(size, 2.0), np.full(size, 2, np.int8), 1.0, 1.0, 1.0)
     apply_metadata(part, 0, np.full(size, 0.5), np.arange(size, dtype=np.int32) % 3)
     close_step(part, 0.7)
     for name in STRATEGIES:
         params = {"candidate_ratio": None} if "candidate_ratio" in STRATEGIES[name].params else {}
         select(part, strategy=name, params=params, batch_size=8, step=0, seed=0, key="b", dataset_k=8)
-    dps_scores(part.hmm_prior, None, 0.1)
+    dps_scores(part.obs_prior[: part.observed], None, 0.1)
 t2 = time.perf_counter()
 print(f"{t1 - t0:.3f} {t2 - t1:.3f}")
 """
@@ -134,20 +140,40 @@ def bench_wmi(results: dict, n: int, repeats: int, all_threads: int) -> None:
     numba.set_num_threads(all_threads)
 
 
-def stream_bandwidth(nbytes: int, repeats: int) -> float:
-    """Bytes read + written per second by np.copyto over a large array (one thread)."""
+def stream_bandwidth(nbytes: int, repeats: int, clock=time.perf_counter) -> float:
+    """Bytes read + written per second by np.copyto over a large array (one thread); per CPU second
+    with clock=time.process_time."""
     src = np.ones(nbytes // 8, dtype=np.float64)
     dst = np.empty_like(src)
-    seconds = timed(lambda: np.copyto(dst, src), repeats)
+    seconds = timed(lambda: np.copyto(dst, src), repeats, clock)
     return 2 * src.nbytes / seconds
 
 
 def dps_close_rates(results: dict, n: int, repeats: int, all_threads: int) -> None:
     """close_step throughput over n prompts (the beliefs are freed on return)."""
     ba = BeliefArrays.new(n)
-    report(results, "belief_bytes_per_prompt", ba.nbytes_per_prompt, "bytes", "budget <= 128")
+    report(
+        results,
+        "belief_bytes_per_prompt",
+        ba.nbytes_per_prompt,
+        "bytes",
+        "every prompt observed; budget <= 128",
+    )
+    for share in (0.01, 0.1):
+        report(
+            results,
+            f"belief_bytes_per_prompt_{round(share * 100)}pct_observed",
+            BeliefArrays.bytes_per_prompt(share),
+            "bytes",
+            "25 per prompt + 65 per observed prompt",
+        )
     rng = np.random.default_rng(1)
     m = min(4096, n)
+    # the worst case for the close: every prompt observed (it walks only the observed set)
+    every = np.arange(n)
+    states = rng.integers(1, 4, n).astype(np.int8)
+    apply_results(ba, every, np.where(states == 1, 0.0, 4.0), np.full(n, 8.0), states, 1.0, 1.0, 1.0)
+    close_step(ba, 0.7)
 
     def one_step(clock=time.perf_counter):  # observe a batch, then close the step (only the close is timed)
         ids = rng.choice(n, m, replace=False)
@@ -179,6 +205,15 @@ def dps_close_rates(results: dict, n: int, repeats: int, all_threads: int) -> No
                 "1 thread, per CPU second",
             )
     numba.set_num_threads(all_threads)
+    # DPS select over the whole dataset (two passes over the prior rows, no score array), CPU seconds
+    cpu = timed(
+        lambda: strategies.select(
+            ba, strategy="dps", params=None, batch_size=256, step=1, seed=0, key="b", dataset_k=8
+        ),
+        repeats,
+        time.process_time,
+    )
+    results["dps_select_cpu_seconds"] = cpu
 
 
 def bench_dps(results: dict, n: int, repeats: int, all_threads: int) -> None:
@@ -197,6 +232,34 @@ def bench_dps(results: dict, n: int, repeats: int, all_threads: int) -> None:
     report(results, "dps_memory_floor_mprompts_per_s", floor, "M prompts/s", "bandwidth / bytes per prompt")
     report(
         results, "dps_share_of_memory_floor", results["dps_close_mprompts_per_s_allcores"] / floor, "x floor"
+    )
+    report(
+        results,
+        "dps_close_1thread_x_floor",
+        floor / results["dps_close_mprompts_per_s_1thread"],
+        "x floor",
+        "time of the 1-thread close / bandwidth floor",
+    )
+    # The same comparison in CPU seconds (close and copy both on one thread): on a shared machine the
+    # wall-clock figures above include time the process was not running at all.
+    cpu_bandwidth = stream_bandwidth(min(1 << 30, max(n * 16, 1 << 24)), repeats, time.process_time)
+    cpu_floor = cpu_bandwidth / per_prompt / 1e6
+    results["stream_bandwidth_gb_per_cpu_s"] = cpu_bandwidth / 1e9
+    report(
+        results,
+        "dps_close_cpu_x_floor",
+        cpu_floor / results["dps_close_mprompts_per_cpu_s"],
+        "x floor",
+        f"per CPU second: close {results['dps_close_mprompts_per_cpu_s']:.1f} M/s vs copy floor {cpu_floor:.1f} M/s",
+    )
+    select_floor = SELECT_BYTES * n / cpu_bandwidth
+    report(
+        results,
+        "dps_select_x_read_floor",
+        results["dps_select_cpu_seconds"] / select_floor,
+        "x floor",
+        f"n={n:,} B=256, {results['dps_select_cpu_seconds'] * 1e3:.1f} ms CPU vs {select_floor * 1e3:.1f} ms "
+        f"CPU copying {SELECT_BYTES} B/prompt",
     )
 
 

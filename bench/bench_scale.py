@@ -5,17 +5,24 @@ and the dictionary-based reference sampler in the same process.
 
 Three parts, each optional:
 
-1. In-process kernels (selector_service.core), at every size of --sizes: close_step (the DPS update of
-   every prompt, hmm_decay 0.7) after observing a batch, a DPS select over the whole dataset (METHODS 2)
-   and an INSIGHT select with its default candidate pool, each the median of --repeats calls after a
-   warm-up. A "step" is close + DPS select. Next to each time: the memory-bandwidth floor of the arrays
-   the pass must touch (close: 121 bytes per prompt read + written, dps.py; select: the 12-byte prior row
-   of every prompt) at the stream bandwidth of a large numpy copy measured in the same run, and the
-   resident memory per prompt (RSS growth when the beliefs are allocated and touched; peak RSS via VmHWM).
-   10^8 runs only when more than --min-free-gb of memory is available (the arrays alone are 8.2 GB);
-   otherwise it is projected from the largest measured size, linearly in N (the pass is a stream over
-   the arrays, so time and bytes grow with N once they no longer fit in cache). When 10^8 is measured,
-   the projection is still printed next to it, as a check of the basis.
+1. In-process kernels (selector_service.core), at every size of --sizes, in two regimes side by side:
+   "sparse" (--observed prompts ever observed, default 10^5: a step observes B of them) and "full"
+   (every prompt observed, the worst case). Per regime: close_step (the DPS update of the observed set,
+   hmm_decay 0.7) after observing a batch, a DPS select over the whole dataset (METHODS 2) and an
+   INSIGHT select with its default candidate pool, each the median of --repeats calls after a warm-up.
+   A "step" is close + DPS select. Next to each time: in the sparse regime the time of np.argpartition
+   over --observed floats, timed right after every step (the step should cost a few of those, whatever
+   N); in the full regime the memory-bandwidth floor of the arrays the pass must touch (close: 121 bytes
+   per prompt read + written, dps.py; select: the 12-byte prior row of every prompt) at the stream
+   bandwidth of a large numpy copy measured in the same run. Both ratios are also taken in CPU seconds
+   of the one-thread steps (the table shows those): on a shared machine wall-clock ratios include time
+   the process did not run at all. Memory: the belief arrays' bytes per prompt (exact,
+   capacity included) and the resident memory per prompt (RSS growth when the beliefs are built; peak RSS
+   via VmHWM), and bytes per prompt at 1%, 10% and 100% observed. 10^8 runs in a regime only when more
+   than --min-free-gb of memory is available (the full regime's arrays alone are 9 GB); otherwise it is
+   projected from the largest measured size (sparse: the measured 10^7 step, the step does not depend on
+   N; full: linearly in N, the passes are streams over the arrays) and labelled so. When 10^8 is
+   measured, the projection is still printed next to it, as a check of the basis.
 2. The reference sampler (bench/reference_dps_sampler.py, the DPS authors' dictionary design) at
    --reference-sizes: its step close (`train`, a Python loop over every prompt) and its select over the
    whole dataset, and the speed-up of the kernels at the same size. Its cost at larger sizes is
@@ -33,7 +40,8 @@ Three parts, each optional:
    same batch as the killed process did.
 
 Prints tables and one JSON line last; writes bench/out/scale.json and bench/out/scale.png (time per step
-vs prompts). The default run takes ~5 minutes on 2 cores and peaks at ~11 GB when 10^8 is measured.
+vs prompts, both regimes). The default run takes ~10 minutes on 2 cores and peaks at ~12 GB when the
+full regime is measured at 10^8.
 """
 
 from __future__ import annotations
@@ -135,16 +143,17 @@ def rss(pid: int) -> int:
     return psutil.Process(pid).memory_info().rss
 
 
-def stream_bandwidth(nbytes: int = 1 << 29, repeats: int = 5) -> float:
-    """Bytes read + written per second by np.copyto over a large array (one thread)."""
+def stream_bandwidth(nbytes: int = 1 << 29, repeats: int = 5, clock=time.perf_counter) -> float:
+    """Bytes read + written per second by np.copyto over a large array (one thread); per CPU second
+    with clock=time.process_time (what a shared machine distorts least)."""
     src = np.ones(nbytes // 8, dtype=np.float64)
     dst = np.empty_like(src)
     np.copyto(dst, src)
     samples = []
     for _ in range(repeats):
-        t = time.perf_counter()
+        t = clock()
         np.copyto(dst, src)
-        samples.append(time.perf_counter() - t)
+        samples.append(clock() - t)
     return 2 * src.nbytes / statistics.median(samples)
 
 
@@ -157,62 +166,136 @@ def random_outcomes(rng: np.random.Generator, n: int, batch: int, k: int = 8):
 
 
 # ---- 1. in-process kernels ------------------------------------------------------------------------
-def kernel_figures(n: int, batch: int, repeats: int, bandwidth: float, seed: int = 0) -> dict[str, Any]:
-    """close_step, DPS select and INSIGHT select over n prompts; resident memory per prompt."""
+def full_beliefs(n: int, seed: int = 5) -> BeliefArrays:
+    """Beliefs of a long-running dataset in which every prompt has been observed: all values distinct
+    (float32 mantissas are effectively random, so snapshots compress about as badly as real ones and
+    priors do not tie). Built slice by slice, so the temporaries stay small at 10^8."""
+    rng = np.random.default_rng(seed)
+    ids = np.arange(n, dtype=np.int32)
+    ba = BeliefArrays.new(n)
+    ba.reserve(n)
+    step = 1 << 22
+    for lo in range(0, n, step):
+        hi = min(n, lo + step)
+        m = hi - lo
+        ba.alpha[lo:hi] = 1.0 + 30.0 * rng.random(size=m)
+        ba.beta[lo:hi] = 1.0 + 30.0 * rng.random(size=m)
+        ba.obs_d[lo:hi] = 0.3 + 3.0 * rng.random(size=(m, 9), dtype=np.float32)
+        for arr in (ba.obs_prior, ba.obs_prev):
+            part = 0.05 + rng.random(size=(m, 3), dtype=np.float32)
+            arr[lo:hi] = part / part.sum(axis=1, keepdims=True)
+        ba.last_state[lo:hi] = rng.integers(1, 4, size=m, dtype=np.int8)
+        ba.n_obs[lo:hi] = rng.integers(1, 40, size=m, dtype=np.int32)
+    ba.hmm_slot[:] = ids
+    ba.obs_ids[:] = ids
+    ba.observed = n
+    return ba
+
+
+def sparse_beliefs(n: int, observed: int, seed: int = 6) -> tuple[BeliefArrays, np.ndarray]:
+    """n prompts of which `observed` (random ids) have been observed over a few steps; returns the
+    beliefs and the observed ids (the pool later steps observe from)."""
+    rng = np.random.default_rng(seed)
+    ba = BeliefArrays.new(n)
+    for arr in (ba.last_state, ba.n_obs):  # np.zeros pages are lazy: touch them
+        arr.fill(0)
+    pool = rng.choice(n, size=observed, replace=False).astype(np.int64)
+    for part in np.array_split(pool, 4):
+        states = rng.integers(1, 4, size=part.size).astype(np.int8)
+        successes = np.where(states == 1, 0.0, np.where(states == 3, 8.0, 4.0))
+        apply_results(ba, part, successes, np.full(part.size, 8.0), states, 1.0, 1.0, 1.0)
+        close_step(ba, HMM_DECAY)
+    return ba, pool
+
+
+def kernel_figures(
+    n: int,
+    regime: str,
+    batch: int,
+    repeats: int,
+    bandwidth: float,
+    observed: int,
+    cpu_bandwidth: float,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """close_step, DPS select and INSIGHT select over n prompts in `regime` ("sparse": `observed`
+    prompts ever observed; "full": all of them); memory per prompt."""
     pid = os.getpid()
     rng = np.random.default_rng(seed)
     gc.collect()
     base = rss(pid)
     reset_peak_rss(pid)
     t0 = time.perf_counter()
-    ba = BeliefArrays.new(n)
-    for arr in (ba.step_state, ba.last_state, ba.n_obs):  # np.zeros pages are lazy: touch them
-        arr.fill(0)
-    alloc_s = time.perf_counter() - t0
+    if regime == "full":
+        ba, pool = full_beliefs(n), None
+    else:
+        ba, pool = sparse_beliefs(n, min(observed, n))
+    build_s = time.perf_counter() - t0
     resident = rss(pid) - base
     kw = dict(batch_size=batch, seed=0, key="scale", dataset_k=8)
-    closes, dps, insight = [], [], []
-    for step in range(repeats + 1):  # step 0 warms up (numba cache load, first touch)
-        ids, succ, trials, states = random_outcomes(rng, n, batch)
-        apply_results(ba, ids, succ, trials, states, 1.0, 1.0, 1.0)
-        t = time.perf_counter()
-        close_step(ba, HMM_DECAY)
-        t_close = time.perf_counter() - t
-        t = time.perf_counter()
-        strategies.select(ba, strategy="dps", params=None, step=step + 1, **kw)
-        t_dps = time.perf_counter() - t
-        t = time.perf_counter()
-        strategies.select(ba, strategy="insight", params=None, step=step + 1, **kw)
-        t_insight = time.perf_counter() - t
-        if step > 0:
-            closes.append(t_close)
-            dps.append(t_dps)
-            insight.append(t_insight)
+
+    def observe_batch():
+        ids = rng.choice(pool, size=batch, replace=False) if pool is not None else None
+        if ids is None:
+            ids = random_outcomes(rng, n, batch)[0]
+        states = rng.integers(1, 4, size=batch).astype(np.int8)
+        successes = np.where(states == 1, 0.0, np.where(states == 3, 8.0, 4.0))
+        apply_results(ba, ids, successes, np.full(batch, 8.0), states, 1.0, 1.0, 1.0)
+
+    cpu_close, cpu_dps, arg_wall, arg_cpu = [], [], [], []
+    yardstick = np.random.default_rng(0).random(min(observed, n)) if regime == "sparse" else None
+
+    def argpartition_now() -> None:
+        """np.argpartition over `observed` floats, timed right after each step (same load)."""
+        k = max(0, yardstick.size - batch)
+        t, c = time.perf_counter(), time.process_time()
+        np.argpartition(yardstick, k)
+        arg_wall.append(time.perf_counter() - t)
+        arg_cpu.append(time.process_time() - c)
+
+    def steps(count: int, first_step: int, insight: bool):
+        closes, dps, ins = [], [], []
+        for step in range(first_step, first_step + count + 1):  # the first one warms up
+            observe_batch()
+            t, c = time.perf_counter(), time.process_time()
+            close_step(ba, HMM_DECAY)
+            t_close, c_close = time.perf_counter() - t, time.process_time() - c
+            t, c = time.perf_counter(), time.process_time()
+            strategies.select(ba, strategy="dps", params=None, step=step + 1, **kw)
+            t_dps, c_dps = time.perf_counter() - t, time.process_time() - c
+            if step > first_step and not insight:  # one thread: CPU seconds are comparable to the copy's
+                cpu_close.append(c_close)
+                cpu_dps.append(c_dps)
+            if step > first_step and yardstick is not None:
+                argpartition_now()
+            t = time.perf_counter()
+            if insight:
+                strategies.select(ba, strategy="insight", params=None, step=step + 1, **kw)
+            t_ins = time.perf_counter() - t
+            if step > first_step:
+                closes.append(t_close)
+                dps.append(t_dps)
+                ins.append(t_ins)
+        return closes, dps, ins
+
+    closes, dps, insight = steps(repeats, 0, True)
     peak = proc_status_bytes(pid, "VmHWM")
     # The same passes on one thread: on a small, busy machine the parallel launch can cost more than
     # it saves (each parallel region waits for every worker thread to be scheduled).
     threads = numba.get_num_threads()
-    closes1, dps1 = [], []
     numba.set_num_threads(1)
     try:
-        for step in range(repeats + 1, 2 * repeats + 1):
-            ids, succ, trials, states = random_outcomes(rng, n, batch)
-            apply_results(ba, ids, succ, trials, states, 1.0, 1.0, 1.0)
-            t = time.perf_counter()
-            close_step(ba, HMM_DECAY)
-            closes1.append(time.perf_counter() - t)
-            t = time.perf_counter()
-            strategies.select(ba, strategy="dps", params=None, step=step + 1, **kw)
-            dps1.append(time.perf_counter() - t)
+        closes1, dps1, _ = steps(repeats, repeats + 1, False)
     finally:
         numba.set_num_threads(threads)
-    del ba
-    gc.collect()
+    m = ba.observed
+    nbytes = ba.nbytes
     close_s, dps_s = statistics.median(closes), statistics.median(dps)
-    close_floor, select_floor = CLOSE_BYTES * n / bandwidth, SELECT_BYTES * n / bandwidth
-    return {
+    row = {
         "n": n,
-        "alloc_s": alloc_s,
+        "regime": regime,
+        "observed": m,
+        "build_s": build_s,
         "close_s": close_s,
         "select_dps_s": dps_s,
         "select_insight_s": statistics.median(insight),
@@ -222,52 +305,119 @@ def kernel_figures(n: int, batch: int, repeats: int, bandwidth: float, seed: int
         "close_s_1thread": statistics.median(closes1),
         "select_dps_s_1thread": statistics.median(dps1),
         "step_s_1thread": statistics.median(closes1) + statistics.median(dps1),
-        "close_floor_s": close_floor,
-        "select_dps_floor_s": select_floor,
-        "step_floor_s": close_floor + select_floor,
-        "close_x_floor": close_s / close_floor,
-        "select_dps_x_floor": dps_s / select_floor,
+        "array_bytes_per_prompt": nbytes / n,
         "rss_bytes_per_prompt": resident / n,
         "peak_bytes_per_prompt": (peak - base) / n if peak is not None else None,
         "repeats": repeats,
     }
+    # Floors of the observed set's passes (the full regime: every prompt).
+    close_floor, select_floor = CLOSE_BYTES * m / bandwidth, SELECT_BYTES * m / bandwidth
+    row.update(
+        close_floor_s=close_floor,
+        select_dps_floor_s=select_floor,
+        step_floor_s=close_floor + select_floor,
+        close_x_floor=close_s / close_floor,
+        select_dps_x_floor=dps_s / select_floor,
+    )
+    # The same in CPU seconds of the one-thread steps against the copy's CPU-second bandwidth: on a
+    # shared machine the wall-clock ratios include time this process did not run at all.
+    cpu_c, cpu_d = statistics.median(cpu_close), statistics.median(cpu_dps)
+    row.update(
+        close_cpu_s=cpu_c,
+        select_dps_cpu_s=cpu_d,
+        close_cpu_x_floor=cpu_c / (CLOSE_BYTES * m / cpu_bandwidth),
+        select_dps_cpu_x_floor=cpu_d / (SELECT_BYTES * m / cpu_bandwidth),
+    )
+    if regime == "sparse":
+        arg, arg_c = statistics.median(arg_wall), statistics.median(arg_cpu)
+        row.update(
+            argpartition_s=arg,
+            step_x_argpartition=(close_s + dps_s) / arg,
+            argpartition_cpu_s=arg_c,
+            step_cpu_x_argpartition=(cpu_c + cpu_d) / arg_c,
+        )
+    return row
+
+
+def memory_table(n: int) -> list[dict[str, Any]]:
+    """Bytes per prompt of the belief arrays at 1%, 10% and 100% observed: the layout's formula and the
+    arrays actually held (the observed set at its capacity) after observing that share at n prompts."""
+    rows = []
+    rng = np.random.default_rng(7)
+    for share in (0.01, 0.10, 1.0):
+        ba = BeliefArrays.new(n)
+        ids = rng.permutation(n)[: int(share * n)]
+        for part in np.array_split(ids, 8):  # the set grows as a run would, request by request
+            apply_results(
+                ba,
+                part,
+                np.zeros(part.size),
+                np.full(part.size, 8.0),
+                np.ones(part.size, np.int8),
+                1.0,
+                1.0,
+                1.0,
+            )
+        rows.append(
+            {
+                "n": n,
+                "observed_share": share,
+                "formula_bytes_per_prompt": BeliefArrays.bytes_per_prompt(share),
+                "held_bytes_per_prompt": ba.nbytes / n,
+            }
+        )
+        del ba
+        gc.collect()
+    return rows
 
 
 def print_kernels(rows: list[dict]) -> None:
     print(f"\nIn-process kernels (numba threads={numba.get_num_threads()}, cores={os.cpu_count()})")
     head = (
-        f"{'N':>6} {'close ms':>10} {'x floor':>8} {'DPS sel ms':>11} {'x floor':>8} {'INSIGHT ms':>11}"
-        f" {'step ms':>9} {'1-thread':>9} {'RSS B/p':>8} {'peak B/p':>9}"
+        f"{'N':>6} {'regime':>7} {'observed':>10} {'close ms':>9} {'DPS sel ms':>11} {'step ms':>9}"
+        f" {'vs (in CPU seconds)':>18} {'1-thr ms':>9} {'INSIGHT ms':>11} {'B/p held':>9} {'RSS B/p':>8}"
     )
     print(head)
     for r in rows:
-        peak = (
-            f"{r['peak_bytes_per_prompt']:>9.1f}" if r["peak_bytes_per_prompt"] is not None else f"{'-':>9}"
-        )
+        if r["regime"] == "sparse":
+            vs = f"{r['step_cpu_x_argpartition']:.1f}x argpart({r['observed']:,})"
+        else:
+            vs = f"{r['close_cpu_x_floor']:.2f}x / {r['select_dps_cpu_x_floor']:.2f}x floor"
         print(
-            f"{fmt_n(r['n']):>6} {r['close_s'] * 1e3:>10.1f} {r['close_x_floor']:>8.2f}"
-            f" {r['select_dps_s'] * 1e3:>11.1f} {r['select_dps_x_floor']:>8.2f}"
-            f" {r['select_insight_s'] * 1e3:>11.2f} {r['step_s'] * 1e3:>9.1f} {r['step_s_1thread'] * 1e3:>9.1f}"
-            f" {r['rss_bytes_per_prompt']:>8.1f} {peak}"
+            f"{fmt_n(r['n']):>6} {r['regime']:>7} {r['observed']:>10,} {r['close_s'] * 1e3:>9.2f}"
+            f" {r['select_dps_s'] * 1e3:>11.2f} {r['step_s'] * 1e3:>9.2f} {vs:>18}"
+            f" {r['step_s_1thread'] * 1e3:>9.2f} {r['select_insight_s'] * 1e3:>11.2f}"
+            f" {r['array_bytes_per_prompt']:>9.1f} {r['rss_bytes_per_prompt']:>8.1f}"
         )
 
 
-def project(rows: list[dict], n: int) -> dict[str, Any]:
-    """Linear projection to n prompts from the largest measured size below n (per-prompt cost x n)."""
-    basis = max((r for r in rows if r["n"] < n), key=lambda r: r["n"])
-    scale = n / basis["n"]
-    out = {"n": n, "basis_n": basis["n"]}
+def project(rows: list[dict], n: int, regime: str) -> dict[str, Any]:
+    """10^8 from the largest measured size below it in `regime`: the sparse step does not depend on N
+    (only the observed set and B), so it is carried over; the full regime's passes stream over the
+    arrays, so time and memory grow linearly in N."""
+    basis = max((r for r in rows if r["n"] < n and r["regime"] == regime), key=lambda r: r["n"])
+    scale = 1.0 if regime == "sparse" else n / basis["n"]
+    out: dict[str, Any] = {"n": n, "regime": regime, "basis_n": basis["n"], "projected": True}
     for key in ("close_s", "select_dps_s", "step_s"):
         out[key] = basis[key] * scale
-    out["peak_bytes_per_prompt"] = basis["peak_bytes_per_prompt"]
-    out["peak_gb"] = (
-        basis["peak_bytes_per_prompt"] * n / 1e9 if basis["peak_bytes_per_prompt"] is not None else None
+    out["array_bytes_per_prompt"] = (
+        BeliefArrays.bytes_per_prompt(basis["observed"] / n)
+        if regime == "sparse"
+        else basis["array_bytes_per_prompt"]
     )
-    out["basis"] = (
-        f"per-prompt time and peak memory of the measured {fmt_n(basis['n'])} run times {fmt_n(n)}: the "
-        "close and the DPS select are streaming passes over the belief arrays (memory-bound once they "
-        "exceed the caches), so cost is linear in N; the INSIGHT pool select does not depend on N"
-    )
+    out["array_gb"] = out["array_bytes_per_prompt"] * n / 1e9
+    if regime == "sparse":
+        out["basis"] = (
+            f"the measured {fmt_n(basis['n'])} step, unchanged: close and DPS select walk only the "
+            f"{basis['observed']:,} observed prompts and the batch; memory from the layout (25 B per prompt "
+            "+ 65 B per observed prompt)"
+        )
+    else:
+        out["basis"] = (
+            f"per-prompt time and memory of the measured {fmt_n(basis['n'])} run times {fmt_n(n)}: the close "
+            "and the DPS select are streaming passes over the belief arrays (memory-bound once they exceed "
+            "the caches), so cost is linear in N"
+        )
     return out
 
 
@@ -384,19 +534,8 @@ class SnapshotWatch:
 
 
 def random_beliefs(n: int, seed: int = 5) -> BeliefArrays:
-    """Beliefs of a long-running dataset: every prompt observed, all values distinct (float32 mantissas
-    are effectively random, so snapshots compress about as badly as real ones; priors do not tie)."""
-    rng = np.random.default_rng(seed)
-    ba = BeliefArrays.new(n)
-    ba.alpha[:] = 1.0 + 30.0 * rng.random(size=n)
-    ba.beta[:] = 1.0 + 30.0 * rng.random(size=n)
-    ba.hmm_d[:] = 0.3 + 3.0 * rng.random(size=(n, 9), dtype=np.float32)
-    for arr in (ba.hmm_prior, ba.hmm_prev):
-        arr[:] = 0.05 + rng.random(size=(n, 3), dtype=np.float32)
-        arr /= arr.sum(axis=1, keepdims=True)
-    ba.last_state[:] = rng.integers(1, 4, size=n, dtype=np.int8)
-    ba.n_obs[:] = rng.integers(1, 40, size=n, dtype=np.int32)
-    return ba
+    """Beliefs of a long-running dataset, every prompt observed (full_beliefs)."""
+    return full_beliefs(n, seed)
 
 
 def export_blob(name: str, n: int) -> bytes:
@@ -449,7 +588,7 @@ def service_figures(n: int, batch: int, replay_steps: int, redis_url: str | None
                 {"prompt_id": int(i), "successes": int(s), "trials": int(k)}
                 for i, s, k in zip(ids, succ, trials, strict=True)
             ]
-            body = {"dataset": ds, "step": step, "request_id": f"s{step}", "results": results}
+            body = {"dataset": ds, "step": step, "request_id": f"{ds}-s{step}", "results": results}
             post("/observe", body, "observe", record)
             post("/select", select_body(step + 1, ds=ds), "select_close", record)
 
@@ -628,21 +767,28 @@ def plot(result: dict, path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(7.5, 5))
     kern = result["kernels"]
-    xs = [r["n"] for r in kern]
-    ax.plot(xs, [r["step_s"] for r in kern], "o-", color="C0", label="kernels: close + DPS select")
-    ax.plot(xs, [r["close_s"] for r in kern], ".--", color="C0", alpha=0.6, label="  close_step alone")
-    proj = result["projection_1e8"]
-    if kern and not proj["measured"]:
-        ax.plot([xs[-1], proj["n"]], [kern[-1]["step_s"], proj["step_s"]], ":", color="C0", label=None)
-        ax.plot([proj["n"]], [proj["step_s"]], "o", mfc="white", color="C0", label="  10^8 projected")
-    grid = np.logspace(math.log10(min(xs, default=1e5)), 8, 50)
+    all_n = [r["n"] for r in kern] or [1e5]
+    for regime, color, label in (
+        ("full", "C0", "every prompt observed"),
+        ("sparse", "C2", "sparse: 1e5 ever observed"),
+    ):
+        rows = [r for r in kern if r["regime"] == regime]
+        if not rows:
+            continue
+        xs = [r["n"] for r in rows]
+        ax.plot(xs, [r["step_s"] for r in rows], "o-", color=color, label=f"close + DPS select, {label}")
+        proj = result["projection_1e8"].get(regime, {})
+        if "step_s" in proj and not proj.get("measured"):
+            ax.plot([xs[-1], proj["n"]], [rows[-1]["step_s"], proj["step_s"]], ":", color=color)
+            ax.plot([proj["n"]], [proj["step_s"]], "o", mfc="white", color=color, label="  10^8 projected")
+    grid = np.logspace(math.log10(min(all_n)), 8, 50)
     ax.plot(
         grid,
         (CLOSE_BYTES + SELECT_BYTES) * grid / result["stream_bandwidth_gb_per_s"] / 1e9,
         "-",
         color="grey",
         lw=1,
-        label=f"memory-bandwidth floor ({CLOSE_BYTES + SELECT_BYTES} B/prompt)",
+        label=f"bandwidth floor, every prompt observed ({CLOSE_BYTES + SELECT_BYTES} B/prompt)",
     )
     ref = result["reference"]
     if ref:
@@ -706,6 +852,18 @@ def main() -> None:
         help="prompts in the service dataset (0 = skip the service part)",
     )
     ap.add_argument("--batch", type=int, default=256, help="batch size B (prompts per step)")
+    ap.add_argument(
+        "--observed",
+        type=lambda s: int(float(s)),
+        default=100_000,
+        help="prompts ever observed in the sparse regime (default 1e5)",
+    )
+    ap.add_argument(
+        "--memory-n",
+        type=lambda s: int(float(s)),
+        default=10_000_000,
+        help="size for the bytes-per-prompt table at 1%%, 10%%, 100%% observed",
+    )
     ap.add_argument("--repeats", type=int, default=5, help="timed steps per in-process size (median)")
     ap.add_argument("--reference-steps", type=int, default=2, help="timed steps per reference size")
     ap.add_argument(
@@ -718,7 +876,7 @@ def main() -> None:
         "--min-free-gb",
         type=float,
         default=14.0,
-        help="measure 1e8 in-process only when this much memory is available",
+        help="measure the full regime at 1e8 only when this much memory is available",
     )
     ap.add_argument("--redis-url", default=None, help="use this Redis instead of a private server")
     ap.add_argument("--out", type=Path, default=OUT_DIR / "scale.json")
@@ -726,11 +884,13 @@ def main() -> None:
 
     t_start = time.perf_counter()
     bandwidth = stream_bandwidth()
+    cpu_bandwidth = stream_bandwidth(clock=time.process_time)
     result: dict[str, Any] = {
         "cores": os.cpu_count(),
         "numba_threads": numba.get_num_threads(),
         "memory_total_gb": psutil.virtual_memory().total / 1e9,
         "stream_bandwidth_gb_per_s": bandwidth / 1e9,
+        "stream_bandwidth_gb_per_cpu_s": cpu_bandwidth / 1e9,
         "belief_bytes_per_prompt": BeliefArrays.new(1).nbytes_per_prompt,
         "batch": args.batch,
         "hmm_decay": HMM_DECAY,
@@ -743,45 +903,64 @@ def main() -> None:
     sizes = sorted(set(args.sizes) | set(args.reference_sizes))
     kernels, skipped = [], []
     for n in sizes:
-        need = n * 110  # beliefs (82 B) + select temporaries, with margin
-        free = psutil.virtual_memory().available
-        if n >= 100_000_000 and free < args.min_free_gb * 1e9:
-            print(f"skipping {fmt_n(n)} in-process: {free / 1e9:.1f} GB available < {args.min_free_gb} GB")
-            skipped.append(n)
-            continue
-        if free < need:
-            print(
-                f"skipping {fmt_n(n)} in-process: needs ~{need / 1e9:.1f} GB, {free / 1e9:.1f} GB available"
+        for regime in ("sparse", "full"):
+            per_prompt = (
+                BeliefArrays.bytes_per_prompt(1.0) if regime == "full" else BeliefArrays.bytes_per_prompt(0.0)
             )
-            skipped.append(n)
-            continue
-        kernels.append(kernel_figures(n, args.batch, args.repeats, bandwidth))
-        print(f"  {fmt_n(n)}: step {kernels[-1]['step_s'] * 1e3:.1f} ms", flush=True)
+            need = n * (per_prompt + 20) + 65 * args.observed  # arrays + build and select temporaries
+            free = psutil.virtual_memory().available
+            if n >= 100_000_000 and regime == "full" and free < args.min_free_gb * 1e9:
+                print(f"skipping {fmt_n(n)} {regime}: {free / 1e9:.1f} GB available < {args.min_free_gb} GB")
+                skipped.append((n, regime))
+                continue
+            if free < need:
+                print(
+                    f"skipping {fmt_n(n)} {regime}: needs ~{need / 1e9:.1f} GB, {free / 1e9:.1f} GB available"
+                )
+                skipped.append((n, regime))
+                continue
+            row = kernel_figures(n, regime, args.batch, args.repeats, bandwidth, args.observed, cpu_bandwidth)
+            kernels.append(row)
+            print(f"  {fmt_n(n)} {regime}: step {row['step_s'] * 1e3:.2f} ms", flush=True)
     result["kernels"] = kernels
     print_kernels(kernels)
-
-    measured_1e8 = next((r for r in kernels if r["n"] == 100_000_000), None)
-    below = [r for r in kernels if r["n"] < 100_000_000]
-    proj = project(below, 100_000_000) if below else {"n": 100_000_000}
-    proj["measured"] = measured_1e8 is not None
-    if measured_1e8 is not None:
-        proj["measured_step_s"] = measured_1e8["step_s"]
-        proj["measured_over_projected"] = measured_1e8["step_s"] / proj["step_s"]
-    result["projection_1e8"] = proj
-    if "step_s" in proj:
-        line = (
-            f"\n10^8: projected step {proj['step_s']:.2f} s (close {proj['close_s']:.2f} s + DPS select"
-            f" {proj['select_dps_s']:.2f} s) from {fmt_n(proj['basis_n'])}"
+    result["memory"] = memory_table(args.memory_n)
+    print(
+        f"\nBelief bytes per prompt at N = {fmt_n(args.memory_n)} (layout formula / arrays held, capacity included)"
+    )
+    for r in result["memory"]:
+        print(
+            f"  {r['observed_share']:>5.0%} observed: {r['formula_bytes_per_prompt']:6.2f} /"
+            f" {r['held_bytes_per_prompt']:6.2f} B (budget {TARGETS['bytes_per_prompt']})"
         )
-        if measured_1e8 is not None:
-            line += f"; measured {measured_1e8['step_s']:.2f} s ({proj['measured_over_projected']:.2f}x projection)"
-        print(line)
+
+    result["projection_1e8"] = {}
+    for regime in ("sparse", "full"):
+        measured = next((r for r in kernels if r["n"] == 100_000_000 and r["regime"] == regime), None)
+        below = [r for r in kernels if r["n"] < 100_000_000 and r["regime"] == regime]
+        proj = project(below, 100_000_000, regime) if below else {"n": 100_000_000, "regime": regime}
+        proj["measured"] = measured is not None
+        if measured is not None and "step_s" in proj:
+            proj["measured_step_s"] = measured["step_s"]
+            proj["measured_over_projected"] = measured["step_s"] / proj["step_s"]
+        result["projection_1e8"][regime] = proj
+        if "step_s" in proj:
+            line = (
+                f"10^8 {regime}: projected step {proj['step_s'] * 1e3:.1f} ms (close {proj['close_s'] * 1e3:.1f}"
+                f" ms + DPS select {proj['select_dps_s'] * 1e3:.1f} ms) from {fmt_n(proj['basis_n'])},"
+                f" {proj['array_gb']:.1f} GB of beliefs"
+            )
+            if measured is not None:
+                line += (
+                    f"; measured {measured['step_s'] * 1e3:.1f} ms ({proj['measured_over_projected']:.2f}x)"
+                )
+            print(line)
 
     reference_rows = []
     for n in args.reference_sizes:
         reference_rows.append(reference_figures(n, args.batch, args.reference_steps))
         print(f"  reference {fmt_n(n)}: step {reference_rows[-1]['step_s']:.2f} s", flush=True)
-    by_n = {r["n"]: r for r in kernels}
+    by_n = {r["n"]: r for r in kernels if r["regime"] == "full"}
     reference = []
     for row in reference_rows:
         ours = by_n.get(row["n"])

@@ -418,7 +418,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         def read(st):
             a = st.arrays
             al, be, p0 = cold_betas(a, arr)  # a never-observed prompt reports its cold prior
-            pri = a.hmm_prior[arr].astype(np.float64)
+            pri = a.hmm_prior_of(arr).astype(np.float64)  # never-observed: (1/3, 1/3, 1/3)
             rows = zip(arr, al, be, a.n_obs[arr], pri, a.group[arr], p0, strict=True)
             return st.open_step, [
                 Belief(

@@ -208,8 +208,7 @@ def _heavy_stats(st: DatasetState, max_group_labels: int = 64) -> dict[str, Any]
 
 def _argmax_shares(st: DatasetState) -> np.ndarray:
     """Before the first close: count the priors' most likely states (np.argmax: lowest index on ties)."""
-    counts = np.bincount(np.argmax(st.arrays.hmm_prior, axis=1), minlength=3)
-    return counts.astype(float)
+    return st.arrays.predicted_state_counts().astype(float)
 
 
 def render(collector: DatasetCollector) -> bytes:

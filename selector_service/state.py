@@ -29,7 +29,7 @@ import numpy as np
 import zstandard
 
 from selector_service.core import strategies
-from selector_service.core.beliefs import _FRESH, FIELDS, BeliefArrays, CloseStats, apply_results
+from selector_service.core.beliefs import BeliefArrays, CloseStats, apply_results
 from selector_service.core.coldstart import (
     MAX_GROUPS,
     DatasetRules,
@@ -40,7 +40,10 @@ from selector_service.core.curricula import close_open_step
 from selector_service.core.domain import K_MAX, PRIOR_STRENGTH_MAX, prior_problem
 
 SNAPSHOT_MAGIC = b"RLVRSNAP"
-SNAPSHOT_VERSION = 1
+#: 2: DPS state only for prompts ever observed (core/beliefs.py). Version 1 snapshots and exports, with
+#: every prompt's DPS state, are still read (converted on load).
+SNAPSHOT_VERSION = 2
+_READABLE_VERSIONS = (1, 2)
 _MAX_HEADER_BYTES = 16 * 2**20  # a real header is a few hundred bytes
 _COMPRESS_FEED_BYTES = 4 * 2**20  # input slice handed to the compressor at a time
 _EXPORT_PIECE_BYTES = 16 * 2**20  # how much serialize_snapshot copies into its buffer at a time
@@ -52,8 +55,6 @@ MAX_LAG = 1000  # the most steps late an observation may be accepted (DatasetSpe
 _LATER_FIELDS: dict[str, Any] = {"max_lag": 0, "prior_strength": 2.0, "group_decay": 0.9}
 # DatasetRules fields beyond the Beta prior (passed to BeliefArrays.new).
 _RULE_FIELDS = ("prior_strength", "group_decay", "sec_lr", "adarft_eta", "adarft_alpha", "adarft_beta")
-# Per-prompt fields added with metadata (METHODS 6, 7): absent from snapshots written before them.
-_METADATA_FIELDS = ("pass_rate", "group", "prior_p0", "streak")
 # Snapshot arrays of the dataset's shared state (per group, not per prompt) carry this name prefix.
 SHARED_PREFIX = "shared."
 # Late observations are counted by lag up to this value; larger lags share the label f"{LAG_LABELS}+".
@@ -208,7 +209,10 @@ def unpack_results(payload: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray, 
 
 
 class _ScoreCache:
-    """Whole-dataset scores of one deterministic Beta strategy, rescored only where beliefs changed."""
+    """Whole-dataset scores of one deterministic Beta strategy (INSIGHT, expected difficulty, inverse
+    evidence with candidate_ratio null): one float64[N] buffer per dataset and strategy, kept across
+    requests and rescored only where beliefs changed (in place, or wholly in place once a quarter of the
+    prompts changed), so a full pass allocates nothing per request."""
 
     def __init__(self, scores: np.ndarray, cold_version: int = 0) -> None:
         self.scores = scores
@@ -243,6 +247,7 @@ class DatasetState:
         self.closes_since_snapshot = 0
         self.last_close: CloseStats | None = None
         self._caches: dict[tuple, _ScoreCache] = {}
+        self._spare_buffer: np.ndarray | None = None
 
     # ---- applying the log -----------------------------------------------------------------------
     def apply_record(self, log_id: str, fields: dict[bytes | str, bytes]) -> None:
@@ -309,7 +314,7 @@ class DatasetState:
         n = self.spec.size
         cold = self.arrays.shared.cold_version  # cold priors moved: every never-observed prompt may have
         if cache is not None and cache.cold_version != cold:
-            cache = None
+            self._spare_buffer, cache = cache.scores, None
         kw = dict(
             strategy=strategy,
             params=params,
@@ -318,15 +323,21 @@ class DatasetState:
             key=self.spec.name,
             dataset_k=self.spec.rollouts_per_prompt,
         )
-        if cache is None or cache.pending_count > n // 4:
-            cache = _ScoreCache(strategies.score(self.arrays, ids=np.arange(n, dtype=np.int64), **kw), cold)
+        if cache is None:
+            spare = self._spare_buffer
+            buffer = spare if spare is not None else np.empty(n, dtype=np.float64)
+            self._spare_buffer = None
+            cache = _ScoreCache(strategies.score(self.arrays, ids=None, out=buffer, **kw), cold)
+        elif cache.pending_count > n // 4:  # rescore the whole set in place, no new allocation
+            strategies.score(self.arrays, ids=None, out=cache.scores, **kw)
+            cache.pending, cache.pending_count = [], 0
         elif cache.pending:
             ids = np.unique(np.concatenate(cache.pending))
             cache.scores[ids] = strategies.score(self.arrays, ids=ids, **kw)
             cache.pending, cache.pending_count = [], 0
         self._caches[key] = cache
-        while len(self._caches) > self.MAX_CACHES:
-            self._caches.pop(next(iter(self._caches)))
+        while len(self._caches) > self.MAX_CACHES:  # the evicted buffer serves the next new cache
+            self._spare_buffer = self._caches.pop(next(iter(self._caches))).scores
         return cache.scores
 
     def select(self, strategy: str, params: dict[str, Any], batch_size: int, seed: int):
@@ -357,7 +368,7 @@ class DatasetState:
 
     # ---- summaries ------------------------------------------------------------------------------
     def prompts_observed(self) -> int:
-        return int(np.count_nonzero(self.arrays.n_obs))
+        return self.arrays.observed
 
     def summary(self) -> dict[str, Any]:
         lc = self.last_close
@@ -451,6 +462,8 @@ def iter_snapshot_chunks(
     def pieces() -> Iterator[bytes]:
         yield _snapshot_prefix(header, arrays)
         for arr in arrays.values():
+            if arr.nbytes == 0:  # e.g. an empty observed set; memoryview cannot cast a zero shape
+                continue
             view = memoryview(np.ascontiguousarray(arr)).cast("B")
             for offset in range(0, len(view), _COMPRESS_FEED_BYTES):
                 yield compressor.compress(view[offset : offset + _COMPRESS_FEED_BYTES])
@@ -516,8 +529,11 @@ def _parse_header(head: bytes, max_prompts: int | None) -> tuple[DatasetSpec, di
         raise ValueError(f"snapshot header is not valid JSON: {exc}") from exc
     if not isinstance(header, dict):
         raise ValueError("snapshot header is not a JSON object")
-    if header.get("version") != SNAPSHOT_VERSION:
-        raise ValueError(f"snapshot version {header.get('version')} is not supported")
+    if header.get("version") not in _READABLE_VERSIONS:
+        raise ValueError(
+            f"snapshot version {header.get('version')} is not supported (this service reads versions "
+            f"{', '.join(map(str, _READABLE_VERSIONS))}; a newer service wrote it?)"
+        )
     try:
         spec = DatasetSpec.from_doc(header["spec"])
         layout = [
@@ -530,12 +546,17 @@ def _parse_header(head: bytes, max_prompts: int | None) -> tuple[DatasetSpec, di
         raise ValueError(f"snapshot spec has size {spec.size}; a dataset has at least one prompt")
     if max_prompts is not None and spec.size > max_prompts:
         raise ValueError(f"the snapshot holds {spec.size} prompts; this service's limit is {max_prompts}")
-    per_prompt = [shape for name, _, shape in layout if not name.startswith(SHARED_PREFIX)]
-    per_group = [shape for name, _, shape in layout if name.startswith(SHARED_PREFIX)]
-    if any(not shape or shape[0] != spec.size or min(shape) < 0 for shape in per_prompt):
+    names = [name for name, _, _ in layout]
+    if any(not shape or min(shape) < 0 for _, _, shape in layout) or len(set(names)) != len(names):
         raise ValueError(f"snapshot arrays do not match the dataset size {spec.size}")
+    per_group = [shape for name, _, shape in layout if name.startswith(SHARED_PREFIX)]
     if any(len(shape) != 1 or not 0 <= shape[0] <= MAX_GROUPS for shape in per_group):
         raise ValueError(f"snapshot group arrays must be 1-d with at most {MAX_GROUPS} entries")
+    # Dense arrays have one row per prompt, the observed set's one row per observed prompt (or, in a
+    # version 1 snapshot, every array one row per prompt): checked before anything is allocated.
+    BeliefArrays.check_layout(
+        {name: (dt, shape) for name, dt, shape in layout if not name.startswith(SHARED_PREFIX)}, spec.size
+    )
     expected = sum(math.prod(shape) * dt.itemsize for _, dt, shape in layout)
     return spec, header, layout, expected
 
@@ -543,25 +564,17 @@ def _parse_header(head: bytes, max_prompts: int | None) -> tuple[DatasetSpec, di
 def _beliefs_from(spec: DatasetSpec, header: dict[str, Any], arrays: dict[str, np.ndarray]) -> BeliefArrays:
     """Per-prompt arrays and shared state from a snapshot. A snapshot from before metadata existed has
     neither the metadata fields nor the shared state: they start empty (no pass rates, no groups), as
-    they were."""
+    they were (BeliefArrays.from_arrays fills the fields)."""
     rules = spec.rules()
     group_arrays = {k[len(SHARED_PREFIX) :]: v for k, v in arrays.items() if k.startswith(SHARED_PREFIX)}
     prompt_arrays = {k: v for k, v in arrays.items() if not k.startswith(SHARED_PREFIX)}
     if "shared" in header:
         shared = SharedState.from_parts(rules, header["shared"], group_arrays)
+    elif group_arrays:
+        raise ValueError("snapshot has group arrays but no shared state in its header")
     else:
-        if group_arrays:
-            raise ValueError("snapshot has group arrays but no shared state in its header")
         shared = SharedState(rules=rules)
-    if "shared" not in header:
-        for name in _METADATA_FIELDS:
-            dtype, shape = FIELDS[name]
-            prompt_arrays.setdefault(name, np.full((spec.size, *shape), _FRESH[name], dtype=dtype))
-    beliefs = BeliefArrays.from_arrays(prompt_arrays, shared)
-    top = int(beliefs.group.max()) if beliefs.n else -1
-    if top >= shared.n_groups or int(beliefs.group.min()) < -1:
-        raise ValueError(f"snapshot groups reach {top} but its shared state has {shared.n_groups} groups")
-    return beliefs
+    return BeliefArrays.from_arrays(prompt_arrays, shared=shared)
 
 
 def _state_from(spec: DatasetSpec, header: dict[str, Any], arrays: dict[str, np.ndarray]) -> DatasetState:
@@ -663,7 +676,8 @@ def load_snapshot_chunks(
         if declared != expected:
             raise ValueError(f"snapshot body declares {declared} bytes, its header implies {expected}")
         arrays = {name: np.empty(shape, dtype=dt) for name, dt, shape in layout}
-        _inflate_into(source, [memoryview(arr).cast("B") for arr in arrays.values()])
+        # An empty observed set has zero-size arrays: nothing to inflate, and memoryview cannot cast them.
+        _inflate_into(source, [memoryview(arr).cast("B") for arr in arrays.values() if arr.nbytes])
     except zstandard.ZstdError as exc:
         raise ValueError(f"snapshot body is corrupt: {exc}") from exc
     return _state_from(spec, header, arrays)

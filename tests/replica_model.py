@@ -129,7 +129,9 @@ def differences(replica: DatasetState, model: DatasetState, last: dict[int, set[
     """What differs between a replica's state and the model's (empty when equal bit for bit). With
     `last` (ReplicaModel.last_states), last_state is checked against the states it may hold instead."""
     diffs = []
-    left, right = replica.arrays.arrays(), model.arrays.arrays()
+    # Canonical forms: the observed set in prompt-id order (replicas append prompts in log order, the
+    # model in its own; the beliefs, and every batch, do not depend on that order).
+    left, right = replica.arrays.canonical_arrays(), model.arrays.canonical_arrays()
     if last is not None:
         for pid in range(len(right["last_state"])):
             allowed = last.get(pid, {0})

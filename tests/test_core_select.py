@@ -17,7 +17,8 @@ from selector_service.core import (
     topk_random_ties,
     uniform_batch,
 )
-from selector_service.core.select import kth_largest
+from selector_service.core.select import _Source, kth_largest
+from tests import naive
 
 # ---------------------------------------------------------------- candidate_pool
 
@@ -215,3 +216,43 @@ def test_threshold_select_prefers_the_band_at_random():
     # 5 wanted, 3 in band: then the closest outside (0.29 at 0.01, then 0.72 at 0.02)
     five = mopps_threshold_select(draws, cands, 5, stream("k", 0, 0, "ties"))
     assert set(five[:3]) == {101, 102, 103} and five[3:].tolist() == [105, 106]
+
+
+# ---------------------------------------------------------------- the one-pass scan and its fallback
+
+
+def _sampled_rows(m: int) -> np.ndarray:
+    return (np.arange(4096) * m) // 4096
+
+
+@pytest.mark.parametrize(
+    "pattern", ["random", "sampled_high", "unsampled_high", "ties", "few_values", "tie_block_under_a_few"]
+)
+def test_large_inputs_equal_the_literal_twin(pattern, monkeypatch):
+    """Above 16384 scores topk_random_ties keeps only the rows at or above a threshold placed from 4096
+    evenly spread rows; where those mislead (the sampled rows the highest, so too few are kept; or the
+    unsampled ones, so too many), it falls back to two exact passes. The result never changes."""
+    m = 20_000
+    rng = np.random.default_rng(5)
+    scores = rng.random(m)
+    if pattern == "sampled_high":
+        scores[_sampled_rows(m)] += 10.0
+    elif pattern == "unsampled_high":
+        scores[:] = 5.0
+        scores[_sampled_rows(m)] = rng.random(4096)
+    elif pattern == "ties":
+        scores = np.where(rng.random(m) < 0.9, 1 / 3, rng.random(m))
+    elif pattern == "few_values":
+        scores = rng.integers(0, 4, m) / 3.0
+    elif pattern == "tie_block_under_a_few":  # k = 1, 100 above the block (one pass), larger k inside it
+        scores = np.where(rng.random(m) < 0.99, 0.3, 0.5 + rng.random(m) / 2)
+    fallbacks = []
+    exact_passes = _Source.histogram
+    monkeypatch.setattr(_Source, "histogram", lambda self, *a: fallbacks.append(1) or exact_passes(self, *a))
+    for k in (1, 100, 4097, 12_000):
+        s = stream("k", 0, k, "ties")
+        assert topk_random_ties(scores, k, s).tolist() == naive.topk_random_ties(scores, k, s.id), k
+    if pattern == "random":
+        assert not fallbacks  # the sample places the threshold well: one pass
+    elif pattern in ("sampled_high", "unsampled_high"):
+        assert fallbacks  # it misleads: the exact passes decide

@@ -179,7 +179,7 @@ def test_dps_breaks_the_one_third_ties_at_random(beliefs):
 
 def test_dps_ranks_predicted_partial_prompts_first(beliefs):
     ids, scores = run(beliefs, "dps", batch=50)
-    full = beliefs.hmm_prior[:, 1].astype(np.float64)
+    full = beliefs.dense_hmm()["hmm_prior"][:, 1].astype(np.float64)
     np.testing.assert_array_equal(scores, np.sort(full)[::-1][:50])
     np.testing.assert_array_equal(full[ids], scores)
 
@@ -244,5 +244,6 @@ def test_select_does_not_modify_beliefs(beliefs):
     before = beliefs.copy()
     for strategy in ALL:
         run(beliefs, strategy)
+    after = beliefs.arrays()
     for name, arr in before.arrays().items():
-        np.testing.assert_array_equal(getattr(beliefs, name), arr)
+        np.testing.assert_array_equal(after[name], arr, err_msg=name)

@@ -20,7 +20,10 @@ SCRIPT = textwrap.dedent(
     import threading
     import numpy as np
     from selector_service.core import BeliefArrays, apply_results, close_step, dps_scores, wmi_scores
+    from selector_service.core import dps
     from selector_service.core._parallel import PARALLEL_MIN
+
+    dps.CLOSE_PARALLEL_MIN = 0  # the close's parallel kernel from PARALLEL_MIN observed prompts on
 
     n = PARALLEL_MIN * 3  # above the threshold: every call below takes the parallel kernels
     rng = np.random.default_rng(0)
@@ -40,8 +43,8 @@ SCRIPT = textwrap.dedent(
         for _ in range(6):
             out.append(wmi_scores(alpha, beta, None, 8, 3.0, 0.3))
             out.append(np.array(close_step(ba, 0.7)))
-            out.append(dps_scores(ba.hmm_prior, None, 0.1))
-        out.append(ba.hmm_d.copy())
+            out.append(dps_scores(ba.obs_prior[: ba.observed], None, 0.1))
+        out.append(ba.obs_d[: ba.observed].copy())
         results[slot] = out
 
     expected = {}

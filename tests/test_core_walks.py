@@ -176,7 +176,7 @@ def test_greso_position_follows_what_was_observed():
     assert ba.shared.greso_pos == before
     ids = greso_batch(ba, batch, key)
     observe(ba, ids, np.full(batch, 4.0))
-    observed = ba.step_state != 0
+    observed = ba.observed_at_step(np.arange(n))
     expected = twin_greso_position(ba, key, observed)
     advance_walks(ba, key)
     assert ba.shared.greso_pos == expected

@@ -304,7 +304,8 @@ def test_many_maximal_observations_keep_every_score_finite(prior, lam):
             apply_results(ba, ids, successes, trials, states, lam, *prior)
         close_step(ba, lam if lam > 0 else 1e-300)
     assert np.all(ba.alpha >= min(prior) * (1 - 1e-15)) and np.all(np.isfinite(ba.alpha + ba.beta))
-    assert np.all(np.isfinite(ba.hmm_prior)) and np.allclose(ba.hmm_prior.sum(axis=1), 1, atol=1e-6)
+    prior = ba.observed_view()["obs_prior"]
+    assert ba.observed == 6 and np.all(np.isfinite(prior)) and np.allclose(prior.sum(axis=1), 1, atol=1e-6)
     for strategy in SCORED:
         for k in (1, 8, K_MAX):
             values = score(ba, strategy=strategy, params={}, ids=None, step=1, seed=0, key="r", dataset_k=k)

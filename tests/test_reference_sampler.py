@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from selector_service.core import BeliefArrays, apply_results, close_step, strategies
-from selector_service.core._parallel import PARALLEL_MIN
+from selector_service.core import BeliefArrays, apply_results, close_step, dps, strategies
+from selector_service.core._parallel import CHUNK
 
 ROOT = Path(__file__).resolve().parents[1]
 K = 8
@@ -60,10 +60,13 @@ def final_state(**kwargs):
 
 
 def assert_same_beliefs(ba: BeliefArrays, sampler) -> None:
+    """Every prompt, observed or not: the never-observed ones are implicit in `ba` (D0 and 1/3) and
+    explicit, updated every step, in the reference."""
     d, prior, prev = sampler.as_arrays(ba.n)
-    np.testing.assert_allclose(ba.hmm_d, d, rtol=RTOL, atol=ATOL, err_msg="Dirichlet counts D")
-    np.testing.assert_allclose(ba.hmm_prior, prior, rtol=RTOL, atol=ATOL, err_msg="prior")
-    np.testing.assert_allclose(ba.hmm_prev, prev, rtol=RTOL, atol=ATOL, err_msg="prev_post")
+    dense = ba.dense_hmm()
+    np.testing.assert_allclose(dense["hmm_d"], d, rtol=RTOL, atol=ATOL, err_msg="Dirichlet counts D")
+    np.testing.assert_allclose(dense["hmm_prior"], prior, rtol=RTOL, atol=ATOL, err_msg="prior")
+    np.testing.assert_allclose(dense["hmm_prev"], prev, rtol=RTOL, atol=ATOL, err_msg="prev_post")
 
 
 def test_state_of_rate():
@@ -99,10 +102,17 @@ def test_reference_agrees_with_close_step_every_step(lam, seed):
         assert_same_beliefs(ba, sampler)
 
 
-def test_reference_agrees_with_the_parallel_close():
-    """Above PARALLEL_MIN prompts close_step runs its parallel kernel; it must agree as well."""
-    for ba, sampler in run_both(n=PARALLEL_MIN + 1000, steps=3, batch=256, lam=0.7, seed=2):
+def test_reference_agrees_with_the_parallel_close(monkeypatch):
+    """From PARALLEL_MIN observed prompts on, close_step runs its parallel kernel (chunks of CHUNK rows);
+    it must agree as well. The threshold is lowered so that the observed set crosses it, and then
+    spans two chunks, within a few steps the reference can afford."""
+    monkeypatch.setattr(dps, "PARALLEL_MIN", 1000)
+    monkeypatch.setattr(dps, "CLOSE_PARALLEL_MIN", 0)
+    parallel_steps = 0
+    for ba, sampler in run_both(n=6000, steps=12, batch=256, lam=0.7, seed=2):
+        parallel_steps += ba.observed >= 1000
         assert_same_beliefs(ba, sampler)
+    assert parallel_steps >= 6 and ba.observed > CHUNK
 
 
 def test_both_select_the_same_scores():

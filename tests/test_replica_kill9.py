@@ -155,9 +155,8 @@ def _check(fleet: Fleet, model: ReplicaModel, name: str, seed: int) -> None:
         assert [r["alpha"] for r in rows] == a.alpha.tolist(), f"{who}: alpha"
         assert [r["beta"] for r in rows] == a.beta.tolist(), f"{who}: beta"
         assert [r["observations"] for r in rows] == a.n_obs.tolist(), f"{who}: observations"
-        assert np.array_equal(np.array([r["hmm_prior"] for r in rows]), a.hmm_prior.astype(np.float64)), (
-            f"{who}: hmm_prior"
-        )
+        prior = a.hmm_prior_of(np.arange(a.n)).astype(np.float64)  # never-observed prompts: 1/3
+        assert np.array_equal(np.array([r["hmm_prior"] for r in rows]), prior), f"{who}: hmm_prior"
         got_batches = []
         for strategy, params, sel_seed in SELECTIONS:
             r = httpx.post(

@@ -6,12 +6,13 @@ has a slow float64 twin in tests/naive.py, and runs without fastmath so the same
 bits in every process. Parallel kernels are launched under `PARALLEL_LOCK` (see _parallel.py), so
 wrappers may be called from many threads at once.
 
-Modules: outcomes (rewards -> successes, trials, states), beliefs (BeliefArrays, Beta update),
-coldstart (METHODS 6: metadata, group rates, cold and frozen priors, the dataset's SharedState),
-dps (DPS step close), mi (INSIGHT's weighted mutual information), scores (MoPPS, baselines, DPS score),
-curricula (METHODS 7: learnability, AdaRFT, the shared state's step close, `close_open_step`),
-walks (GRESO's and SEC's walks and their positions), special (numba digamma), rng (the counter-based
-generator behind every random choice), select (pools, top-k with random ties, epoch walks), domain (the
+Modules: outcomes (rewards -> successes, trials, states), beliefs (BeliefArrays: per-prompt arrays
+and the observed set that holds DPS state; the Beta update), coldstart (METHODS 6: metadata, group
+rates, cold and frozen priors, the dataset's SharedState), dps (DPS step close over the observed set),
+mi (INSIGHT's weighted mutual information), scores (MoPPS, baselines, DPS score), curricula (METHODS 7:
+learnability, AdaRFT, the shared state's step close, `close_open_step`), walks (GRESO's and SEC's walks
+and their positions), special (numba digamma), rng (the counter-based generator behind every random
+choice), select (pools, top-k with random ties, DPS over the whole dataset, epoch walks), domain (the
 accepted range of every setting and parameter), strategies (registry, validation, select / score).
 
 A step closes with `close_open_step` (walk positions, shared state, then DPS); `close_step` alone is

@@ -1,21 +1,37 @@
 """Per-prompt beliefs of one dataset (`BeliefArrays`) and the Beta update (METHODS 1, with METHODS 6).
 
-Every belief family is kept at once, from one observation stream, in flat arrays (100 bytes per prompt):
+Every belief family is kept at once, from one observation stream. Arrays over all N prompts (FIELDS,
+43 bytes per prompt):
 
     alpha, beta   f64[N]    Beta(alpha, beta) over the prompt's success rate, once observed (a never-
                             observed prompt holds Beta(alpha0, beta0); its cold prior is computed when
                             scored, coldstart.beta_for)
-    hmm_d         f32[N,9]  DPS Dirichlet counts; D(i, j) at [p, 3*i + j], column-stochastic:
-                            P(i, j) = D(i, j) / sum_i D(i, j) = probability of moving from state j to i
-    hmm_prior     f32[N,3]  DPS belief for the open step (unsolved, partially solved, solved)
-    hmm_prev      f32[N,3]  DPS prev_post: the posterior of the previous step
-    step_state    i8[N]     pooled state observed at the open step (0 = not observed yet)
-    last_state    i8[N]     state of the latest result (history resampling)
+    last_state    i8[N]     state of the latest result (history resampling; 0 = none yet)
     n_obs         i32[N]    results received
+    hmm_slot      i32[N]    the prompt's row in the observed set below, -1 = never observed
     pass_rate     f32[N]    metadata: a reference pass rate, NaN = unknown (METHODS 6)
     group         i32[N]    metadata: group 0..65535, -1 = none (METHODS 6)
     prior_p0      f64[N]    prior pass rate frozen at the first observation, NaN = none (METHODS 6)
     streak        i16[N]    trailing run of all-solved (+z) or all-failed (-z) results (GRESO, METHODS 7)
+
+DPS state only for prompts that have ever been observed (OBSERVED_FIELDS, 65 bytes per observed
+prompt), in an append-only set in order of first observation in the log (slot s = the s-th prompt ever
+observed). Every replica applies the same log in the same order, so every replica builds the same
+slots; the step close walks the rows in slot order, one contiguous pass:
+
+    obs_ids       i32[M]    the prompt id of each slot
+    obs_d         f32[M,9]  DPS Dirichlet counts; D(i, j) at [s, 3*i + j], column-stochastic:
+                            P(i, j) = D(i, j) / sum_i D(i, j) = probability of moving from state j to i
+    obs_prior     f32[M,3]  DPS belief for the open step (unsolved, partially solved, solved)
+    obs_prev      f32[M,3]  DPS prev_post: the posterior of the previous step
+    obs_state     i8[M]     pooled state observed at the open step (0 = not observed yet)
+
+A never-observed prompt is implicit and exact: with D0 = d0 * ones, the unobserved update leaves D at D0
+and the prior and prev at (1/3, 1/3, 1/3) (METHODS 2; dps.py shows it holds bit for bit in float32), so
+it reports D0 and 1/3 (`hmm_rows`, `dense_hmm`) and costs only its 43 bytes. Memory: 43 bytes per
+prompt plus 65 per observed prompt, 108 when every prompt is observed (budget 128; the observed set's
+capacity grows by half as needed and never beyond N). The dataset's SharedState (group sums, strategy
+state; coldstart.py) adds a few dozen bytes per group.
 
 Beta update (METHODS 1 and 6), one result (S successes out of `trials`) after another, in order; at a
 prompt's first result its cold prior is frozen into (alpha0_i, beta0_i) (coldstart module docstring):
@@ -23,9 +39,10 @@ prompt's first result its cold prior is frozen into (alpha0_i, beta0_i) (coldsta
     alpha <- lam * alpha + (1 - lam) * alpha0_i + S
     beta  <- lam * beta  + (1 - lam) * beta0_i  + (trials - S)
 
-`apply_results` also pools the step state (outcomes.combine_state), sets last_state, the streak and
-n_obs, adds the result to its group's sums, and counts it in the open step's statistics (SharedState).
-The DPS update runs when a step closes (dps.close_step, re-exported here with the scores).
+`apply_results` also gives a prompt its slot at its first result, pools the step state
+(outcomes.combine_state), sets last_state, the streak and n_obs, adds the result to its group's sums, and
+counts it in the open step's statistics (SharedState). The DPS update runs when a step closes
+(dps.close_step, re-exported here with the scores).
 """
 
 from __future__ import annotations
@@ -43,6 +60,8 @@ from .outcomes import PARTIAL, SOLVED, UNOBSERVED, UNSOLVED, combine_state
 from .scores import dps_scores, expected_difficulty_scores, inverse_evidence_scores, thompson_scores
 
 __all__ = [
+    "FIELDS",
+    "OBSERVED_FIELDS",
     "BeliefArrays",
     "CloseStats",
     "apply_results",
@@ -56,80 +75,100 @@ __all__ = [
     "wmi_weight",
 ]
 
-#: name -> (dtype, shape after the prompt axis) of every BeliefArrays field, in snapshot order.
+#: name -> (dtype, shape after the prompt axis) of every array over all N prompts, in snapshot order.
+#: The single list of per-prompt arrays: a new per-prompt field is added here (and to BeliefArrays).
 FIELDS: dict[str, tuple[np.dtype, tuple[int, ...]]] = {
     "alpha": (np.dtype(np.float64), ()),
     "beta": (np.dtype(np.float64), ()),
-    "hmm_d": (np.dtype(np.float32), (9,)),
-    "hmm_prior": (np.dtype(np.float32), (3,)),
-    "hmm_prev": (np.dtype(np.float32), (3,)),
-    "step_state": (np.dtype(np.int8), ()),
     "last_state": (np.dtype(np.int8), ()),
     "n_obs": (np.dtype(np.int32), ()),
+    "hmm_slot": (np.dtype(np.int32), ()),
     "pass_rate": (np.dtype(np.float32), ()),
     "group": (np.dtype(np.int32), ()),
     "prior_p0": (np.dtype(np.float64), ()),
     "streak": (np.dtype(np.int16), ()),
 }
 
-#: Value of each field for a prompt nothing is known about (BeliefArrays.new); None = computed.
-_FRESH: dict[str, float | None] = {
-    "alpha": None,
-    "beta": None,
-    "hmm_d": None,
-    "hmm_prior": 1.0 / 3.0,
-    "hmm_prev": 1.0 / 3.0,
-    "step_state": 0,
-    "last_state": 0,
-    "n_obs": 0,
-    "pass_rate": float("nan"),
-    "group": -1,
-    "prior_p0": float("nan"),
-    "streak": 0,
-}
+#: Per-prompt fields added with cold start (METHODS 6, 7), and their value for a prompt nothing is known
+#: about; a snapshot written before them loads with these values (no metadata, no runs).
+METADATA_FIELDS: dict[str, float] = {"pass_rate": math.nan, "group": -1, "prior_p0": math.nan, "streak": 0}
 #: Saturation of the streak counter.
 STREAK_MAX = 32_767
+
+#: name -> (dtype, shape after the slot axis) of every array over the observed set, in snapshot order.
+OBSERVED_FIELDS: dict[str, tuple[np.dtype, tuple[int, ...]]] = {
+    "obs_ids": (np.dtype(np.int32), ()),
+    "obs_d": (np.dtype(np.float32), (9,)),
+    "obs_prior": (np.dtype(np.float32), (3,)),
+    "obs_prev": (np.dtype(np.float32), (3,)),
+    "obs_state": (np.dtype(np.int8), ()),
+}
+
+#: The arrays of the previous snapshot layout (every prompt's DPS state stored), still read.
+LEGACY_FIELDS = ("alpha", "beta", "hmm_d", "hmm_prior", "hmm_prev", "step_state", "last_state", "n_obs")
+
+#: A dataset's prompt ids fit the int32 slot map and id list.
+MAX_PROMPTS = 2**31 - 2
+#: The uniform DPS belief of a never-observed prompt, as stored.
+UNIFORM = np.float32(1.0 / 3.0)
+_INITIAL_CAPACITY = 1024
+
+
+def _field_bytes(fields: dict[str, tuple[np.dtype, tuple[int, ...]]]) -> int:
+    return sum(dtype.itemsize * math.prod(shape) for dtype, shape in fields.values())
 
 
 @dataclass(eq=False, repr=False)
 class BeliefArrays:
-    """The beliefs of one dataset of N prompts (ids 0..N-1): the per-prompt arrays of FIELDS, and the
-    dataset's SharedState (group sums and strategy state, coldstart module)."""
+    """The beliefs of one dataset of N prompts (ids 0..N-1): the FIELDS arrays over every prompt and the
+    OBSERVED_FIELDS arrays, allocated to a capacity, whose first `observed` rows are live."""
 
     alpha: np.ndarray
     beta: np.ndarray
-    hmm_d: np.ndarray
-    hmm_prior: np.ndarray
-    hmm_prev: np.ndarray
-    step_state: np.ndarray
     last_state: np.ndarray
     n_obs: np.ndarray
+    hmm_slot: np.ndarray
     pass_rate: np.ndarray
     group: np.ndarray
     prior_p0: np.ndarray
     streak: np.ndarray
+    obs_ids: np.ndarray
+    obs_d: np.ndarray
+    obs_prior: np.ndarray
+    obs_prev: np.ndarray
+    obs_state: np.ndarray
+    observed: int = 0
+    d0: float = 1.0
+    #: The dataset's state beside the per-prompt arrays (group sums, strategy state; coldstart.py).
     shared: SharedState = field(default_factory=SharedState)
 
     @classmethod
     def new(
         cls, n: int, alpha0: float = 1.0, beta0: float = 1.0, d0: float = 1.0, **rules: float
     ) -> BeliefArrays:
-        """Priors of METHODS 1, 2 and 6: Beta(alpha0, beta0); D = D0 = d0 * ones; prior = prev = 1/3;
-        no metadata. `rules`: the other DatasetRules fields (prior_strength, group_decay, ...)."""
-        if isinstance(n, bool) or not isinstance(n, int | np.integer) or n < 1:
-            raise ValueError(f"a dataset needs n >= 1 prompts, got {n!r}")
+        """Priors of METHODS 1, 2 and 6: Beta(alpha0, beta0); every prompt never observed (D = D0 = d0 *
+        ones, prior = prev = 1/3, implicit); no metadata. `rules`: the other DatasetRules fields
+        (prior_strength, group_decay, ...)."""
+        if isinstance(n, bool) or not isinstance(n, int | np.integer) or not 1 <= n <= MAX_PROMPTS:
+            raise ValueError(f"a dataset needs 1 <= n <= {MAX_PROMPTS} prompts, got {n!r}")
         _check_prior(alpha0, beta0)
-        if not (math.isfinite(d0) and d0 > 0):
-            raise ValueError(f"d0 (Dirichlet prior count) must be finite and > 0, got {d0!r}")
+        _check_d0(d0)
         n = int(n)
-        fresh = dict(_FRESH, alpha=alpha0, beta=beta0, hmm_d=d0)
-        arrays = {
-            name: np.full((n, *shape), fresh[name], dtype=dtype) for name, (dtype, shape) in FIELDS.items()
-        }
-        return cls(**arrays, shared=SharedState(rules=DatasetRules(float(alpha0), float(beta0), **rules)))
+        ba = cls(
+            alpha=np.full(n, alpha0, dtype=np.float64),
+            beta=np.full(n, beta0, dtype=np.float64),
+            last_state=np.zeros(n, dtype=np.int8),
+            n_obs=np.zeros(n, dtype=np.int32),
+            hmm_slot=np.full(n, -1, dtype=np.int32),
+            **_fresh_metadata(n),
+            **_observed_arrays(min(n, _INITIAL_CAPACITY)),
+            d0=float(d0),
+            shared=SharedState(rules=DatasetRules(float(alpha0), float(beta0), **rules)),
+        )
+        return ba
 
     def __repr__(self) -> str:
-        return f"BeliefArrays(n={self.n}, observed={int(np.count_nonzero(self.n_obs))})"
+        return f"BeliefArrays(n={self.n}, observed={self.observed})"
 
     @property
     def n(self) -> int:
@@ -137,37 +176,241 @@ class BeliefArrays:
         return int(self.alpha.shape[0])
 
     @property
-    def nbytes_per_prompt(self) -> int:
-        """Bytes of belief state per prompt, all families and the metadata together (100)."""
-        return sum(dtype.itemsize * math.prod(shape) for dtype, shape in FIELDS.values())
+    def capacity(self) -> int:
+        """Rows allocated for the observed set."""
+        return int(self.obs_ids.shape[0])
 
+    # ---- memory -----------------------------------------------------------------------------------
+    @staticmethod
+    def bytes_per_prompt(observed_share: float = 1.0) -> float:
+        """Bytes of belief state per prompt when `observed_share` of the prompts have been observed
+        (43 + 65 * share; 108 when every prompt is; capacity slack not counted)."""
+        return _field_bytes(FIELDS) + observed_share * _field_bytes(OBSERVED_FIELDS)
+
+    @property
+    def nbytes_per_prompt(self) -> int:
+        """Bytes per prompt in the worst case, every prompt observed (108; budget 128)."""
+        return _field_bytes(FIELDS) + _field_bytes(OBSERVED_FIELDS)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held now (both groups of arrays, the observed set at its capacity)."""
+        return sum(getattr(self, name).nbytes for name in (*FIELDS, *OBSERVED_FIELDS))
+
+    # ---- the observed set -------------------------------------------------------------------------
+    def reserve(self, count: int) -> None:
+        """Makes room for `count` observed prompts (grows by at least half, never beyond N)."""
+        if count <= self.capacity:
+            return
+        new_cap = min(self.n, max(count, self.capacity + self.capacity // 2, _INITIAL_CAPACITY))
+        grown = _observed_arrays(new_cap)
+        m = self.observed
+        for name in OBSERVED_FIELDS:
+            grown[name][:m] = getattr(self, name)[:m]
+            setattr(self, name, grown[name])
+
+    def observed_view(self) -> dict[str, np.ndarray]:
+        """name -> the live rows (views) of the OBSERVED_FIELDS arrays."""
+        m = self.observed
+        return {name: getattr(self, name)[:m] for name in OBSERVED_FIELDS}
+
+    def hmm_rows(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(D f32[m, 9], prior f32[m, 3], prev f32[m, 3], step state i8[m]) of prompts `ids`, never-observed
+        ones at (D0, 1/3, 1/3, 0): what the dense layout would hold."""
+        ids = np.asarray(ids, dtype=np.int64)
+        slots = self.hmm_slot[ids]
+        seen = slots >= 0
+        d = np.full((ids.size, 9), np.float32(self.d0), dtype=np.float32)
+        prior = np.full((ids.size, 3), UNIFORM, dtype=np.float32)
+        prev = np.full((ids.size, 3), UNIFORM, dtype=np.float32)
+        state = np.zeros(ids.size, dtype=np.int8)
+        rows = slots[seen]
+        d[seen], prior[seen], prev[seen] = self.obs_d[rows], self.obs_prior[rows], self.obs_prev[rows]
+        state[seen] = self.obs_state[rows]
+        return d, prior, prev, state
+
+    def hmm_prior_of(self, ids: np.ndarray) -> np.ndarray:
+        """DPS priors f32[m, 3] of prompts `ids` ((1/3, 1/3, 1/3) for never-observed ones)."""
+        return self.hmm_rows(ids)[1]
+
+    def dense_hmm(self) -> dict[str, np.ndarray]:
+        """The DPS state of every prompt in the dense layout: hmm_d f32[N, 9], hmm_prior, hmm_prev f32[N, 3],
+        step_state i8[N] (O(N) memory: for tests, tools and legacy exports, not for serving)."""
+        d, prior, prev, state = self.hmm_rows(np.arange(self.n))
+        return {"hmm_d": d, "hmm_prior": prior, "hmm_prev": prev, "step_state": state}
+
+    def predicted_state_counts(self) -> np.ndarray:
+        """Prompts per argmax of their DPS prior (ties to the lowest state: never-observed -> UNSOLVED)."""
+        counts = np.bincount(np.argmax(self.observed_view()["obs_prior"], axis=1), minlength=3)
+        counts[0] += self.n - self.observed
+        return counts
+
+    # ---- snapshots --------------------------------------------------------------------------------
     def arrays(self) -> dict[str, np.ndarray]:
-        """name -> array (the live arrays, not copies), in a stable order; the inverse of `from_arrays`."""
-        return {name: getattr(self, name) for name in FIELDS}
+        """name -> array (live arrays and views of the live rows, not copies), FIELDS then
+        OBSERVED_FIELDS; the inverse of `from_arrays`."""
+        return {**{name: getattr(self, name) for name in FIELDS}, **self.observed_view()}
+
+    def canonical_arrays(self) -> dict[str, np.ndarray]:
+        """`arrays()` with the observed set in prompt-id order and the slot map renumbered to match
+        (copies). Two beliefs that applied the same results per step, in whatever order within a step,
+        have the same canonical arrays; the raw ones keep each prompt where its first result put it."""
+        view = self.observed_view()
+        order = np.argsort(view["obs_ids"], kind="stable")
+        out = {name: getattr(self, name).copy() for name in FIELDS}
+        out.update({name: arr[order] for name, arr in view.items()})
+        slot = np.full(self.n, -1, dtype=np.int32)
+        slot[out["obs_ids"]] = np.arange(order.size, dtype=np.int32)
+        out["hmm_slot"] = slot
+        return out
+
+    @staticmethod
+    def check_layout(layout: dict[str, tuple[np.dtype, tuple[int, ...]]], n: int) -> None:
+        """Checks the names, dtypes and shapes of a snapshot's arrays (as declared in its header) before
+        anything is allocated: FIELDS with n rows and OBSERVED_FIELDS with one row count m <= n, or the
+        legacy layout (every array n rows). Raises ValueError."""
+        names = set(layout)
+        if names == set(LEGACY_FIELDS):
+            if any(not shape or shape[0] != n for _, shape in layout.values()):
+                raise ValueError(f"snapshot arrays do not match the dataset size {n}")
+            return
+        expected = set(FIELDS) | set(OBSERVED_FIELDS)
+        missing, unknown = expected - names, names - expected
+        if missing == set(METADATA_FIELDS):  # written before cold start: loads without metadata
+            missing = set()
+        if missing or unknown:
+            raise ValueError(f"belief arrays: missing {sorted(missing)}, unknown {sorted(unknown)}")
+        m = layout["obs_ids"][1][0] if layout["obs_ids"][1] else -1
+        if not 0 <= m <= n:
+            raise ValueError(f"the observed set has {m} rows; the dataset has {n} prompts")
+        for group, rows in ((FIELDS, n), (OBSERVED_FIELDS, m)):
+            for name, (dtype, shape) in group.items():
+                if name not in layout:
+                    continue
+                got_dtype, got_shape = layout[name]
+                if np.dtype(got_dtype) != dtype or tuple(got_shape) != (rows, *shape):
+                    raise ValueError(
+                        f"belief array {name!r} is {np.dtype(got_dtype)}{tuple(got_shape)}, "
+                        f"expected {dtype}{(rows, *shape)}"
+                    )
 
     @classmethod
-    def from_arrays(cls, arrays: dict[str, np.ndarray], shared: SharedState | None = None) -> BeliefArrays:
+    def from_arrays(
+        cls, arrays: dict[str, np.ndarray], d0: float = 1.0, shared: SharedState | None = None
+    ) -> BeliefArrays:
         """Rebuilds beliefs from `arrays()` output (e.g. a snapshot) and the dataset's shared state
-        (default: a fresh one, Beta(1, 1) rules). Copies only arrays that are not already C-contiguous,
-        writable and of the right dtype; raises ValueError on a missing field or a wrong shape."""
-        missing = set(FIELDS) - set(arrays)
-        unknown = set(arrays) - set(FIELDS)
+        (default: a fresh one, Beta(1, 1) rules), or from the legacy layout (every prompt's DPS state;
+        converted: every prompt with a result gets a slot, in id order). Arrays without the metadata
+        fields (written before cold start) get them empty. Copies only arrays that are not already
+        C-contiguous, writable and of the right dtype. Raises ValueError on a missing field, a wrong
+        shape, or an observed set that does not match the slot map."""
+        if set(arrays) == set(LEGACY_FIELDS):
+            return cls._from_legacy(arrays, d0, shared)
+        if not set(METADATA_FIELDS) & set(arrays) and "alpha" in arrays:
+            arrays = {**arrays, **_fresh_metadata(len(arrays["alpha"]))}
+        missing = (set(FIELDS) | set(OBSERVED_FIELDS)) - set(arrays)
+        unknown = set(arrays) - set(FIELDS) - set(OBSERVED_FIELDS)
         if missing or unknown:
             raise ValueError(f"belief arrays: missing {sorted(missing)}, unknown {sorted(unknown)}")
         n = len(arrays["alpha"])
-        typed = {}
-        for name, (dtype, shape) in FIELDS.items():
-            arr = np.asarray(arrays[name])
-            if arr.shape != (n, *shape):
-                raise ValueError(f"belief array {name!r} has shape {arr.shape}, expected {(n, *shape)}")
-            typed[name] = np.require(arr, dtype=dtype, requirements=["C", "W", "A"])
-        return cls(**typed, shared=shared if shared is not None else SharedState())
+        m = len(arrays["obs_ids"])
+        fields = {}
+        for group, rows in ((FIELDS, n), (OBSERVED_FIELDS, m)):
+            for name, (dtype, shape) in group.items():
+                arr = np.asarray(arrays[name])
+                if arr.shape != (rows, *shape):
+                    raise ValueError(
+                        f"belief array {name!r} has shape {arr.shape}, expected {(rows, *shape)}"
+                    )
+                fields[name] = np.require(arr, dtype=dtype, requirements=["C", "W", "A"])
+        if not 1 <= n <= MAX_PROMPTS:
+            raise ValueError(f"a dataset needs 1 <= n <= {MAX_PROMPTS} prompts, got {n}")
+        _check_d0(d0)
+        ba = cls(**fields, observed=m, d0=float(d0), shared=shared if shared is not None else SharedState())
+        ba._check_observed_set()
+        top = int(ba.group.max())
+        if top >= ba.shared.n_groups or int(ba.group.min()) < -1:
+            raise ValueError(f"groups reach {top} but the shared state has {ba.shared.n_groups} groups")
+        return ba
+
+    @classmethod
+    def _from_legacy(
+        cls, arrays: dict[str, np.ndarray], d0: float, shared: SharedState | None
+    ) -> BeliefArrays:
+        n = len(arrays["alpha"])
+        n_obs = np.asarray(arrays["n_obs"])
+        state = np.asarray(arrays["step_state"])
+        d = np.asarray(arrays["hmm_d"])
+        prior = np.asarray(arrays["hmm_prior"])
+        prev = np.asarray(arrays["hmm_prev"])
+        if any(a.shape[0] != n for a in (n_obs, state, d, prior, prev)):
+            raise ValueError(f"legacy belief arrays do not all have {n} rows")
+        # Every prompt that ever had a result; a prompt without one must still be at D0 and 1/3.
+        ids = np.flatnonzero((n_obs != 0) | (state != 0)).astype(np.int32)
+        untouched = np.ones(n, dtype=bool)
+        untouched[ids] = False
+        if untouched.any() and not (
+            np.all(d[untouched] == np.float32(d0))
+            and np.all(prior[untouched] == UNIFORM)
+            and np.all(prev[untouched] == UNIFORM)
+        ):
+            raise ValueError(
+                "legacy snapshot: a prompt without results has a DPS state other than D0 and 1/3"
+            )
+        slot = np.full(n, -1, dtype=np.int32)
+        slot[ids] = np.arange(ids.size, dtype=np.int32)
+        converted = {
+            "alpha": arrays["alpha"],
+            "beta": arrays["beta"],
+            "last_state": arrays["last_state"],
+            "n_obs": n_obs,
+            "hmm_slot": slot,
+            "obs_ids": ids,
+            "obs_d": d[ids],
+            "obs_prior": prior[ids],
+            "obs_prev": prev[ids],
+            "obs_state": state[ids],
+        }
+        return cls.from_arrays(converted, d0, shared)
+
+    def _check_observed_set(self) -> None:
+        """The kernels index by slot and id without bounds checks: slots and ids must be a bijection."""
+        m, n = self.observed, self.n
+        ids, slot = self.obs_ids[:m], self.hmm_slot
+        if m and (int(ids.min()) < 0 or int(ids.max()) >= n):
+            raise ValueError("observed set: a prompt id is out of range")
+        if int(slot.min()) < -1 or int(slot.max()) >= m or int(np.count_nonzero(slot >= 0)) != m:
+            raise ValueError("observed set: the slot map does not match the observed prompts")
+        if m and not np.array_equal(slot[ids], np.arange(m, dtype=np.int32)):
+            raise ValueError("observed set: the slot map does not match the observed prompts")
 
     def copy(self) -> BeliefArrays:
-        """A deep copy."""
-        return BeliefArrays(
-            **{name: arr.copy() for name, arr in self.arrays().items()}, shared=self.shared.copy()
-        )
+        """A deep copy (the observed set trimmed to its live rows)."""
+        arrays = {name: arr.copy() for name, arr in self.arrays().items()}
+        return BeliefArrays.from_arrays(arrays, self.d0, self.shared.copy())
+
+    def observed_at_step(self, ids: np.ndarray) -> np.ndarray:
+        """bool per prompt of `ids`: whether it has a result at the open step (its pooled step state)."""
+        slots = self.hmm_slot[np.asarray(ids, dtype=np.int64)]
+        seen = slots >= 0
+        out = np.zeros(slots.size, dtype=bool)
+        out[seen] = self.obs_state[slots[seen]] != 0
+        return out
+
+
+def _fresh_metadata(n: int) -> dict[str, np.ndarray]:
+    return {name: np.full(n, METADATA_FIELDS[name], dtype=FIELDS[name][0]) for name in METADATA_FIELDS}
+
+
+def _observed_arrays(capacity: int) -> dict[str, np.ndarray]:
+    return {
+        name: np.zeros((capacity, *shape), dtype=dtype) for name, (dtype, shape) in OBSERVED_FIELDS.items()
+    }
+
+
+def _check_d0(d0: float) -> None:
+    if not (isinstance(d0, int | float | np.floating) and math.isfinite(d0) and d0 > 0):
+        raise ValueError(f"d0 (Dirichlet prior count) must be finite and > 0, got {d0!r}")
 
 
 def _check_prior(alpha0: float, beta0: float) -> None:
@@ -197,9 +440,14 @@ def mean_abs_advantage(s, t):
 
 @numba.njit(nogil=True, cache=True)
 def _apply_kernel(
-    alpha, beta, step_state, last_state, n_obs, pass_rate, group, prior_p0, streak,
-    gs, gt, adv, adv_n, counts, ids, successes, trials, states, lam, a0, b0, strength,
+    alpha, beta, last_state, n_obs, slot_of, obs_ids, obs_d, obs_prior, obs_prev, obs_state, observed, d0,
+    meta, gs, gt, adv, adv_n, counts, ids, successes, trials, states, lam, a0, b0, strength,
 ):  # fmt: skip
+    """Applies the results in order; returns the new size of the observed set (the caller has reserved
+    room for every prompt seen for the first time). meta = (pass_rate, group, prior_p0, streak)."""
+    pass_rate, group, prior_p0, streak = meta
+    d0_32 = np.float32(d0)
+    third = np.float32(1.0 / 3.0)
     for r in range(ids.size):
         p = ids[r]
         s = successes[r]
@@ -226,8 +474,20 @@ def _apply_kernel(
             bi = b0 + strength * (1.0 - p0)
         alpha[p] = lam * alpha[p] + (1.0 - lam) * ai + s
         beta[p] = lam * beta[p] + (1.0 - lam) * bi + (t - s)
+        slot = slot_of[p]
+        if slot < 0:
+            slot = observed
+            observed += 1
+            slot_of[p] = slot
+            obs_ids[slot] = p
+            for q in range(9):
+                obs_d[slot, q] = d0_32
+            for q in range(3):
+                obs_prior[slot, q] = third
+                obs_prev[slot, q] = third
+            obs_state[slot] = 0
         st = states[r]
-        step_state[p] = combine_state(step_state[p], st)
+        obs_state[slot] = combine_state(obs_state[slot], st)
         last_state[p] = st
         n_obs[p] += 1
         z = streak[p]
@@ -249,6 +509,7 @@ def _apply_kernel(
             counts[2] += 1.0
         counts[3] += s
         counts[4] += t
+    return observed
 
 
 def apply_results(
@@ -262,9 +523,9 @@ def apply_results(
     beta0: float,
 ) -> None:
     """Applies m results in order (a prompt may appear several times): the Beta update of METHODS 1 with
-    the frozen priors of METHODS 6, step-state pooling, last_state, streak, n_obs, group sums and the
-    open step's statistics. `alpha0`, `beta0` must be the prior `ba` was created with. Validates
-    everything first; on error nothing changes."""
+    the frozen priors of METHODS 6, a slot in the observed set at a prompt's first result, step-state
+    pooling, last_state, streak, n_obs, group sums and the open step's statistics. `alpha0`, `beta0`
+    must be the prior `ba` was created with. Validates everything first; on error nothing changes."""
     lam = _check_decay(lam, "beta_decay")
     _check_prior(alpha0, beta0)
     rules = ba.shared.rules
@@ -295,12 +556,17 @@ def apply_results(
         raise ValueError(
             f"states must be {UNSOLVED}, {PARTIAL} or {SOLVED} (not {UNOBSERVED}) for every result"
         )
+    new = np.unique(ids[ba.hmm_slot[ids] < 0]).size
+    ba.reserve(ba.observed + new)
     sh = ba.shared
-    _apply_kernel(
-        ba.alpha, ba.beta, ba.step_state, ba.last_state, ba.n_obs, ba.pass_rate, ba.group, ba.prior_p0,
-        ba.streak, sh.group_successes, sh.group_trials, sh.step_adv, sh.step_adv_n, sh.step_counts,
-        ids, successes, trials, states.astype(np.int8, copy=False), lam, rules.alpha0, rules.beta0,
-        rules.prior_strength,
+    ba.observed = int(
+        _apply_kernel(
+            ba.alpha, ba.beta, ba.last_state, ba.n_obs, ba.hmm_slot, ba.obs_ids, ba.obs_d, ba.obs_prior,
+            ba.obs_prev, ba.obs_state, ba.observed, ba.d0, (ba.pass_rate, ba.group, ba.prior_p0, ba.streak),
+            sh.group_successes, sh.group_trials, sh.step_adv, sh.step_adv_n, sh.step_counts,
+            ids, successes, trials, states.astype(np.int8, copy=False), lam, rules.alpha0, rules.beta0,
+            rules.prior_strength,
+        )
     )  # fmt: skip
     if sh.grouped:
         sh.cold_version += 1

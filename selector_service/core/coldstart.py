@@ -411,17 +411,20 @@ def _beta_prior_arrays(ba, ids: np.ndarray | None) -> tuple[np.ndarray, np.ndarr
 SCORE_CHUNK = 1 << 16
 
 
-def beta_scores(ba, ids: np.ndarray | None, score_fn) -> np.ndarray:
-    """score_fn(alpha, beta, ids) over the Betas of `beta_for`, for `ids` (None: every prompt). With
-    cold priors and ids=None the dataset is gathered and scored SCORE_CHUNK prompts at a time, so the
-    only whole-dataset allocation is the result (8 bytes per prompt)."""
+def beta_scores(ba, ids: np.ndarray | None, score_fn, out: np.ndarray | None = None) -> np.ndarray:
+    """score_fn(alpha, beta, ids, out) over the Betas of `beta_for`, for `ids` (None: every prompt),
+    written into `out` when given. With cold priors and ids=None the dataset is gathered and scored
+    SCORE_CHUNK prompts at a time, so the only whole-dataset allocation is the result (8 bytes per
+    prompt, none with `out`)."""
     if ids is not None or not has_cold_priors(ba.shared) or ba.n <= SCORE_CHUNK:
-        return score_fn(*beta_for(ba, ids))
-    out = np.empty(ba.n)
+        alpha, beta, sub = beta_for(ba, ids)
+        return score_fn(alpha, beta, sub, out)
+    if out is None:
+        out = np.empty(ba.n)
     for lo in range(0, ba.n, SCORE_CHUNK):
         hi = min(lo + SCORE_CHUNK, ba.n)
         a, b, _ = _beta_prior_arrays(ba, np.arange(lo, hi, dtype=np.int64))
-        out[lo:hi] = score_fn(a, b, None)
+        score_fn(a, b, None, out[lo:hi])
     return out
 
 
@@ -477,6 +480,14 @@ def live_pass_rates(ba, ids: np.ndarray | None, target: float | None = None) -> 
     return out
 
 
+def _posterior_means(alpha, beta, ids, out):
+    a, b = (alpha, beta) if ids is None else (alpha[ids], beta[ids])
+    if out is None:
+        return a / (a + b)
+    np.divide(a, a + b, out=out)
+    return out
+
+
 def group_statistics(ba) -> dict[str, np.ndarray]:
     """Per group with at least one prompt (for monitoring): `group` ids, `size` (prompts), `observed_share`
     (share of them observed at least once), `posterior_mean` (mean over them of alpha / (alpha + beta),
@@ -490,7 +501,7 @@ def group_statistics(ba) -> dict[str, np.ndarray]:
     groups = ba.group[grouped]
     counts = np.bincount(groups, minlength=sh.n_groups)
     observed = np.bincount(groups, weights=(ba.n_obs[grouped] > 0), minlength=sh.n_groups)
-    means = beta_scores(ba, None, lambda a, b, _ids: a / (a + b))[grouped]
+    means = beta_scores(ba, None, _posterior_means)[grouped]
     mean_sum = np.bincount(groups, weights=means, minlength=sh.n_groups)
     return {
         "group": live,

@@ -58,15 +58,22 @@ GRESO_STEP = 0.01
 GRESO_P_MIN, GRESO_P_MAX = 0.05, 0.95
 
 
-def learnability_scores(alpha: np.ndarray, beta: np.ndarray, ids: np.ndarray | None) -> np.ndarray:
-    """E[phi (1 - phi)] under Beta(alpha, beta): a b / ((a + b)(a + b + 1)) (float64, order of `ids`)."""
+def learnability_scores(
+    alpha: np.ndarray, beta: np.ndarray, ids: np.ndarray | None, out: np.ndarray | None = None
+) -> np.ndarray:
+    """E[phi (1 - phi)] under Beta(alpha, beta): a b / ((a + b)(a + b + 1)) (float64, order of `ids`;
+    written into `out` when given)."""
     alpha, beta = _beta_params(alpha, beta)
     if ids is not None:
         ids = _check_ids(ids, alpha.size)
         alpha, beta = alpha[ids], beta[ids]
     n = alpha + beta
     # As a product of two ratios <= 1: alpha * beta and n * (n + 1) overflow at reachable n ~ 1e300.
-    return (alpha / n) * (beta / (n + 1.0))
+    scores = (alpha / n) * (beta / (n + 1.0))
+    if out is None:
+        return scores
+    out[:] = scores
+    return out
 
 
 def learnability_for(ba, ids: np.ndarray | None) -> np.ndarray:
@@ -111,10 +118,11 @@ def close_shared(ba) -> None:
     counts[:] = 0.0
 
 
-def close_open_step(ba, *, hmm_decay: float, key: str, d0: float = 1.0) -> CloseStats:
+def close_open_step(ba, *, hmm_decay: float, key: str, d0: float | None = None) -> CloseStats:
     """Closes the open step of `ba` completely, in the order that matters: the walks' positions (they
     read the step states), the shared state (group decay, GRESO / AdaRFT / SEC adaptations), then DPS
-    (which resets the step states). `key` names the dataset's random streams (the walks')."""
+    (which resets the step states). `key` names the dataset's random streams (the walks'); `d0` as in
+    dps.close_step (default: the beliefs' own)."""
     advance_walks(ba, key)
     close_shared(ba)
     return close_step(ba, hmm_decay, d0)

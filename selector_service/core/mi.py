@@ -202,7 +202,7 @@ def _check_ids(ids: np.ndarray | None, n: int) -> np.ndarray:
     return ids
 
 
-def _run_scores(alpha, beta, ids, k, weighted, eta, mu) -> np.ndarray:
+def _run_scores(alpha, beta, ids, k, weighted, eta, mu, out=None) -> np.ndarray:
     use_all = ids is None
     ids = _check_ids(ids, alpha.size)
     m = alpha.size if use_all else ids.size
@@ -215,7 +215,10 @@ def _run_scores(alpha, beta, ids, k, weighted, eta, mu) -> np.ndarray:
                 "alpha and beta must be > 0 with a finite sum alpha + beta for every scored prompt"
             )
     up, down = _ratio_tables(k)
-    out = np.empty(m, dtype=np.float64)
+    if out is None:
+        out = np.empty(m, dtype=np.float64)
+    elif out.shape != (m,) or out.dtype != np.float64 or not out.flags.c_contiguous:
+        raise ValueError(f"out must be a contiguous float64 array of shape ({m},)")
     scale = 2.0 ** (k // 2)
     args = (alpha, beta, ids, use_all, k, weighted, float(eta), float(mu), up, down, scale, out)
     if m < PARALLEL_MIN:
@@ -240,12 +243,19 @@ def wmi_weight(mean: np.ndarray | float, eta: float, mu: float) -> np.ndarray | 
 
 
 def wmi_scores(
-    alpha: np.ndarray, beta: np.ndarray, ids: np.ndarray | None, k: int, eta: float, mu: float
+    alpha: np.ndarray,
+    beta: np.ndarray,
+    ids: np.ndarray | None,
+    k: int,
+    eta: float,
+    mu: float,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
-    """A = w(m) * I_K for the prompts `ids` (None: every prompt), float64 in the order of `ids`."""
+    """A = w(m) * I_K for the prompts `ids` (None: every prompt), float64 in the order of `ids`; written
+    into `out` if given (e.g. a dataset's whole-set score buffer)."""
     alpha, beta = _beta_params(alpha, beta)
     if not (math.isfinite(eta) and eta >= 0):
         raise ValueError(f"eta must be finite and >= 0, got {eta!r}")
     if not (math.isfinite(mu) and 0 <= mu <= 1):
         raise ValueError(f"mu must lie in [0, 1], got {mu!r}")
-    return _run_scores(alpha, beta, ids, _check_k(k), True, eta, mu)
+    return _run_scores(alpha, beta, ids, _check_k(k), True, eta, mu, out)

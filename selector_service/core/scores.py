@@ -23,7 +23,13 @@ from ._parallel import CHUNK, PARALLEL_LOCK, PARALLEL_MIN
 from .mi import _beta_params, _check_ids
 from .rng import Stream
 
-__all__ = ["dps_scores", "expected_difficulty_scores", "inverse_evidence_scores", "thompson_scores"]
+__all__ = [
+    "dps_score_of_row",
+    "dps_scores",
+    "expected_difficulty_scores",
+    "inverse_evidence_scores",
+    "thompson_scores",
+]
 
 
 def _check_target(target: float) -> float:
@@ -40,20 +46,51 @@ def _gather(alpha: np.ndarray, beta: np.ndarray, ids: np.ndarray | None) -> tupl
     return alpha[ids], beta[ids]
 
 
+@numba.njit(nogil=True, cache=True)
+def _beta_score_kernel(alpha, beta, ids, use_all, kind, target, out):
+    """kind 0: -(a / (a + b) - target)^2; kind 1: 1 / (a + b); into out (the order of ids)."""
+    for i in range(out.size):
+        q = i if use_all else ids[i]
+        a = alpha[q]
+        b = beta[q]
+        if kind == 0:
+            d = a / (a + b) - target
+            out[i] = -(d * d)
+        else:
+            out[i] = 1.0 / (a + b)
+
+
+def _beta_scores(alpha, beta, ids, kind: int, target: float, out: np.ndarray | None) -> np.ndarray:
+    alpha, beta = _beta_params(alpha, beta)
+    use_all = ids is None
+    ids = _check_ids(ids, alpha.size)
+    m = alpha.size if use_all else ids.size
+    if out is None:
+        out = np.empty(m, dtype=np.float64)
+    elif out.shape != (m,) or out.dtype != np.float64 or not out.flags.c_contiguous:
+        raise ValueError(f"out must be a contiguous float64 array of shape ({m},)")
+    _beta_score_kernel(alpha, beta, ids, use_all, kind, target, out)
+    return out
+
+
 def expected_difficulty_scores(
-    alpha: np.ndarray, beta: np.ndarray, ids: np.ndarray | None, target: float = 0.5
+    alpha: np.ndarray,
+    beta: np.ndarray,
+    ids: np.ndarray | None,
+    target: float = 0.5,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
-    """-(m - target)^2 with m the Beta mean (float64, in the order of `ids`)."""
-    target = _check_target(target)
-    a, b = _gather(alpha, beta, ids)
-    d = a / (a + b) - target
-    return -(d * d)
+    """-(m - target)^2 with m the Beta mean (float64, in the order of `ids`; written into `out` if
+    given, e.g. a dataset's whole-set score buffer)."""
+    return _beta_scores(alpha, beta, ids, 0, _check_target(target), out)
 
 
-def inverse_evidence_scores(alpha: np.ndarray, beta: np.ndarray, ids: np.ndarray | None) -> np.ndarray:
-    """1 / (alpha + beta): prompts with the least evidence first (float64, in the order of `ids`)."""
-    a, b = _gather(alpha, beta, ids)
-    return 1.0 / (a + b)
+def inverse_evidence_scores(
+    alpha: np.ndarray, beta: np.ndarray, ids: np.ndarray | None, out: np.ndarray | None = None
+) -> np.ndarray:
+    """1 / (alpha + beta): prompts with the least evidence first (float64, in the order of `ids`;
+    written into `out` if given)."""
+    return _beta_scores(alpha, beta, ids, 1, 0.0, out)
 
 
 def thompson_scores(
@@ -82,19 +119,24 @@ def thompson_scores(
     return -(d * d), draws
 
 
+@numba.njit(nogil=True, cache=True, inline="always")
+def dps_score_of_row(prior, q, weight):
+    """prior[q, 1] + weight * H(prior[q]) in float64 (the one definition of the DPS score)."""
+    s = np.float64(prior[q, 1])
+    if weight != 0.0:
+        h = 0.0
+        for j in range(3):
+            v = np.float64(prior[q, j])
+            if v > 0.0:
+                h -= v * math.log(v)
+        s += weight * h
+    return s
+
+
 @numba.njit(nogil=True, cache=True)
 def _dps_range(prior, ids, use_all, weight, out, lo, hi):
     for i in range(lo, hi):
-        q = i if use_all else ids[i]
-        s = np.float64(prior[q, 1])
-        if weight != 0.0:
-            h = 0.0
-            for j in range(3):
-                v = np.float64(prior[q, j])
-                if v > 0.0:
-                    h -= v * math.log(v)
-            s += weight * h
-        out[i] = s
+        out[i] = dps_score_of_row(prior, i if use_all else ids[i], weight)
 
 
 @numba.njit(nogil=True, cache=True)

@@ -9,6 +9,8 @@ purpose)` gives the same values in every process, replica and numpy version.
 - `uniform_batch` (METHODS 4): a seeded permutation per epoch, walked B at a time.
 - `history_batch` (METHODS 4, SRPO): the same walk skipping prompts whose latest result was solved.
 - `mopps_threshold_select` (METHODS 1.2, variant `threshold`).
+- `dps_select` (METHODS 2): DPS over the whole dataset from the observed set alone (beliefs.py), the
+  never-observed prompts drawn from their implicit block (O(prompts ever observed + B)).
 
 The tie rule (defined once, here; tests/naive.topk_random_ties is its literal twin): with b the k-th
 largest score, every score > b is taken; of the t positions whose score equals b (in ascending
@@ -20,22 +22,28 @@ So which tied positions get in is a uniformly random subset and their order a un
 
 from __future__ import annotations
 
+import math
 import threading
 from collections import OrderedDict
+from typing import NamedTuple
 
 import numba
 import numpy as np
 
 from .outcomes import SOLVED
-from .rng import Stream, stream
+from .rng import Stream, bounded, stream
+from .scores import dps_score_of_row, dps_scores
 
 __all__ = [
     "candidate_pool",
+    "choose_tied",
+    "dps_select",
     "epoch_permutation",
     "history_batch",
     "kth_largest",
     "mopps_threshold_select",
     "order_by_score",
+    "order_key",
     "topk_random_ties",
     "uniform_batch",
 ]
@@ -52,7 +60,9 @@ def candidate_pool(n: int, size: int, rng: Stream) -> np.ndarray:
 
 
 _SIGN = np.uint64(1 << 63)
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _DIGIT = np.uint64(0xFFFF)
+_TOP = np.uint64(48)
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
@@ -67,30 +77,220 @@ def _order_key(x, bits):
     return _SIGN if x == 0.0 else key
 
 
-@numba.njit(nogil=True, cache=True)
-def _kth_largest_key(scores, bits, k):
-    """Order-preserving uint64 key of the k-th largest of `scores` (1 <= k <= n, no NaN).
+# Pass 1 over the scores: histogram of the keys' top 16 bits and counts (NaN scores, keys > ref_key,
+# keys == ref_key). Pass 2: positions whose top digit is above `digit` (ascending), and the keys and
+# positions of those whose top digit equals it (ascending). Each comes for two sources, a float64 array
+# or DPS prior rows scored on the fly; the loops keep their counters in locals and test the data without
+# unpredictable branches (an if/elif on the top digit, or counting with branches near ref_key, measured
+# 5-20x slower on 10^7 scores).
 
-    Radix select on 16-bit digits, most significant first: a histogram of the candidates' current
-    digit finds the digit of the k-th largest, the candidates are narrowed to it, and the search stops
-    as soon as all candidates are equal. At most four passes over shrinking candidate sets and no
-    pivots, so it is O(n) whatever the input; a block of equal scores (DPS: most prompts at exactly
-    1/3) costs two passes over the scores. `bits` is `scores` viewed as uint64. The key of x is
-    bits | sign for x >= 0 and ~bits for x < 0, so keys sort like the values.
-    """
-    n = scores.size
+
+@numba.njit(nogil=True, cache=True)
+def _histogram_array(scores, bits, ref_key, hist):
+    nan = 0
+    gt = 0
+    eq = 0
+    for q in range(scores.size):
+        s = scores[q]
+        if s != s:
+            nan += 1
+            continue
+        key = _order_key(s, bits[q])
+        hist[key >> _TOP] += 1
+        gt += np.int64(key > ref_key)
+        eq += np.int64(key == ref_key)
+    return nan, gt, eq
+
+
+@numba.njit(nogil=True, cache=True)
+def _histogram_prior(prior, weight, ref_key, hist):
+    buf = np.empty(1, dtype=np.float64)
+    ubuf = buf.view(np.uint64)
+    nan = 0
+    gt = 0
+    eq = 0
+    for q in range(prior.shape[0]):
+        s = dps_score_of_row(prior, q, weight)
+        if s != s:
+            nan += 1
+            continue
+        buf[0] = s
+        key = _order_key(s, ubuf[0])
+        hist[key >> _TOP] += 1
+        gt += np.int64(key > ref_key)
+        eq += np.int64(key == ref_key)
+    return nan, gt, eq
+
+
+@numba.njit(nogil=True, cache=True)
+def _collect_array(scores, bits, digit, above, cand_keys, cand_pos):
+    wanted = np.uint64(digit)
+    na = 0
+    nc = 0
+    for q in range(scores.size):
+        key = _order_key(scores[q], bits[q])
+        top = key >> _TOP
+        if top >= wanted:
+            if top > wanted:
+                above[na] = q
+                na += 1
+            else:
+                cand_keys[nc] = key
+                cand_pos[nc] = q
+                nc += 1
+    return na, nc
+
+
+@numba.njit(nogil=True, cache=True)
+def _collect_prior(prior, weight, digit, above, cand_keys, cand_pos):
+    buf = np.empty(1, dtype=np.float64)
+    ubuf = buf.view(np.uint64)
+    wanted = np.uint64(digit)
+    na = 0
+    nc = 0
+    for q in range(prior.shape[0]):
+        s = dps_score_of_row(prior, q, weight)
+        buf[0] = s
+        key = _order_key(s, ubuf[0])
+        top = key >> _TOP
+        if top >= wanted:
+            if top > wanted:
+                above[na] = q
+                na += 1
+            else:
+                cand_keys[nc] = key
+                cand_pos[nc] = q
+                nc += 1
+    return na, nc
+
+
+@numba.njit(nogil=True, cache=True)
+def _scan_array(scores, bits, thr, ref, keys_out, pos_out):
+    """One pass: counts (NaN, scores > ref, scores == ref) and the keys and positions (ascending) of
+    every score >= thr; returns (kept, nan, gt, eq), or (size + 1, partial counts) as soon as more than
+    keys_out.size would have to be kept. Compares values, not keys (the same order: keys sort like the
+    values, -0.0 like +0.0), and forms a key only for a kept score."""
+    cap = keys_out.size
+    n = 0
+    nan = 0
+    gt = 0
+    eq = 0
+    for q in range(scores.size):
+        s = scores[q]
+        if s != s:
+            nan += 1
+            continue
+        gt += np.int64(s > ref)
+        eq += np.int64(s == ref)
+        if s >= thr:
+            if n == cap:  # the sample misled: give up at once, the exact passes decide
+                return n + 1, nan, gt, eq
+            keys_out[n] = _order_key(s, bits[q])
+            pos_out[n] = q
+            n += 1
+    return n, nan, gt, eq
+
+
+@numba.njit(nogil=True, cache=True)
+def _scan_prior(prior, weight, thr, ref, keys_out, pos_out):
+    """_scan_array for DPS prior rows scored on the fly (no key and no score array for the rows below
+    the threshold: a float32 load and three comparisons when weight is 0)."""
+    buf = np.empty(1, dtype=np.float64)
+    ubuf = buf.view(np.uint64)
+    cap = keys_out.size
+    n = 0
+    nan = 0
+    gt = 0
+    eq = 0
+    for q in range(prior.shape[0]):
+        s = dps_score_of_row(prior, q, weight)
+        if s != s:
+            nan += 1
+            continue
+        gt += np.int64(s > ref)
+        eq += np.int64(s == ref)
+        if s >= thr:
+            if n == cap:
+                return n + 1, nan, gt, eq
+            buf[0] = s
+            keys_out[n] = _order_key(s, ubuf[0])
+            pos_out[n] = q
+            n += 1
+    return n, nan, gt, eq
+
+
+@numba.njit(nogil=True, cache=True)
+def _sample_keys(scores, bits, prior, weight, use_prior, m, out):
+    """Keys of out.size rows spread evenly over 0..m-1 (row (i * m) // size), NaN keyed as 0."""
+    buf = np.empty(1, dtype=np.float64)
+    ubuf = buf.view(np.uint64)
+    count = out.size
+    for i in range(count):
+        q = (i * m) // count
+        if use_prior:
+            s = dps_score_of_row(prior, q, weight)
+            buf[0] = s
+            b = ubuf[0]
+        else:
+            s = scores[q]
+            b = bits[q]
+        out[i] = np.uint64(0) if s != s else _order_key(s, b)
+
+
+@numba.njit(nogil=True, cache=True)
+def _kth_key_any(keys, r):
+    """Key of the r-th largest of `keys` (1 <= r <= size), any top digits: a histogram of the top 16
+    bits picks the digit, then _kth_key_among narrows within it."""
     hist = np.zeros(65536, dtype=np.int64)
-    for i in range(n):
-        hist[_order_key(scores[i], bits[i]) >> np.uint64(48)] += 1
-    cand = np.empty(0, dtype=np.uint64)
-    count = n
-    remaining = k
-    for level in range(4):
+    for i in range(keys.size):
+        hist[keys[i] >> _TOP] += 1
+    above = 0
+    digit = 65535
+    while above + hist[digit] < r:
+        above += hist[digit]
+        digit -= 1
+    wanted = np.uint64(digit)
+    sub = np.empty(hist[digit], dtype=np.uint64)
+    kept = 0
+    for i in range(keys.size):
+        if (keys[i] >> _TOP) == wanted:
+            sub[kept] = keys[i]
+            kept += 1
+    return _kth_key_among(sub, r - above)
+
+
+@numba.njit(nogil=True, cache=True)
+def _kth_key_among(cand, r):
+    """Key of the r-th largest of `cand` (uint64 keys sharing their top 16 bits; 1 <= r <= size).
+
+    Radix select on the remaining 16-bit digits, most significant first: a histogram of the current
+    digit finds the digit of the r-th largest, the candidates are narrowed to it, and the search stops
+    as soon as all are equal. No pivots, so O(size) whatever the input (numpy's introselect slows down
+    10-30x on some arrangements of a large block of equal values).
+    """
+    low = cand[0]
+    high = cand[0]
+    for i in range(1, cand.size):
+        low = min(low, cand[i])
+        high = max(high, cand[i])
+    if low == high:  # one block of equal values (a tie at the top, as in a cold start): done
+        return low
+    work = cand.copy()
+    count = work.size
+    remaining = r
+    hist = np.zeros(65536, dtype=np.int64)
+    for level in range(1, 4):
+        low = work[0]
+        high = work[0]
+        for i in range(1, count):
+            low = min(low, work[i])
+            high = max(high, work[i])
+        if low == high:
+            break
         shift = np.uint64(48 - 16 * level)
-        if level > 0:
-            hist[:] = 0
-            for i in range(count):
-                hist[(cand[i] >> shift) & _DIGIT] += 1
+        hist[:] = 0
+        for i in range(count):
+            hist[(work[i] >> shift) & _DIGIT] += 1
         above = 0
         digit = 65535
         while above + hist[digit] < remaining:
@@ -98,30 +298,152 @@ def _kth_largest_key(scores, bits, k):
             digit -= 1
         remaining -= above
         wanted = np.uint64(digit)  # compare uint64 with uint64 (numba would mix uint64/int64 via float64)
-        # narrow the candidates to those with this digit (level 0 reads the scores themselves)
         kept = 0
-        if level == 0:
-            cand = np.empty(hist[digit], dtype=np.uint64)
-            for i in range(n):
-                c = _order_key(scores[i], bits[i])
-                if (c >> shift) == wanted:
-                    cand[kept] = c
-                    kept += 1
-        else:
-            for i in range(count):
-                c = cand[i]
-                if ((c >> shift) & _DIGIT) == wanted:
-                    cand[kept] = c
-                    kept += 1
+        for i in range(count):
+            c = work[i]
+            if ((c >> shift) & _DIGIT) == wanted:
+                work[kept] = c
+                kept += 1
         count = kept
-        low = cand[0]
-        high = cand[0]
-        for i in range(1, count):
-            low = min(low, cand[i])
-            high = max(high, cand[i])
-        if low == high:
-            break
-    return cand[0]
+    return work[0]
+
+
+#: Rows sampled to place the scan's threshold, and how many sampled keys above it are asked for per
+#: sampled rank of the k-th largest (x2) plus a margin: the scan keeps about 2k + 16 m / SAMPLE rows.
+_SAMPLE = 4096
+_SAMPLE_MARGIN = 16
+
+
+class _Scan(NamedTuple):
+    nan: int
+    gt: int  # keys > the reference key
+    eq: int  # keys == the reference key
+    thr_key: int  # every key >= thr_key was kept ...
+    keys: np.ndarray  # ... here (uint64), with its position (ascending) ...
+    pos: np.ndarray
+    complete: bool  # ... unless there were more than the buffer held; then:
+    hist: np.ndarray | None  # the exact histogram (and nan, gt, eq come from it)
+
+
+class _Source:
+    """The first m scores of one of two sources, as the passes read them: a float64 array, or DPS prior
+    rows (float32[m, 3]) scored on the fly as prior(2) + weight * entropy (no score array is written).
+
+    The usual path reads the scores once: `scan` samples 4096 evenly spread rows to place a threshold a
+    little below the k-th largest, then one pass keeps every row at or above it (about 2k + 16 m / 4096
+    rows) and counts rows against a reference key; `top` and `at` finish among the kept rows. When the
+    kept rows would not fit (the scan then stops at once) or do not suffice (the threshold landed too
+    high), two exact passes decide (`histogram`, then `split` / `split_at`). Either way the result is the
+    same.
+    """
+
+    def __init__(self, m: int, scores: np.ndarray | None = None, prior=None, weight: float = 0.0) -> None:
+        self.m = m
+        self.prior = None if prior is None else prior[:m]
+        self.scores = None if scores is None else scores[:m]
+        self.weight = float(weight)
+
+    def _bits(self):
+        return self.scores.view(np.uint64) if self.scores is not None else np.empty(0, dtype=np.uint64)
+
+    def scan(self, k: int, ref_key: int = 0) -> _Scan:
+        """One pass keeping the rows at or above a sampled threshold for rank k; see the class."""
+        m = self.m
+        if m <= 4 * _SAMPLE:
+            thr, cap = 0, m
+        else:
+            sample = np.empty(_SAMPLE, dtype=np.uint64)
+            scores = self.scores if self.scores is not None else np.empty(0, dtype=np.float64)
+            prior = self.prior if self.prior is not None else np.empty((0, 3), dtype=np.float32)
+            _sample_keys(scores, self._bits(), prior, self.weight, self.prior is not None, m, sample)
+            rank = min(_SAMPLE, -(-2 * k * _SAMPLE // m) + _SAMPLE_MARGIN)
+            ordered = np.sort(sample)
+            thr = int(ordered[_SAMPLE - rank]) if rank < _SAMPLE else 0
+            # A value that many sampled rows share is a big block of ties: start just above it (if the
+            # rows above do not reach rank k, the block holds the boundary, and the exact passes must
+            # list it anyway).
+            if rank < _SAMPLE and np.count_nonzero(ordered == ordered[_SAMPLE - rank]) > rank:
+                larger = ordered[ordered > ordered[_SAMPLE - rank]]
+                if larger.size:
+                    thr = int(larger[0])
+            cap = min(m, 2 * (rank * m // _SAMPLE) + 4096)
+        keys = np.empty(cap, dtype=np.uint64)
+        pos = np.empty(cap, dtype=np.int64)
+        thr_value = _key_to_value(thr) if thr else -math.inf  # key 0: keep everything
+        ref_value = _key_to_value(ref_key) if ref_key else -math.inf
+        if self.prior is not None:
+            n, nan, gt, eq = _scan_prior(self.prior, self.weight, thr_value, ref_value, keys, pos)
+        else:
+            n, nan, gt, eq = _scan_array(self.scores, self._bits(), thr_value, ref_value, keys, pos)
+        if n <= cap:
+            return _Scan(int(nan), int(gt), int(eq), thr, keys[:n], pos[:n], True, None)
+        hist, nan, gt, eq = self.histogram(ref_key)
+        return _Scan(nan, gt, eq, thr, keys[:0], pos[:0], False, hist)
+
+    def top(self, scan: _Scan, k: int) -> tuple[np.ndarray, np.ndarray, int]:
+        """Positions above the k-th largest score, positions equal to it (ascending), and its key."""
+        if scan.complete and scan.keys.size >= k:
+            key = int(_kth_key_any(scan.keys, k))
+            ukey = np.uint64(key)
+            return scan.pos[scan.keys > ukey], scan.pos[scan.keys == ukey], key
+        return self.split(scan.hist if scan.hist is not None else self.histogram()[0], k)
+
+    def at(self, scan: _Scan, key: int) -> tuple[np.ndarray, np.ndarray]:
+        """Positions whose key is above `key`, and those equal to it (ascending)."""
+        if scan.complete and scan.thr_key <= key:
+            ukey = np.uint64(key)
+            return scan.pos[scan.keys > ukey], scan.pos[scan.keys == ukey]
+        return self.split_at(scan.hist if scan.hist is not None else self.histogram()[0], key)
+
+    def histogram(self, ref_key: int = 0) -> tuple[np.ndarray, int, int, int]:
+        """(histogram of top digits, NaN count, count of keys > ref_key, count == ref_key)."""
+        hist = np.zeros(65536, dtype=np.int64)
+        if self.prior is not None:
+            nan, gt, eq = _histogram_prior(self.prior, self.weight, np.uint64(ref_key), hist)
+        else:
+            nan, gt, eq = _histogram_array(self.scores, self.scores.view(np.uint64), np.uint64(ref_key), hist)
+        return hist, int(nan), int(gt), int(eq)
+
+    def split(self, hist: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, int]:
+        """Positions above the k-th largest score, positions equal to it (both ascending), and its key
+        (1 <= k <= m, no NaN)."""
+        cum = np.cumsum(hist[::-1])
+        digit = 65535 - int(np.searchsorted(cum, k))  # the top digit of the k-th largest
+        ahead = int(cum[65535 - digit - 1]) if digit < 65535 else 0
+        above, cand_keys, cand_pos = self._collect(hist, digit)
+        key = int(_kth_key_among(cand_keys, k - ahead))
+        return self._finish(above, cand_keys, cand_pos, key)
+
+    def split_at(self, hist: np.ndarray, key: int) -> tuple[np.ndarray, np.ndarray]:
+        """Positions whose key is above `key`, and those equal to it (both ascending)."""
+        above, cand_keys, cand_pos = self._collect(hist, key >> 48)
+        return self._finish(above, cand_keys, cand_pos, key)[:2]
+
+    def _collect(self, hist, digit):
+        above = np.empty(int(hist[digit + 1 :].sum()), dtype=np.int64)
+        cand_keys = np.empty(int(hist[digit]), dtype=np.uint64)
+        cand_pos = np.empty(int(hist[digit]), dtype=np.int64)
+        if self.prior is not None:
+            _collect_prior(self.prior, self.weight, digit, above, cand_keys, cand_pos)
+        else:
+            _collect_array(self.scores, self.scores.view(np.uint64), digit, above, cand_keys, cand_pos)
+        return above, cand_keys, cand_pos
+
+    @staticmethod
+    def _finish(above, cand_keys, cand_pos, key):
+        ukey = np.uint64(key)
+        if cand_keys.size and cand_keys.min() == ukey == cand_keys.max():
+            return np.sort(above), cand_pos, key  # all candidates tie (no filtering copies)
+        above = np.concatenate([above, cand_pos[cand_keys > ukey]])
+        return np.sort(above), cand_pos[cand_keys == ukey], key
+
+
+def order_key(x: float) -> int:
+    """The uint64 key (as int) that sorts like the float x (-0.0 keyed as +0.0)."""
+    bits = int(np.array([x], dtype=np.float64).view(np.uint64)[0])
+    if x == 0.0:
+        return 1 << 63
+    return bits ^ ((1 << 64) - 1) if bits >> 63 else bits | (1 << 63)
 
 
 def _key_to_value(key) -> float:
@@ -133,22 +455,37 @@ def _key_to_value(key) -> float:
 def kth_largest(scores: np.ndarray, k: int) -> float:
     """The k-th largest value of a float64 array without NaN (1 <= k <= n), in O(n) for any input."""
     scores = np.ascontiguousarray(scores, dtype=np.float64)
-    return _key_to_value(_kth_largest_key(scores, scores.view(np.uint64), int(k)))
+    source = _Source(scores.size, scores=scores)
+    hist, nan, _, _ = source.histogram()
+    if nan:
+        raise ValueError("scores contain NaN")
+    if not 1 <= k <= scores.size:
+        raise ValueError(f"k must lie in [1, {scores.size}], got {k}")
+    return _key_to_value(source.split(hist, int(k))[2])
 
 
-def order_by_score(scores: np.ndarray, positions: np.ndarray, keys: np.ndarray) -> np.ndarray:
-    """`positions` sorted by descending scores[positions], equal scores by ascending `keys` (uint64),
-    then by position: a total order, so any correct sort gives the same result."""
-    return positions[np.lexsort((positions, keys, -scores[positions]))]
+def order_by_score(scores: np.ndarray, ids: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """Indices that sort by descending `scores`, equal scores by ascending `keys` (uint64), then by
+    ascending `ids`: a total order, so any correct sort gives the same result."""
+    return np.lexsort((ids, keys, -scores))
+
+
+def choose_tied(tied: np.ndarray, need: int, rng: Stream) -> np.ndarray:
+    """The tie rule's subset: `need` of the tied ids (listed in ascending order), the ones at
+    rng.child(0).sample(len, need); all of them when need == len."""
+    if need >= tied.size:
+        return tied
+    return tied[rng.child(0).sample(tied.size, need)]
 
 
 def topk_random_ties(scores: np.ndarray, k: int, rng: Stream) -> np.ndarray:
     """Positions (int64) of the k largest `scores`, ordered by score descending; the tie rule of the
     module docstring (uniformly random among equal scores, at the boundary and inside the result).
 
-    O(n) for any input: a radix select for the k-th largest value (numpy's introselect slows down
-    10-30x on some arrangements of a large block of equal scores), one pass each for the positions
-    above it and tied with it; only the (at most k) chosen ones are sorted. NaN scores are rejected.
+    Usually one pass over the scores (see _Source: a sampled threshold, then the rows above it), two
+    exact ones where the sample misleads, whatever the arrangement of the scores: no pivots, so a large
+    block of equal scores costs no more than random ones (numpy's introselect slows down 10-30x on some
+    such arrangements); only the (at most k) chosen positions are sorted. NaN scores are rejected.
     """
     scores = np.ascontiguousarray(scores, dtype=np.float64)
     if scores.ndim != 1:
@@ -158,19 +495,136 @@ def topk_random_ties(scores: np.ndarray, k: int, rng: Stream) -> np.ndarray:
         raise ValueError(f"k must lie in [0, {n}] (the number of scores), got {k}")
     if k == 0:
         return np.empty(0, dtype=np.int64)
-    if np.isnan(scores).any():
+    source = _Source(n, scores=scores)
+    scan = source.scan(k)
+    if scan.nan:
         raise ValueError("scores contain NaN; every candidate needs a comparable score")
     if k == n:
         chosen = np.arange(n, dtype=np.int64)
     else:
-        boundary = kth_largest(scores, k)
-        above = np.flatnonzero(scores > boundary)
-        tied = np.flatnonzero(scores == boundary)
-        need = k - above.size
-        if need < tied.size:
-            tied = tied[rng.child(0).sample(tied.size, need)]
-        chosen = np.concatenate([above, tied])
-    return order_by_score(scores, chosen, rng.child(1).bits_at(chosen))
+        above, tied, _ = source.top(scan, k)
+        chosen = np.concatenate([above, choose_tied(tied, k - above.size, rng)])
+    order = order_by_score(scores[chosen], chosen, rng.child(1).bits_at(chosen))
+    return chosen[order]
+
+
+@numba.njit(nogil=True, cache=True)
+def _draw_unobserved(s, slot_of, count, out):
+    """`count` distinct never-observed prompt ids (slot_of[p] < 0), uniformly at random: the i-th draw
+    of stream s is bounded(s, i, N); a draw is kept when never observed and not yet kept."""
+    n = slot_of.size
+    cap = 16
+    log2 = 4
+    while cap < 2 * count:
+        cap *= 2
+        log2 += 1
+    shift = np.uint64(64 - log2)
+    mask = cap - 1
+    table = np.full(cap, -1, dtype=np.int64)
+    kept = 0
+    i = 0
+    while kept < count:
+        p = bounded(s, np.uint64(i), n)
+        i += 1
+        if slot_of[p] >= 0:
+            continue
+        slot = np.int64((np.uint64(p) * _GOLDEN) >> shift)
+        while table[slot] != -1 and table[slot] != p:
+            slot = (slot + 1) & mask
+        if table[slot] == p:
+            continue
+        table[slot] = p
+        out[kept] = p
+        kept += 1
+
+
+#: Draw from the never-observed block by rejection while it holds at least this share of the dataset;
+#: below it, list the block with one pass over the slot map.
+_REJECTION_MIN_SHARE = 1.0 / 64.0
+
+
+def _unobserved(ba, count: int, rng: Stream) -> np.ndarray:
+    """`count` distinct never-observed ids, uniformly at random (rng.child(2); see dps_select)."""
+    out = np.empty(count, dtype=np.int64)
+    if count == 0:
+        return out
+    block = ba.n - ba.observed
+    if block >= _REJECTION_MIN_SHARE * ba.n:
+        _draw_unobserved(np.uint64(rng.child(2).id), ba.hmm_slot, count, out)
+        return out
+    listed = np.flatnonzero(ba.hmm_slot < 0)
+    return listed[rng.child(2).sample(listed.size, count)]
+
+
+def dps_select(ba, k: int, entropy_weight: float, rng: Stream) -> tuple[np.ndarray, np.ndarray]:
+    """METHODS 2 over the whole dataset in O(prompts ever observed + k): the k prompts with the largest
+    prior(2) + entropy_weight * H(prior), best first, and their scores (float64). `ba` is a
+    BeliefArrays, `rng` the select's "ties" stream.
+
+    Every never-observed prompt has the same score s0 (its prior is exactly uniform), so the dataset is
+    the observed set (ranked by one pass over its prior rows, no score array; _Source) plus a block of
+    N - M copies of s0. With gt / eq the observed prompts scoring above / exactly at s0:
+
+    - gt >= k: the block is not reached; the top k of the observed set, the tie rule of the module
+      docstring over its tied prompts in ascending id order.
+    - gt + eq + (N - M) < k: the whole block is in; the observed set gives its top k - (N - M).
+    - otherwise the boundary is s0: the gt prompts above it are in, and need = k - gt are drawn from the
+      tied set, the eq observed ones (ascending id) followed by the block: positions
+      rng.child(0).sample(eq + N - M, need); those < eq name observed prompts, and c = the number of
+      the others are c never-observed ids drawn uniformly without replacement (rng.child(2): by
+      rejection over 0..N-1 while the block holds >= 1/64 of the dataset, else from the listed block).
+
+    The result is ordered as everywhere: descending score, equal scores by rng.child(1).bits_at(id).
+    In the first two cases the batch equals the dense rule's (topk_random_ties over all N scores, where
+    positions are ids) bit for bit; in the third the subset of the tied set is uniformly random as
+    there, but drawn differently, so the batch differs while its distribution is the same.
+    """
+    n, m = ba.n, ba.observed
+    block = n - m
+    if not 1 <= k <= n:
+        raise ValueError(f"k must lie in [1, {n}] (the number of prompts), got {k}")
+    uniform_row = np.full((1, 3), np.float32(1.0 / 3.0), dtype=np.float32)
+    s0 = float(dps_scores(uniform_row, None, entropy_weight)[0])
+    key0 = order_key(s0)
+    prior = ba.obs_prior[:m]
+    source = _Source(m, prior=prior, weight=entropy_weight)
+    scan = source.scan(k, key0)
+    gt, eq = scan.gt, scan.eq
+    if scan.nan:
+        raise ValueError("DPS scores contain NaN; the beliefs are corrupt")
+    if block == 0 or gt >= k:
+        if k == m:
+            slots = np.arange(m, dtype=np.int64)
+        else:
+            above, tied, _ = source.top(scan, k)
+            tied_ids = np.sort(ba.obs_ids[tied].astype(np.int64))
+            chosen_tied = choose_tied(tied_ids, k - above.size, rng)
+            slots = np.concatenate([above, ba.hmm_slot[chosen_tied].astype(np.int64)])
+        ids = ba.obs_ids[slots].astype(np.int64)
+        scores = dps_scores(prior, slots, entropy_weight)
+    elif gt + eq + block < k:
+        rest = k - block
+        if rest == m:
+            slots = np.arange(m, dtype=np.int64)
+        else:
+            above, tied, _ = source.top(scan, rest)
+            tied_ids = np.sort(ba.obs_ids[tied].astype(np.int64))
+            chosen_tied = choose_tied(tied_ids, rest - above.size, rng)
+            slots = np.concatenate([above, ba.hmm_slot[chosen_tied].astype(np.int64)])
+        never = np.flatnonzero(ba.hmm_slot < 0)
+        ids = np.concatenate([ba.obs_ids[slots].astype(np.int64), never])
+        scores = np.concatenate([dps_scores(prior, slots, entropy_weight), np.full(block, s0)])
+    else:
+        above, tied = source.at(scan, key0)
+        tied_ids = np.sort(ba.obs_ids[tied].astype(np.int64))
+        picks = rng.child(0).sample(tied_ids.size + block, k - above.size)
+        from_observed = tied_ids[picks[picks < tied_ids.size]]
+        from_block = _unobserved(ba, int(np.count_nonzero(picks >= tied_ids.size)), rng)
+        slots = np.concatenate([above, ba.hmm_slot[from_observed].astype(np.int64)])
+        ids = np.concatenate([ba.obs_ids[slots].astype(np.int64), from_block])
+        scores = np.concatenate([dps_scores(prior, slots, entropy_weight), np.full(from_block.size, s0)])
+    order = order_by_score(scores, ids, rng.child(1).bits_at(ids))
+    return ids[order], scores[order]
 
 
 class _PermutationCache:

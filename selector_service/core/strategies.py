@@ -43,12 +43,12 @@ from typing import Any
 import numpy as np
 
 from .coldstart import beta_for, beta_scores
-from .curricula import adarft_scores, learnability_for
+from .curricula import adarft_scores, learnability_scores
 from .domain import ENTROPY_WEIGHT_MAX, K_MAX
 from .mi import wmi_scores
 from .rng import stream
 from .scores import dps_scores, expected_difficulty_scores, inverse_evidence_scores, thompson_scores
-from .select import candidate_pool, history_batch, topk_random_ties, uniform_batch
+from .select import candidate_pool, dps_select, history_batch, topk_random_ties, uniform_batch
 from .walks import WalkError, greso_batch, sec_batch
 
 __all__ = [
@@ -291,20 +291,56 @@ def _insight_k(params: dict[str, Any], dataset_k: int) -> int:
     return _k(k)
 
 
-def _deterministic_scores(ba, strategy: str, params: dict[str, Any], ids, dataset_k: int) -> np.ndarray:
+def _dps_scores(ba, ids: np.ndarray | None, weight: float) -> np.ndarray:
+    """DPS scores of `ids` (None: every prompt; never-observed ones score their uniform prior)."""
+    if ids is not None:
+        ids = _check_prompt_ids(ids, ba.n)
+        return dps_scores(ba.hmm_prior_of(ids), None, weight)
+    uniform = np.full((1, 3), np.float32(1.0 / 3.0), dtype=np.float32)
+    out = np.full(ba.n, dps_scores(uniform, None, weight)[0])
+    m = ba.observed
+    out[ba.obs_ids[:m]] = dps_scores(ba.obs_prior[:m], None, weight)
+    return out
+
+
+def _check_prompt_ids(ids, n: int) -> np.ndarray:
+    ids = np.asarray(ids)
+    if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer):
+        raise ValueError(f"ids must be a 1-d integer array, got dtype {ids.dtype} and shape {ids.shape}")
+    ids = ids.astype(np.int64, copy=False)
+    if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= n):
+        raise ValueError(f"ids must lie in [0, {n}); got values in [{int(ids.min())}, {int(ids.max())}]")
+    return ids
+
+
+def _into(out: np.ndarray | None, scores: np.ndarray) -> np.ndarray:
+    if out is None:
+        return scores
+    out[:] = scores
+    return out
+
+
+def _deterministic_scores(
+    ba, strategy: str, params: dict[str, Any], ids, dataset_k: int, out: np.ndarray | None = None
+) -> np.ndarray:
+    """Every Beta-family score reads cold priors (coldstart.beta_scores: the stored arrays as they are
+    when the dataset has no metadata)."""
     if strategy == "dps":
-        return dps_scores(ba.hmm_prior, ids, params["entropy_weight"])
+        return _into(out, _dps_scores(ba, ids, params["entropy_weight"]))
     if strategy == "adarft":
-        return adarft_scores(ba, ids)
+        return _into(out, adarft_scores(ba, ids))
     if strategy == "learnability":
-        return learnability_for(ba, ids)
+        return beta_scores(ba, ids, lambda a, b, sub, o: learnability_scores(a, b, sub, out=o), out)
     if strategy == "insight":
-        k = _insight_k(params, dataset_k)
-        return beta_scores(ba, ids, lambda a, b, sub: wmi_scores(a, b, sub, k, params["eta"], params["mu"]))
+        k, eta, mu = _insight_k(params, dataset_k), params["eta"], params["mu"]
+        return beta_scores(ba, ids, lambda a, b, sub, o: wmi_scores(a, b, sub, k, eta, mu, out=o), out)
     if strategy == "expected_difficulty":
-        return beta_scores(ba, ids, lambda a, b, sub: expected_difficulty_scores(a, b, sub, params["target"]))
+        target = params["target"]
+        return beta_scores(
+            ba, ids, lambda a, b, sub, o: expected_difficulty_scores(a, b, sub, target, out=o), out
+        )
     if strategy == "inverse_evidence":
-        return beta_scores(ba, ids, inverse_evidence_scores)
+        return beta_scores(ba, ids, lambda a, b, sub, o: inverse_evidence_scores(a, b, sub, out=o), out)
     raise AssertionError(f"no deterministic score for {strategy!r}")
 
 
@@ -351,9 +387,15 @@ def select(
     ratio = params.get("candidate_ratio")  # adarft ranks the whole dataset
     pool_size = n if ratio is None else min(ratio * batch_size, n)
     whole = pool_size == n
-    # The whole dataset needs no id array (candidate_pool would give 0..n-1): positions are the ids.
-    candidates = None if whole else candidate_pool(n, pool_size, stream(key, step, seed, "candidates"))
     ties = stream(key, step, seed, "ties")
+    if strategy == "dps" and whole:  # O(prompts ever observed): select.dps_select
+        return dps_select(ba, batch_size, params["entropy_weight"], ties)
+    # The whole dataset: positions are prompt ids (no id array of N is built); a pool: its ids.
+    candidates = None if whole else candidate_pool(n, pool_size, stream(key, step, seed, "candidates"))
+
+    def ids_at(pos: np.ndarray) -> np.ndarray:
+        return pos if candidates is None else candidates[pos]
+
     if strategy == "mopps":
         rng = stream(key, step, seed, "thompson")
         scores, draws = _thompson(ba, candidates, params["target"], rng)
@@ -362,7 +404,7 @@ def select(
             pos = topk_random_ties(-distance, batch_size, ties)
         else:
             pos = topk_random_ties(scores, batch_size, ties)
-        return (pos if whole else candidates[pos]), scores[pos]
+        return ids_at(pos), scores[pos]
 
     if full_scores is not None and spec.deterministic:
         full_scores = np.asarray(full_scores, dtype=np.float64)
@@ -372,7 +414,7 @@ def select(
     else:
         scores = _deterministic_scores(ba, strategy, params, candidates, dataset_k)
     pos = topk_random_ties(scores, batch_size, ties)
-    return (pos if whole else candidates[pos]), scores[pos]
+    return ids_at(pos), scores[pos]
 
 
 def score(
@@ -385,16 +427,18 @@ def score(
     seed: int,
     key: str,
     dataset_k: int,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
-    """Scores (float64, in the order of `ids`; None = every prompt) that `select` ranks by.
-    Raises ParamError for the unscored strategies (uniform, history_resampling)."""
+    """Scores (float64, in the order of `ids`; None = every prompt) that `select` ranks by, written into
+    `out` when given (a reused buffer, for the deterministic strategies). Raises ParamError for the
+    unscored strategies (uniform, history_resampling)."""
     spec = _spec(strategy)
     params = validate_params(strategy, params)
     if not spec.scored:
         raise ParamError(f"strategy {strategy!r} walks a permutation and has no per-prompt scores")
     if strategy == "mopps":
         return _thompson(ba, ids, params["target"], stream(key, step, seed, "thompson"))[0]
-    return _deterministic_scores(ba, strategy, params, ids, dataset_k)
+    return _deterministic_scores(ba, strategy, params, ids, dataset_k, out)
 
 
 def _thompson(ba, ids: np.ndarray | None, target: float, rng) -> tuple[np.ndarray, np.ndarray]:

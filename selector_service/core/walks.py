@@ -120,12 +120,14 @@ def greso_batch(ba, batch: int, key: str) -> np.ndarray:
     return out
 
 
-def _greso_advance(ba, key: str, observed: np.ndarray) -> None:
+def _greso_advance(ba, key: str) -> None:
     """Moves greso_pos past what the walk consumed at this step (module docstring)."""
     n = ba.n
     sh = ba.shared
     for start, ids, u in _greso_chunks(n, key, sh.greso_pos, 2 * n):
-        consumed = observed[ids] | (u >= greso_keep_probability(ba.streak[ids], sh.p_easy, sh.p_hard))
+        consumed = ba.observed_at_step(ids) | (
+            u >= greso_keep_probability(ba.streak[ids], sh.p_easy, sh.p_hard)
+        )
         stop = np.flatnonzero(~consumed)
         if stop.size:
             sh.greso_pos = start + int(stop[0])
@@ -286,7 +288,7 @@ def _rank_within(draws: np.ndarray) -> np.ndarray:
     return rank
 
 
-def _sec_advance(ba, key: str, observed: np.ndarray) -> None:
+def _sec_advance(ba, key: str) -> None:
     """Moves each category's position past its members observed at this step, in walk order."""
     sh = ba.shared
     active = np.flatnonzero(sh.step_adv_n > 0)  # categories with a result at this step
@@ -307,16 +309,15 @@ def _sec_advance(ba, key: str, observed: np.ndarray) -> None:
         results = int(sh.step_adv_n[g])
         limit = results + 1 if results + 1 <= left else None
         window, _ = _category_window(group_members, int(g), pos, key, limit)
-        stop = np.flatnonzero(~observed[window])
+        stop = np.flatnonzero(~ba.observed_at_step(window))
         sh.sec_pos[g] += int(stop[0]) if stop.size else window.size
 
 
 def advance_walks(ba, key: str) -> None:
     """Advances GRESO's and SEC's positions at a step close (module docstring); call it before the DPS
-    close, which resets `ba.step_state`. Does nothing when the step had no results."""
+    close, which resets the step states of the observed set. Does nothing when the step had no results."""
     if ba.shared.step_counts[0] == 0:
         return
-    observed = ba.step_state != 0
-    _greso_advance(ba, key, observed)
+    _greso_advance(ba, key)
     if ba.shared.grouped:
-        _sec_advance(ba, key, observed)
+        _sec_advance(ba, key)

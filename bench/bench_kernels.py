@@ -361,7 +361,7 @@ def bench_cold_memory(results: dict, n: int) -> None:
         "cold_state_bytes_per_prompt",
         ba.nbytes_per_prompt,
         "bytes",
-        "per-prompt arrays, budget <= 128",
+        "every prompt observed (43 + 65 per observed prompt), budget <= 128",
     )
     report(
         results,

@@ -51,8 +51,9 @@ class Settings(BaseSettings):
     max_dataset_size: int = Field(
         100_000_000,
         ge=1,
-        description="Largest dataset a client may create or import (prompts). Beliefs take 100 bytes per prompt "
-        "in every service process that serves the dataset (10 GB at the default): size the hosts for it.",
+        description="Largest dataset a client may create or import (prompts). Beliefs take 43 bytes per prompt "
+        "plus 65 per prompt ever observed (108 when all are; 10.8 GB at the default) in every service process "
+        "that serves the dataset: size the hosts for it.",
     )
     max_group_labels: int = Field(
         64,

@@ -66,7 +66,7 @@ SYNC_BATCH = 2000  # log records read per round trip while catching up (Settings
 MAX_RELOADS = 20
 INLINE_RESULTS = 4096
 IMPORTED_CURSOR = "0-1"  # an imported dataset's snapshot covers "everything before its first log entry"
-REPLAY_BUDGET = 2e8  # prompt-updates of DPS closes we accept replaying after a restart (~10 s here)
+REPLAY_BUDGET = 2e8  # DPS prompt-updates (closes x observed prompts) we accept replaying after a restart
 # A dataset's next snapshot starts no sooner than this many times its previous snapshot's duration after
 # that one ended, whatever the record/replay triggers say: at 10^8 prompts a snapshot takes ~40 s and the
 # replay budget alone would ask for one every 2 closes, i.e. back to back. Snapshots shorter than
@@ -280,8 +280,11 @@ class Engine:
         covered = meta.get("snap_covered", "")
         if covered and parse_id(state.cursor) <= parse_id(covered):
             return
+        # A close updates the prompts observed so far (never-observed ones are implicit): replaying the
+        # closes since the snapshot costs about closes x observed prompt-updates.
         closes = state.open_step - int(meta.get("snap_step", 0))
-        if length < self.settings.snapshot_every_records and closes * state.spec.size < REPLAY_BUDGET:
+        replay = closes * max(state.arrays.observed, 1)
+        if length < self.settings.snapshot_every_records and replay < REPLAY_BUDGET:
             return
         task = asyncio.get_running_loop().create_task(self._snapshot(name, state))
         self._snapshotting[name] = task

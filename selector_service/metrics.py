@@ -207,7 +207,7 @@ def _heavy_stats(st: DatasetState, max_group_labels: int = 64) -> dict[str, Any]
 
 
 def _argmax_shares(st: DatasetState) -> np.ndarray:
-    """Before the first close: count the priors' most likely states (np.argmax: lowest index on ties)."""
+    """Before the first close: count the priors' most likely states (ties shared equally)."""
     return st.arrays.predicted_state_counts().astype(float)
 
 

@@ -17,6 +17,7 @@ contiguous prefix of the log, whichever replica built it.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import math
@@ -40,10 +41,12 @@ from selector_service.core.curricula import close_open_step
 from selector_service.core.domain import K_MAX, PRIOR_STRENGTH_MAX, prior_problem
 
 SNAPSHOT_MAGIC = b"RLVRSNAP"
-#: 2: DPS state only for prompts ever observed (core/beliefs.py). Version 1 snapshots and exports, with
-#: every prompt's DPS state, are still read (converted on load).
-SNAPSHOT_VERSION = 2
-_READABLE_VERSIONS = (1, 2)
+#: 2: DPS state only for prompts ever observed (core/beliefs.py). 3: a digest of the header follows it.
+#: Versions 1 and 2 (exports and snapshots of earlier releases) are still read; version 1, with every
+#: prompt's DPS state, is converted on load.
+SNAPSHOT_VERSION = 3
+_READABLE_VERSIONS = (1, 2, 3)
+_HEADER_DIGEST_BYTES = 16
 _MAX_HEADER_BYTES = 16 * 2**20  # a real header is a few hundred bytes
 _COMPRESS_FEED_BYTES = 4 * 2**20  # input slice handed to the compressor at a time
 _EXPORT_PIECE_BYTES = 16 * 2**20  # how much serialize_snapshot copies into its buffer at a time
@@ -421,10 +424,17 @@ class DatasetState:
 
 
 def _snapshot_prefix(header: dict[str, Any], arrays: dict[str, np.ndarray]) -> bytes:
-    """Magic, header length and header JSON (with each array's dtype and shape): what precedes the body."""
+    """Magic, header length, header JSON (with each array's dtype and shape) and the header's digest:
+    what precedes the body. The body carries zstd's own checksum; the digest covers everything before
+    it, so a flipped bit in the spec or the counters is refused like one in the beliefs."""
     header = dict(header, arrays=[[k, v.dtype.str, list(v.shape)] for k, v in arrays.items()])
     head = json.dumps(header).encode()
-    return SNAPSHOT_MAGIC + struct.pack("<I", len(head)) + head
+    prefix = SNAPSHOT_MAGIC + struct.pack("<I", len(head)) + head
+    return prefix + _header_digest(prefix)
+
+
+def _header_digest(prefix: bytes) -> bytes:
+    return hashlib.blake2b(prefix, digest_size=_HEADER_DIGEST_BYTES).digest()
 
 
 def _compressor() -> zstandard.ZstdCompressor:
@@ -521,6 +531,20 @@ class _ChunkSource:
         self._pushed_back = data + self._pushed_back
 
 
+def _header_version(head: bytes) -> int:
+    """The version a header names, read before anything else of it is trusted."""
+    try:
+        version = json.loads(head).get("version")
+    except (ValueError, UnicodeDecodeError, AttributeError) as exc:
+        raise ValueError(f"snapshot header is not a valid JSON object: {exc}") from exc
+    if version not in _READABLE_VERSIONS:
+        raise ValueError(
+            f"snapshot version {version} is not supported (this service reads versions "
+            f"{', '.join(map(str, _READABLE_VERSIONS))}; a newer service wrote it?)"
+        )
+    return version
+
+
 def _parse_header(head: bytes, max_prompts: int | None) -> tuple[DatasetSpec, dict, list, int]:
     """Checks a snapshot header before any allocation; returns (spec, header, layout, body bytes)."""
     try:
@@ -540,7 +564,13 @@ def _parse_header(head: bytes, max_prompts: int | None) -> tuple[DatasetSpec, di
             (str(name), np.dtype(dtype), tuple(int(d) for d in shape))
             for name, dtype, shape in header["arrays"]
         ]
-    except (KeyError, TypeError, ValueError, IndexError) as exc:
+    except (
+        KeyError,
+        TypeError,
+        ValueError,
+        IndexError,
+        SyntaxError,
+    ) as exc:  # np.dtype may raise SyntaxError
         raise ValueError(f"snapshot header is incomplete or malformed: {exc!r}") from exc
     if spec.size < 1:
         raise ValueError(f"snapshot spec has size {spec.size}; a dataset has at least one prompt")
@@ -663,10 +693,16 @@ def load_snapshot_chunks(
     source = _ChunkSource(chunks)
     if source.read_exact(len(SNAPSHOT_MAGIC), "magic") != SNAPSHOT_MAGIC:
         raise ValueError("not an rlvr-selector snapshot (bad magic or truncated)")
-    (hlen,) = struct.unpack("<I", source.read_exact(4, "header length"))
+    raw_len = source.read_exact(4, "header length")
+    (hlen,) = struct.unpack("<I", raw_len)
     if hlen > _MAX_HEADER_BYTES:
         raise ValueError(f"snapshot header claims {hlen} bytes; at most {_MAX_HEADER_BYTES} are accepted")
-    spec, header, layout, expected = _parse_header(source.read_exact(hlen, "header"), max_prompts)
+    head = source.read_exact(hlen, "header")
+    if _header_version(head) >= 3:  # versions 1 and 2 carry no header digest
+        digest = source.read_exact(_HEADER_DIGEST_BYTES, "header digest")
+        if digest != _header_digest(SNAPSHOT_MAGIC + raw_len + head):
+            raise ValueError("snapshot header is corrupt (its digest does not match)")
+    spec, header, layout, expected = _parse_header(head, max_prompts)
     frame_head = bytearray()
     while len(frame_head) < _ZSTD_FRAME_HEADER_MAX and (part := source.read(_ZSTD_FRAME_HEADER_MAX)):
         frame_head += part

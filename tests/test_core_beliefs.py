@@ -228,3 +228,17 @@ def test_canonical_arrays_do_not_depend_on_the_order_within_a_step():
             close_step(first, 0.7)
             close_step(second, 0.7)
     assert not np.array_equal(first.obs_ids[: first.observed], second.obs_ids[: second.observed])
+
+
+def test_predicted_state_counts_share_ties_equally():
+    """A never-observed prompt's prior ties at 1/3: it is not counted as unsolved."""
+    ba = BeliefArrays.new(9)
+    np.testing.assert_allclose(ba.predicted_state_counts(), [3.0, 3.0, 3.0])
+    ids = np.array([0, 1], dtype=np.int64)
+    apply_results(
+        ba, ids, np.array([1.0, 2.0]), np.array([2.0, 2.0]), np.array([2, 3], dtype=np.int8), 1.0, 1.0, 1.0
+    )
+    close_step(ba, 0.5)
+    counts = ba.predicted_state_counts()
+    assert counts.sum() == pytest.approx(9.0)
+    np.testing.assert_allclose(counts, [7 / 3, 7 / 3 + 1, 7 / 3 + 1])  # partial -> state 2; solved -> state 3

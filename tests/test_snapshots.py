@@ -122,9 +122,15 @@ def _chunks_of(header: dict, layout_arrays: dict, body_arrays: dict) -> list[byt
     """Chunks whose header describes `layout_arrays` but whose body holds `body_arrays`."""
     real = b"".join(bytes(c) for c in iter_snapshot_chunks(header, body_arrays, 1024))
     fake = b"".join(bytes(c) for c in iter_snapshot_chunks(header, layout_arrays, 1024))
-    head_len = 12 + int.from_bytes(fake[8:12], "little")
-    real_head_len = 12 + int.from_bytes(real[8:12], "little")
+    head_len = 12 + int.from_bytes(fake[8:12], "little") + 16  # with the header's digest
+    real_head_len = 12 + int.from_bytes(real[8:12], "little") + 16
     return [fake[:head_len] + real[real_head_len:]]
+
+
+def _without_digest(blob: bytes) -> bytes:
+    """A blob as versions 1 and 2 wrote it: no header digest."""
+    end = 12 + int.from_bytes(blob[8:12], "little")
+    return blob[:end] + blob[end + 16 :]
 
 
 LEGACY_ORDER = ("alpha", "beta", "hmm_d", "hmm_prior", "hmm_prev", "step_state", "last_state", "n_obs")
@@ -135,7 +141,7 @@ def _legacy_blob(state: DatasetState) -> bytes:
     a = state.arrays
     dense = dict(a.dense_hmm(), alpha=a.alpha, beta=a.beta, last_state=a.last_state, n_obs=a.n_obs)
     header = dict(state.snapshot_header(), version=1)
-    return serialize_snapshot(header, {name: dense[name] for name in LEGACY_ORDER})
+    return _without_digest(serialize_snapshot(header, {name: dense[name] for name in LEGACY_ORDER}))
 
 
 def test_version_1_snapshots_are_still_read():
@@ -162,9 +168,30 @@ def test_an_empty_observed_set_round_trips():
 
 def test_a_newer_version_is_refused_with_a_clear_error():
     state = _busy_state(size=50)
-    blob = serialize_snapshot(dict(state.snapshot_header(), version=3), state.arrays.arrays())
-    with pytest.raises(ValueError, match=r"version 3 is not supported \(this service reads versions 1, 2"):
+    blob = serialize_snapshot(dict(state.snapshot_header(), version=4), state.arrays.arrays())
+    with pytest.raises(ValueError, match=r"version 4 is not supported \(this service reads versions 1, 2, 3"):
         deserialize_snapshot(blob)
+
+
+def test_every_single_bit_flip_of_the_header_is_refused():
+    """The header (spec, counters, layout) is covered by a digest: a flip there used to import silently
+    with another success threshold, open step or observation count."""
+    state = _busy_state(size=40)
+    blob = serialize_snapshot(*state.copy_for_snapshot())
+    (hlen,) = np.frombuffer(blob[8:12], dtype="<u4")
+    for byte in range(12 + int(hlen) + 16):
+        for bit in range(8):
+            flipped = bytearray(blob)
+            flipped[byte] ^= 1 << bit
+            with pytest.raises(ValueError):
+                deserialize_snapshot(bytes(flipped))
+
+
+def test_version_2_snapshots_without_a_header_digest_are_still_read():
+    state = _busy_state(size=60)
+    header, arrays = state.copy_for_snapshot()
+    legacy = _without_digest(serialize_snapshot(dict(header, version=2), arrays))
+    assert _same_beliefs(deserialize_snapshot(legacy), state)
 
 
 def test_a_snapshot_whose_observed_set_is_inconsistent_is_refused():

@@ -240,10 +240,12 @@ class BeliefArrays:
         return {"hmm_d": d, "hmm_prior": prior, "hmm_prev": prev, "step_state": state}
 
     def predicted_state_counts(self) -> np.ndarray:
-        """Prompts per argmax of their DPS prior (ties to the lowest state: never-observed -> UNSOLVED)."""
-        counts = np.bincount(np.argmax(self.observed_view()["obs_prior"], axis=1), minlength=3)
-        counts[0] += self.n - self.observed
-        return counts
+        """Prompts (f64[3]) per most likely state of their DPS prior; a prompt whose prior ties between
+        states counts equally toward each of them (a never-observed prompt: a third to each)."""
+        prior = self.observed_view()["obs_prior"]
+        top = prior == prior.max(axis=1, keepdims=True)
+        counts = (top / top.sum(axis=1, keepdims=True)).sum(axis=0)
+        return counts + (self.n - self.observed) / 3.0
 
     # ---- snapshots --------------------------------------------------------------------------------
     def arrays(self) -> dict[str, np.ndarray]:

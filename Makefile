@@ -48,6 +48,13 @@ serve: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/run_all.py
 
+# Regenerates docs/configuration.md from the descriptions in selector_service/settings.py
+# (tests/test_docs.py fails while the file is out of date).
+.PHONY: docs
+docs: $(STAMP)
+	$(BIN)/python -m selector_service.settings --markdown > docs/configuration.md.tmp
+	mv docs/configuration.md.tmp docs/configuration.md
+
 # Regenerates deploy/grafana/dashboards/rlvr-selector.json from deploy/grafana/dashboard.py.
 dashboard: $(STAMP)
 	$(BIN)/python deploy/grafana/dashboard.py

@@ -2,10 +2,17 @@
 
 Every knob that changes behaviour lives here, with its unit in the description. Values that would make
 the service unsafe or inconsistent are refused at start-up with a message that says what to change.
+
+The descriptions are the documentation: `python -m selector_service.settings --markdown` (`make docs`)
+renders docs/configuration.md from them, and tests/test_docs.py fails while the file is out of date.
 """
 
 from __future__ import annotations
 
+import sys
+import textwrap
+import types
+import typing
 from pathlib import Path
 
 from pydantic import Field, SecretStr, field_validator, model_validator
@@ -15,38 +22,71 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="SELECTOR_", extra="ignore")
 
-    host: str = Field("127.0.0.1", description="Interface to listen on.")
+    host: str = Field(
+        "127.0.0.1",
+        description="Interface to listen on. The default serves loopback only; `0.0.0.0` serves every "
+        "interface (set an API token then).",
+    )
     port: int = Field(8000, ge=0, le=65535, description="TCP port (0 picks a free one).")
-    workers: int = Field(1, ge=1, le=64, description="uvicorn worker processes.")
+    workers: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="uvicorn worker processes. Each holds every dataset it serves in memory, like a replica; "
+        "/metrics aggregates the request metrics of all of them.",
+    )
     redis_url: str | None = Field(
-        None, description="redis:// or rediss:// URL of a Redis 7+/Valkey server; unset = embedded Valkey."
+        None,
+        description="redis://, rediss:// or unix:// URL of a Redis 7+ or Valkey server (a Redis Cluster is "
+        "detected by itself: give any one node). Unset: the service starts its own embedded Valkey under "
+        "data_dir. An external server must run with `appendonly yes`, `appendfsync always` (or `everysec`, "
+        "see docs/operations.md) and `maxmemory-policy noeviction`.",
     )
     data_dir: Path = Field(
-        Path("./.selector-data"), description="Embedded store's directory (append-only file)."
+        Path("./.selector-data"),
+        description="Directory of the embedded store (its append-only file). Restarting with the same "
+        "directory finds every dataset as it was. Ignored with redis_url.",
     )
     embedded_fsync: str = Field(
         "always",
         description="appendfsync of the embedded store: 'always' (an acknowledged write survives power loss) "
         "or 'everysec' (faster; up to one second of writes at risk on power loss, none on a process crash).",
     )
-    api_token: SecretStr | None = Field(None, description="Bearer token required on every data endpoint.")
+    api_token: SecretStr | None = Field(
+        None,
+        description="When set, every endpoint except /healthz, /readyz and /metrics requires "
+        "`Authorization: Bearer <token>` (401 without, 403 with a wrong one). At least 8 characters.",
+    )
     require_token: bool = Field(
         False,
         description="Refuse to start without api_token. Off by default (a service on loopback may run open); "
         "docker-compose.yml turns it on, where the published port and the compose network reach the service.",
     )
     key_prefix: str = Field(
-        "rlvr", pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="Namespace of all Redis keys."
+        "rlvr",
+        pattern=r"^[A-Za-z0-9_.-]{1,64}$",
+        description="Namespace of all Redis keys. Replicas that serve the same datasets must share it; "
+        "two services on one Redis with different prefixes never see each other's datasets.",
     )
-    max_body_bytes: int = Field(16 * 2**20, ge=1024, description="Largest request body accepted (bytes).")
+    max_body_bytes: int = Field(
+        16 * 2**20,
+        ge=1024,
+        description="Largest request body accepted (bytes; enforced on chunked uploads too): 413 above it. "
+        "Imports have their own limit, max_import_bytes.",
+    )
     max_import_bytes: int = Field(
         4 * 2**30,
         ge=1024,
-        description="Largest dataset export accepted by POST /datasets/{name}/import (bytes).",
+        description="Largest dataset export accepted by POST /datasets/{name}/import (bytes): 413 above it.",
     )
-    max_batch_size: int = Field(1_000_000, ge=1, description="Largest batch_size a /select may ask for.")
+    max_batch_size: int = Field(
+        1_000_000, ge=1, description="Largest batch_size a /select may ask for: 413 above it."
+    )
     max_ids_per_request: int = Field(
-        1_000_000, ge=1, description="Most prompt ids (or results) one request may carry."
+        1_000_000,
+        ge=1,
+        description="Most prompt ids (or results) one request may carry: 413 above it. The HTTP server "
+        "also refuses URLs over about 64 KiB, so GET .../beliefs?ids= carries at most a few thousand ids.",
     )
     max_dataset_size: int = Field(
         100_000_000,
@@ -60,25 +100,34 @@ class Settings(BaseSettings):
         ge=0,
         le=65536,
         description="Per-group Prometheus gauges (selector_group_*) only for datasets with at most this many "
-        "groups (METHODS 6): each group is a label value, and label values must stay few.",
+        "groups (docs/methods.md §6): each group is a label value, and label values must stay few.",
     )
     max_step_gap: int = Field(
         1000,
         ge=1,
         description="Most steps one request may move a dataset's open step forward. Each skipped step is "
-        "closed with a DPS update of every prompt, so a far jump (a typo'd step) would stall the dataset.",
+        "closed with a DPS update of every observed prompt, so a far jump (a step number sent by mistake) "
+        "would keep the dataset busy for hours; it is refused with 422 and nothing applied.",
     )
     request_id_ttl_s: int = Field(
-        30 * 86400, ge=60, description="How long a request id is remembered for deduplication (seconds)."
+        30 * 86400,
+        ge=60,
+        description="How long a request id is remembered for deduplication (seconds): a retry within that "
+        "time is answered as a duplicate, after it the same id is applied again. Each remembered id costs "
+        "about 300 bytes of store memory (about 300 MB per million observe requests within the TTL).",
     )
     snapshot_every_records: int = Field(
-        2000, ge=1, description="Write a snapshot once this many log records accumulated since the last one."
+        2000,
+        ge=1,
+        description="Write a snapshot of a dataset once this many log records (an observe, a step change, a "
+        "metadata upload) accumulated since its last one, and trim the log it covers. Lower: shorter replays "
+        "after a restart, more snapshot writes.",
     )
     snapshot_chunk_bytes: int = Field(
         64 * 2**20,
         ge=1024,
         le=512 * 2**20,
-        description="Snapshot chunk size (a Redis value holds <= 512 MB).",
+        description="Size of one snapshot chunk (bytes; a Redis value holds at most 512 MB).",
     )
     sync_batch: int = Field(
         2000,
@@ -86,14 +135,21 @@ class Settings(BaseSettings):
         le=100_000,
         description="Log records a process reads per round trip while catching up with a dataset's log.",
     )
-    store_timeout_s: float = Field(5.0, gt=0, description="Timeout of one store operation (seconds).")
+    store_timeout_s: float = Field(
+        5.0,
+        gt=0,
+        description="Timeout of one store operation (seconds). A frozen store is reported (503) after this "
+        "long per call; requests for one dataset queue behind each other, so the n-th waits up to n times it.",
+    )
     metrics_wait_s: float = Field(
         1.0,
         gt=0,
         description="Longest a /metrics scrape waits for the datasets' gauges to catch up with the store "
         "(seconds); a slower catch-up goes on in the background and the scrape reports the last figures.",
     )
-    log_level: str = Field("info", description="uvicorn/app log level.")
+    log_level: str = Field(
+        "info", description="Log level of uvicorn and the app: debug, info, warning, error."
+    )
 
     @field_validator("embedded_fsync")
     @classmethod
@@ -130,3 +186,121 @@ class Settings(BaseSettings):
                 "or more (e.g. `export SELECTOR_API_TOKEN=$(openssl rand -hex 16)`) and start again"
             )
         return self
+
+
+# ---------------------------------------------------------------------------------------------------------
+# docs/configuration.md, generated from the fields above.
+
+GENERATE_COMMAND = "python -m selector_service.settings --markdown > docs/configuration.md"
+
+_PREAMBLE = """\
+# Configuration
+
+<!-- Generated from selector_service/settings.py by `make docs`; edit the descriptions there. -->
+
+Every setting of the service, in one place. Each is read from an environment variable `SELECTOR_<NAME>`
+(the name is not case-sensitive); a few can also be given as flags of `selector-service serve`, which
+win over the environment. Values out of range stop the service at start-up (exit status 3) with a
+message that names the variable and what to change. What the settings mean for durability, replicas and
+backups: [operations.md](operations.md). The REST contract and the command line: [api.md](api.md).
+
+| variable | flag | type | default |
+|---|---|---|---|
+"""
+
+
+def _type_name(annotation: object) -> str:
+    args = typing.get_args(annotation)
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        names = [_type_name(a) for a in args if a is not type(None)]
+        return " or ".join(names) + (" (optional)" if type(None) in args else "")
+    return {str: "string", int: "integer", float: "number", bool: "boolean", Path: "path"}.get(
+        annotation,
+        "secret string" if annotation is SecretStr else getattr(annotation, "__name__", str(annotation)),
+    )
+
+
+def _default_text(name: str, value: object) -> str:
+    if value is None:
+        return "unset"
+    if isinstance(value, Path):
+        return value.as_posix() if value.is_absolute() else f"./{value.as_posix()}"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int) and name.endswith("_bytes"):
+        for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+            if value % size == 0:
+                return f"{value} ({value // size} {unit})"
+    if isinstance(value, int) and name.endswith("_s") and value % 86400 == 0:
+        return f"{value} ({value // 86400} days)"
+    if isinstance(value, int) and value >= 10_000:
+        return f"{value:_}".replace("_", ",")
+    return str(value)
+
+
+def _bounds(field: object) -> str:
+    parts = []
+    for item in getattr(field, "metadata", []):
+        for attr, sign in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")):
+            bound = getattr(item, attr, None)
+            if bound is not None:
+                parts.append(f"{sign} {bound}")
+        pattern = getattr(item, "pattern", None)
+        if pattern is not None:
+            parts.append(f"matches `{pattern}`")
+    return ", ".join(parts)
+
+
+def cli_flags() -> dict[str, str]:
+    """Setting name -> the `selector-service serve` flag that sets it (the flags cli.py declares)."""
+    import argparse
+
+    from selector_service import cli
+
+    flags: dict[str, str] = {}
+    for action in cli._parser()._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for option in action.choices["serve"]._actions:
+                long = [o for o in option.option_strings if o.startswith("--")]
+                if long and option.dest in Settings.model_fields:
+                    flags[option.dest] = long[0]
+    return flags
+
+
+def render_markdown() -> str:
+    """docs/configuration.md: a summary table, then one section per setting with its description."""
+    flags = cli_flags()
+    rows, sections = [], []
+    for name, field in Settings.model_fields.items():
+        env = f"SELECTOR_{name.upper()}"
+        flag = f"`{flags[name]}`" if name in flags else "-"
+        kind = _type_name(field.annotation)
+        default = _default_text(name, field.default)
+        shown = default if field.default is None else f"`{default}`"
+        rows.append(f"| [`{env}`](#{env.lower()}) | {flag} | {kind} | {shown} |")
+        bounds = _bounds(field)
+        facts = [f"type: {kind}", f"default: {shown}"]
+        if bounds:
+            facts.append(f"accepted: {bounds}")
+        if name in flags:
+            facts.append(f"flag: `{flags[name]}`")
+        text = textwrap.fill(
+            field.description or "", width=105, break_long_words=False, break_on_hyphens=False
+        )
+        sections.append(f"## {env}\n\n{'; '.join(facts)}.\n\n{text}\n")
+    return _PREAMBLE + "\n".join(rows) + "\n\n" + "\n".join(sections)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if args != ["--markdown"]:
+        print(
+            f"usage: python -m selector_service.settings --markdown\n  ({GENERATE_COMMAND})", file=sys.stderr
+        )
+        return 2
+    sys.stdout.write(render_markdown())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

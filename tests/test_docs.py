@@ -1,0 +1,159 @@
+"""The documentation agrees with the code: the REST contract page with the OpenAPI document the service
+serves, the configuration page with the Settings it is generated from, and every relative link in the
+README and docs/ with a file of the repository."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from pathlib import Path
+from urllib.parse import unquote
+
+import pytest
+from fastapi.testclient import TestClient
+
+from selector_service.app import create_app
+from selector_service.settings import GENERATE_COMMAND, Settings, cli_flags, render_markdown
+
+ROOT = Path(__file__).resolve().parent.parent
+API_DOC = ROOT / "docs" / "api.md"
+CONFIG_DOC = ROOT / "docs" / "configuration.md"
+METHODS = ("get", "post", "put", "delete", "patch")
+#: Pages FastAPI serves itself, outside the OpenAPI document.
+FASTAPI_OWN = {"/openapi.json", "/docs", "/redoc"}
+
+
+@pytest.fixture(scope="module")
+def openapi() -> dict:
+    # The app is built but never started (no lifespan), so nothing reaches the store; a unique prefix anyway.
+    settings = Settings(redis_url="redis://127.0.0.1:6379/0", key_prefix=f"test-docs-{uuid.uuid4().hex[:8]}")
+    app = create_app(settings)
+    assert {app.openapi_url, app.docs_url, app.redoc_url} <= FASTAPI_OWN | {None}
+    return TestClient(app).get("/openapi.json").json()
+
+
+def operations(spec: dict) -> list[tuple[str, str, dict]]:
+    return [
+        (method.upper(), path, op)
+        for path, ops in spec["paths"].items()
+        for method, op in ops.items()
+        if method in METHODS
+    ]
+
+
+def documented_operations(text: str) -> set[tuple[str, str]]:
+    """Every `METHOD /path` the page names (query strings cut off)."""
+    pattern = r"\b(GET|POST|PUT|DELETE|PATCH) (/[A-Za-z0-9_./{}-]*)"
+    return {(m, p.rstrip(".")) for m, p in re.findall(pattern, text)}
+
+
+def template_regex(path: str) -> re.Pattern[str]:
+    parts = re.split(r"(\{[^}]+\})", path)
+    return re.compile("^" + "".join("[^/]+" if p.startswith("{") else re.escape(p) for p in parts) + "$")
+
+
+def schema_fields(spec: dict, schema: dict, seen: set[str] | None = None) -> set[str]:
+    """Property names of a request body schema, nested models included ($ref, arrays, anyOf)."""
+    seen = set() if seen is None else seen
+    if "$ref" in schema:
+        name = schema["$ref"].rsplit("/", 1)[-1]
+        if name in seen:
+            return set()
+        seen.add(name)
+        return schema_fields(spec, spec["components"]["schemas"][name], seen)
+    fields: set[str] = set()
+    for key, sub in schema.get("properties", {}).items():
+        fields.add(key)
+        fields |= schema_fields(spec, sub, seen)
+    if "items" in schema:
+        fields |= schema_fields(spec, schema["items"], seen)
+    for alternative in schema.get("anyOf", []) + schema.get("oneOf", []) + schema.get("allOf", []):
+        fields |= schema_fields(spec, alternative, seen)
+    return fields
+
+
+def test_every_openapi_operation_is_documented(openapi):
+    documented = documented_operations(API_DOC.read_text())
+    missing = [f"{m} {p}" for m, p, _ in operations(openapi) if (m, p) not in documented]
+    assert not missing, f"docs/api.md does not describe these operations of /openapi.json: {missing}"
+
+
+def test_every_documented_operation_exists(openapi):
+    served = [(m, template_regex(p)) for m, p, _ in operations(openapi)]
+    unknown = sorted(
+        f"{m} {p}"
+        for m, p in documented_operations(API_DOC.read_text())
+        if p not in FASTAPI_OWN and not any(m == sm and rx.match(p) for sm, rx in served)
+    )
+    assert not unknown, f"docs/api.md names operations the service does not serve: {unknown}"
+
+
+def test_every_request_field_and_parameter_is_documented(openapi):
+    text = API_DOC.read_text()
+    missing = []
+    for method, path, op in operations(openapi):
+        names = {p["name"] for p in op.get("parameters", [])}
+        for content in op.get("requestBody", {}).get("content", {}).values():
+            names |= schema_fields(openapi, content.get("schema", {}))
+        for name in sorted(names):
+            # Named as code (`name`), as a JSON key ("name":), or as a query/path part (?name=, {name}).
+            if not re.search(rf'`{name}`|"{name}"|[?&]{name}=|\{{{name}\}}', text):
+                missing.append(f"{method} {path}: {name}")
+    assert not missing, f"docs/api.md never mentions these request fields: {missing}"
+
+
+def test_the_field_check_can_fail(openapi):
+    """The checks above read the page, not a constant: a page without a field or an operation fails them."""
+    text = API_DOC.read_text()
+    assert documented_operations(text.replace("POST /score", "POST /scores")) != documented_operations(text)
+    fields = schema_fields(openapi, {"$ref": "#/components/schemas/ObserveRequest"})
+    assert {"request_id", "results", "prompt_id", "rewards", "successes", "trials"} <= fields
+
+
+def test_configuration_page_is_current():
+    assert CONFIG_DOC.read_text() == render_markdown(), (
+        "docs/configuration.md is out of date with selector_service/settings.py: run `make docs` "
+        f"(or `{GENERATE_COMMAND}`) and commit the result"
+    )
+
+
+def test_configuration_page_covers_every_setting_and_flag():
+    text = render_markdown()
+    for name, field in Settings.model_fields.items():
+        assert f"## SELECTOR_{name.upper()}\n" in text
+        assert field.description, f"Settings.{name} has no description= (the documentation is made from it)"
+    flags = cli_flags()
+    assert {"host", "port", "redis_url", "data_dir", "workers", "log_level"} <= set(flags)
+    for flag in flags.values():
+        assert f"`{flag}`" in text
+
+
+LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)|!\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def relative_links(page: Path) -> list[str]:
+    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+    targets = [a or b for a, b in LINK.findall(text)]
+    return [t for t in targets if not re.match(r"^[a-z][a-z0-9+.-]*:", t) and not t.startswith("#")]
+
+
+def pages() -> list[Path]:
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+@pytest.mark.parametrize("page", pages(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_relative_links_point_at_files(page):
+    broken = []
+    for target in relative_links(page):
+        path = unquote(target.split("#", 1)[0])
+        if path and not (page.parent / path).exists():
+            broken.append(target)
+    assert not broken, f"{page.relative_to(ROOT)} links to missing files: {broken}"
+
+
+def test_the_link_check_sees_links(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text(
+        "[a](missing.md) ![b](img.png) [c](https://example.org) [d](#here)\n```\n[e](x.md)\n```\n"
+    )
+    assert relative_links(page) == ["missing.md", "img.png"]

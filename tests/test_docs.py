@@ -141,14 +141,24 @@ def pages() -> list[Path]:
     return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 
+def anchors(page: Path) -> set[str]:
+    """GitHub's heading ids: lower case, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+    headings = re.findall(r"^#+ (.+)$", text, flags=re.M)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
+
+
 @pytest.mark.parametrize("page", pages(), ids=lambda p: str(p.relative_to(ROOT)))
 def test_relative_links_point_at_files(page):
     broken = []
     for target in relative_links(page):
-        path = unquote(target.split("#", 1)[0])
-        if path and not (page.parent / path).exists():
+        path, _, anchor = unquote(target).partition("#")
+        file = page.parent / path
+        if path and not file.exists():
             broken.append(target)
-    assert not broken, f"{page.relative_to(ROOT)} links to missing files: {broken}"
+        elif anchor and file.suffix == ".md" and anchor not in anchors(file):
+            broken.append(f"{target} (no such heading)")
+    assert not broken, f"{page.relative_to(ROOT)} links to missing files or headings: {broken}"
 
 
 def test_the_link_check_sees_links(tmp_path):
@@ -157,3 +167,5 @@ def test_the_link_check_sees_links(tmp_path):
         "[a](missing.md) ![b](img.png) [c](https://example.org) [d](#here)\n```\n[e](x.md)\n```\n"
     )
     assert relative_links(page) == ["missing.md", "img.png"]
+    page.write_text("# The `api`: a, b & c\n## SELECTOR_MAX_BODY_BYTES\n")
+    assert anchors(page) == {"the-api-a-b--c", "selector_max_body_bytes"}

@@ -27,7 +27,6 @@ import pytest
 import redis
 import yaml
 
-from tests.servers import ServiceProcess, free_port
 from tests.deploy.test_deploy import (
     DASHBOARD_PATH,
     PROMETHEUS_CONFIG_PATH,
@@ -35,6 +34,7 @@ from tests.deploy.test_deploy import (
     metric_selectors,
     variable_query,
 )
+from tests.utils import ServiceProcess, free_port
 
 PROMETHEUS = shutil.which("prometheus")
 TOKEN = "dashboard-test-" + uuid.uuid4().hex

@@ -28,6 +28,8 @@ import yaml
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from tests.utils import EXPORTED_METRICS
+
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
 DASHBOARD_PATH = DEPLOY / "grafana" / "dashboards" / "rlvr-selector.json"
@@ -39,28 +41,6 @@ DASHBOARD_PROVIDER_PATH = DEPLOY / "grafana" / "provisioning" / "dashboards" / "
 PROMETHEUS_CONFIG_PATH = DEPLOY / "prometheus" / "prometheus.yml"
 DOCKERFILES = {"selector": DEPLOY / "Dockerfile.service", "trainer": DEPLOY / "Dockerfile.trainer"}
 
-# The metric families the service exports (selector_service/metrics.py); the dashboard is built on these.
-EXPORTED_METRICS = {
-    "selector_http_requests_total",
-    "selector_http_request_duration_seconds_bucket",
-    "selector_dataset_prompts",
-    "selector_dataset_open_step",
-    "selector_dataset_results_total",
-    "selector_dataset_rollouts_total",
-    "selector_dataset_steps_closed_total",
-    "selector_dataset_prompts_observed",
-    "selector_dataset_mean_evidence",
-    "selector_dataset_posterior_mean_bucket",
-    "selector_dataset_dps_predicted_share",
-    "selector_dataset_effective_ratio",
-    "selector_dataset_dps_accuracy",
-    "selector_store_lag_records",
-    "selector_store_catchup_seconds_bucket",
-    "selector_dataset_results_by_lag_total",
-    "selector_group_posterior_mean",
-    "selector_group_observed_share",
-    "selector_group_rate",
-}
 # What the dashboard's PENDING_PANELS query: metrics the service does not export yet. When it does, move
 # them to EXPORTED_METRICS and the panels into the dashboard's ROWS.
 PENDING_METRICS: set[str] = set()

@@ -17,6 +17,8 @@ from typing import Any
 import pytest
 import torch
 
+from tests.integrations.frameworks import common
+from tests.utils import tiny_llama_config
 from trainer_client.client import DatasetInfo, Result, SelectorClient
 from trainer_client.integrations import check_permutation, first_step, group_results
 from trainer_client.integrations import verl as verl_adapter
@@ -227,30 +229,12 @@ def test_trl_sampler_gives_every_rank_the_same_batches(
     assert ranks[0].latest_step == ranks[1].latest_step == 7
 
 
-def _tiny_tokenizer() -> Any:
-    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    symbols = ["<pad>", "<eos>", "<unk>", *"abcdefghijklmnopqrstuvwxyz0123456789 +-*/=?.:"]
-    core = Tokenizer(models.WordLevel({s: i for i, s in enumerate(symbols)}, unk_token="<unk>"))
-    core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
-    return PreTrainedTokenizerFast(
-        tokenizer_object=core, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>"
-    )
-
-
 def _tiny_model(vocab_size: int) -> Any:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
     config = LlamaConfig(
-        vocab_size=vocab_size,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
+        **tiny_llama_config(vocab_size, max_position_embeddings=128),
         pad_token_id=0,
         eos_token_id=1,
         bos_token_id=None,
@@ -282,7 +266,7 @@ def test_trl_grpo_trainer_trains_on_selected_prompts_and_reports_them(
     def length_bonus(completions: list[str], **kwargs: Any) -> list[float]:
         return [len(text) / 100 for text in completions]
 
-    tokenizer = _tiny_tokenizer()
+    tokenizer = common.tokenizer()
     args = GRPOConfig(
         output_dir=str(tmp_path),
         per_device_train_batch_size=4,

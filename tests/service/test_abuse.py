@@ -24,7 +24,7 @@ import pytest
 import redis
 import zstandard
 
-from tests.servers import RedisServer, ServiceProcess
+from tests.utils import RedisServer, ServiceProcess
 
 pytestmark = pytest.mark.slow
 

@@ -5,19 +5,14 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.servers import ServiceProcess
+from tests.utils import ServiceProcess
 
 TOKEN = "s3cret-token-for-tests-0123456789"
 
 
 @pytest.fixture(scope="module")
-def secured(redis_url):
-    proc = ServiceProcess(
-        redis_url=redis_url, env={"SELECTOR_API_TOKEN": TOKEN, "SELECTOR_LOG_LEVEL": "debug"}
-    )
-    proc.start()
-    yield proc
-    proc.stop()
+def secured(start_service):
+    return start_service(SELECTOR_API_TOKEN=TOKEN, SELECTOR_LOG_LEVEL="debug")
 
 
 DATA_ENDPOINTS = [

@@ -13,7 +13,7 @@ import pytest
 import redis
 from redis.cluster import RedisCluster
 
-from tests.servers import RedisServer, ServiceProcess, free_port
+from tests.utils import RedisServer, ServiceProcess, free_port
 
 pytestmark = pytest.mark.slow
 

@@ -8,7 +8,7 @@ import tempfile
 import httpx
 import pytest
 
-from tests.servers import RedisServer, ServiceProcess
+from tests.utils import RedisServer, ServiceProcess
 
 pytestmark = pytest.mark.slow
 

@@ -24,7 +24,7 @@ import httpx
 import pytest
 import redis
 
-from tests.servers import RedisServer, ServiceProcess, free_port
+from tests.utils import RedisServer, ServiceProcess, free_port
 from trainer_client.client import Result, SelectorClient, ServiceUnavailable
 
 pytestmark = pytest.mark.slow

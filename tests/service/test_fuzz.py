@@ -38,7 +38,8 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from tests.servers import ServiceProcess
+from selector_service.core.strategies import STRATEGIES as REGISTRY
+from tests.utils import ServiceProcess
 
 pytestmark = pytest.mark.slow
 
@@ -74,19 +75,7 @@ LIMITS = {
 SEED_SIZE = 64
 # A response slower than this is a hang (the slowest legitimate request here takes well under a second).
 REQUEST_TIMEOUT_S = 30
-STRATEGIES = [
-    "uniform",
-    "insight",
-    "dps",
-    "mopps",
-    "expected_difficulty",
-    "inverse_evidence",
-    "history_resampling",
-    "learnability",
-    "adarft",
-    "greso",
-    "sec",
-]
+STRATEGIES = list(REGISTRY)
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
 
 

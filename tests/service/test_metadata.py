@@ -13,18 +13,12 @@ import numpy as np
 import pytest
 import redis
 
-from tests.servers import ServiceProcess
+from tests.utils import ServiceProcess
 from trainer_client.client import InvalidRequest, SelectorClient
 
 N = 60
 RATES = [None if i % 4 == 0 else round((i % 10) / 10, 2) for i in range(N)]
 GROUPS = [i % 5 if i % 7 else -1 for i in range(N)]
-
-
-@pytest.fixture
-def http(service):
-    with httpx.Client(base_url=service.url, timeout=60) as client:
-        yield client
 
 
 def make(http, name, **kw):

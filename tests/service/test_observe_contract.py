@@ -3,14 +3,7 @@ observations within max_lag, whole-file checks on imports, strict id lists."""
 
 from __future__ import annotations
 
-import httpx
 import pytest
-
-
-@pytest.fixture
-def http(service):
-    with httpx.Client(base_url=service.url, timeout=30) as c:
-        yield c
 
 
 def make(http, name, **kw):

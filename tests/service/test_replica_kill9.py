@@ -27,7 +27,7 @@ import pytest
 
 from selector_service.state import DatasetSpec
 from tests.service.replica_model import SELECTIONS, ReplicaModel, model_batches, random_results
-from tests.servers import ServiceProcess
+from tests.utils import ServiceProcess
 
 SEEDS = [int(s) for s in os.environ.get("KILL9_SEEDS", "0,1").split(",")]
 RETRYABLE = (httpx.TransportError,)

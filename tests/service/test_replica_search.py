@@ -31,7 +31,13 @@ from selector_service.errors import Conflict, InvalidRequest, Unavailable
 from selector_service.settings import Settings
 from selector_service.state import DatasetSpec
 from selector_service.store import Store, connect
-from tests.service.replica_model import ORDER_DEPENDENT, ReplicaModel, differences, model_batches, random_results
+from tests.service.replica_model import (
+    ORDER_DEPENDENT,
+    ReplicaModel,
+    differences,
+    model_batches,
+    random_results,
+)
 
 SCHEDULES = int(os.environ.get("REPLICA_SEARCH_SCHEDULES", "150"))
 REPLICAS = 3

@@ -18,12 +18,7 @@ import uuid
 import httpx
 import pytest
 
-pytest.importorskip(
-    "selector_service.cli", reason="the selector service (selector_service.cli) is not available"
-)
-redis = pytest.importorskip("redis")
-
-from trainer_client.client import (  # noqa: E402
+from trainer_client.client import (
     AsyncSelectorClient,
     AuthError,
     Conflict,
@@ -34,29 +29,13 @@ from trainer_client.client import (  # noqa: E402
     SelectorError,
     ServiceUnavailable,
 )
-from trainer_client.demo import LocalService  # noqa: E402
 
-REDIS_URL = "redis://127.0.0.1:6379/0"
 TOKEN = "test-token-" + uuid.uuid4().hex[:8]
 
 
 @pytest.fixture(scope="module")
-def service_url():
-    try:
-        redis.Redis.from_url(REDIS_URL, socket_connect_timeout=2).ping()
-    except redis.exceptions.RedisError as exc:
-        pytest.skip(f"no Redis at {REDIS_URL}: {exc}")
-    prefix = f"test-client-{uuid.uuid4().hex[:10]}"
-    service = LocalService(
-        redis_url=REDIS_URL, env={"SELECTOR_KEY_PREFIX": prefix, "SELECTOR_API_TOKEN": TOKEN}
-    )
-    url = service.start()
-    yield url
-    service.stop()
-    store = redis.Redis.from_url(REDIS_URL)
-    keys = list(store.scan_iter(match=f"{prefix}*", count=1000))
-    if keys:
-        store.delete(*keys)
+def service_url(start_service):
+    return start_service(SELECTOR_API_TOKEN=TOKEN).url
 
 
 @pytest.fixture

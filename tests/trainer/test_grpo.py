@@ -16,6 +16,7 @@ import random
 import pytest
 import torch
 
+from tests.utils import tiny_llama_config
 from trainer_client.grpo import (
     GRPOConfig,
     GRPOLearner,
@@ -67,13 +68,7 @@ def loop_loss(logp, old, adv, lo, hi, ref=None, kl_coef=0.0) -> tuple[float, int
 def tiny_model(seed: int = 0) -> transformers.PreTrainedModel:
     torch.manual_seed(seed)
     config = transformers.LlamaConfig(
-        vocab_size=40,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=64,
+        **tiny_llama_config(40, num_hidden_layers=2, num_key_value_heads=1, max_position_embeddings=64),
         tie_word_embeddings=True,
     )
     return transformers.LlamaForCausalLM(config).double().eval()

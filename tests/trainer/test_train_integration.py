@@ -26,7 +26,6 @@ from trainer_client.client import DatasetInfo
 from trainer_client.config import GRPOConfig
 from trainer_client.train import EpochWalk, TrainConfig, first_step_for, format_summary
 
-REDIS_URL = "redis://127.0.0.1:6379/0"
 ROOT = Path(__file__).resolve().parents[2]
 REQUIRED_KEYS = {
     "step", "strategy", "mean_reward", "solve_rate", "effective_ratio", "rollouts", "select_ms",
@@ -171,26 +170,8 @@ def test_plot_draws_the_quantities_that_move_and_no_loss() -> None:
 # Against a real service
 # --------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def service_url():
-    pytest.importorskip(
-        "selector_service.cli", reason="the selector service (selector_service.cli) is not available"
-    )
-    redis = pytest.importorskip("redis")
-    try:
-        redis.Redis.from_url(REDIS_URL, socket_connect_timeout=2).ping()
-    except redis.exceptions.RedisError as exc:
-        pytest.skip(f"no Redis at {REDIS_URL}: {exc}")
-    from trainer_client.demo import LocalService
-
-    prefix = f"test-train-{uuid.uuid4().hex[:10]}"
-    service = LocalService(redis_url=REDIS_URL, env={"SELECTOR_KEY_PREFIX": prefix})
-    url = service.start()
-    yield url
-    service.stop()
-    store = redis.Redis.from_url(REDIS_URL)
-    keys = list(store.scan_iter(match=f"{prefix}*", count=1000))
-    if keys:
-        store.delete(*keys)
+def service_url(start_service):
+    return start_service().url
 
 
 def _cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:

@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tests.utils import tiny_llama_config
+
 SYMBOLS = ["<pad>", "<eos>", "<unk>", *"abcdefghijklmnopqrstuvwxyz0123456789 +-*/=?.:#<>|_\n"]
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
@@ -69,13 +71,7 @@ def model_dir(root: Path) -> Path:
     tok = tokenizer()
     tok.save_pretrained(path)
     LlamaConfig(
-        vocab_size=len(SYMBOLS),
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
+        **tiny_llama_config(len(SYMBOLS), max_position_embeddings=256),
         pad_token_id=0,
         eos_token_id=1,
         bos_token_id=None,

@@ -1,4 +1,8 @@
-"""Real servers for tests: the service in a subprocess, and Redis/Valkey servers on free loopback ports."""
+"""What the tests share: real servers (the service in a subprocess, Redis/Valkey on free loopback ports),
+the tiny Llama every model test builds, and the metric families the service exports.
+
+Only the standard library at import time: the framework drivers import this module inside venvs that
+lack the service's dependencies."""
 
 from __future__ import annotations
 
@@ -14,8 +18,6 @@ import threading
 import time
 import uuid
 from pathlib import Path
-
-import redis
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -75,6 +77,8 @@ class RedisServer:
             "always",
             *self.extra,
         ]
+        import redis
+
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         client = redis.Redis(port=self.port, socket_connect_timeout=0.5)
         for _ in range(200):
@@ -94,6 +98,8 @@ class RedisServer:
 
 def shared_redis_url() -> str:
     """The machine's Redis on 6379 when it answers (CI has one), else a private server for the session."""
+    import redis
+
     url = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
     try:
         redis.Redis.from_url(url, socket_connect_timeout=0.5).ping()
@@ -175,3 +181,45 @@ class ServiceProcess:
 
     def output(self) -> str:
         return "".join(self.lines)
+
+
+#: The metric families the service exports (selector_service/metrics.py); the dashboard is built on them.
+EXPORTED_METRICS = frozenset(
+    {
+        "selector_http_requests_total",
+        "selector_http_request_duration_seconds_bucket",
+        "selector_dataset_prompts",
+        "selector_dataset_open_step",
+        "selector_dataset_results_total",
+        "selector_dataset_rollouts_total",
+        "selector_dataset_steps_closed_total",
+        "selector_dataset_prompts_observed",
+        "selector_dataset_mean_evidence",
+        "selector_dataset_posterior_mean_bucket",
+        "selector_dataset_dps_predicted_share",
+        "selector_dataset_effective_ratio",
+        "selector_dataset_dps_accuracy",
+        "selector_store_lag_records",
+        "selector_store_catchup_seconds_bucket",
+        "selector_dataset_results_by_lag_total",
+        "selector_group_posterior_mean",
+        "selector_group_observed_share",
+        "selector_group_rate",
+    }
+)
+#: Families that appear only once a dataset has group metadata.
+GROUP_METRICS = frozenset(m for m in EXPORTED_METRICS if m.startswith("selector_group_"))
+
+
+def tiny_llama_config(vocab_size: int, **overrides: object) -> dict[str, object]:
+    """Keyword arguments of a `transformers.LlamaConfig` small enough to train on a CPU in a test:
+    one layer of width 16 unless `overrides` say otherwise."""
+    return {
+        "vocab_size": vocab_size,
+        "hidden_size": 16,
+        "intermediate_size": 32,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 2,
+        **overrides,
+    }

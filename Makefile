@@ -34,9 +34,9 @@ test: $(STAMP)
 	  || (apt-get update -qq && apt-get install -y -qq prometheus docker-compose haproxy >/dev/null) \
 	  || echo "prometheus/docker-compose/haproxy not installable: the tests that need them will be skipped"
 	$(MAKE) lint
-	@# One cached venv per trainer framework (verl, AReaL) for tests/test_frameworks.py; reused when cached.
+	@# One cached venv per trainer framework (verl, AReaL) for tests/integrations/test_frameworks.py; reused when cached.
 	@# A framework that fails to install fails its test there with pip's error.
-	-$(BIN)/python tests/frameworks/venvs.py
+	-$(BIN)/python tests/integrations/frameworks/venvs.py
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 demo: $(STAMP)

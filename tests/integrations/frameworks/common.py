@@ -1,0 +1,111 @@
+"""Pieces every framework driver shares: a tiny local model folder, toy arithmetic prompts, a fake LLM
+policy whose answers are recorded, and the JSON report the pytest side checks.
+
+Drivers run inside a framework's venv (tests/integrations/frameworks/venvs.py) with the repository root on
+PYTHONPATH; this module needs only the standard library, torch and transformers/tokenizers.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from tests.utils import tiny_llama_config
+
+SYMBOLS = ["<pad>", "<eos>", "<unk>", *"abcdefghijklmnopqrstuvwxyz0123456789 +-*/=?.:#<>|_\n"]
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+def question(prompt_id: int) -> str:
+    return f"what is {prompt_id} + 1?"
+
+
+def answer_of(prompt_id: int) -> int:
+    return prompt_id + 1
+
+
+def prompt_id_of(text: str) -> int:
+    """The prompt id a (decoded) prompt asks about: the number in ``what is N + 1?``."""
+    start = text.rindex("what is ") + len("what is ")
+    return int(text[start:].split(" ", 1)[0])
+
+
+def solves(prompt_id: int, sample: int) -> bool:
+    """Whether the fake policy answers sample ``sample`` of prompt ``prompt_id`` correctly: a mix of
+    always-solved, never-solved and partly solved prompts, the same in every run."""
+    kind = prompt_id % 3
+    if kind == 0:
+        return True
+    if kind == 1:
+        return False
+    return sample % 2 == 0
+
+
+def tokenizer() -> Any:
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    core = Tokenizer(models.WordLevel({s: i for i, s in enumerate(SYMBOLS)}, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    core.decoder = decoders.Fuse()
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=core, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>"
+    )
+    tok.chat_template = CHAT_TEMPLATE
+    return tok
+
+
+def model_dir(root: Path) -> Path:
+    """A folder holding a tiny Llama config and the tokenizer, as a model path for the frameworks."""
+    from transformers import LlamaConfig
+
+    path = root / "tiny-model"
+    if (path / "config.json").exists():
+        return path
+    path.mkdir(parents=True, exist_ok=True)
+    tok = tokenizer()
+    tok.save_pretrained(path)
+    LlamaConfig(
+        **tiny_llama_config(len(SYMBOLS), max_position_embeddings=256),
+        pad_token_id=0,
+        eos_token_id=1,
+        bos_token_id=None,
+        tie_word_embeddings=False,
+        architectures=["LlamaForCausalLM"],
+    ).save_pretrained(path)
+    return path
+
+
+class Policy:
+    """The fake generation: answers each sample from `solves` and records what reward it should earn.
+
+    ``record`` holds ``[prompt_id, expected_reward]`` per generated sample, in generation order.
+    """
+
+    def __init__(self, tok: Any) -> None:
+        self.tok = tok
+        self.counts: dict[int, int] = {}
+        self.record: list[list[float]] = []
+
+    def answer(self, prompt_id: int) -> str:
+        sample = self.counts.get(prompt_id, 0)
+        self.counts[prompt_id] = sample + 1
+        right = solves(prompt_id, sample)
+        self.record.append([prompt_id, 1.0 if right else 0.0])
+        value = answer_of(prompt_id) if right else answer_of(prompt_id) + 7
+        return f"it is {value}. #### {value}"
+
+    def respond_ids(self, prompt_ids: list[int]) -> list[int]:
+        text = self.tok.decode(prompt_ids, skip_special_tokens=False)
+        return [*self.tok.encode(self.answer(prompt_id_of(text)), add_special_tokens=False), 1]
+
+
+def emit(report: dict[str, Any]) -> None:
+    """The driver's result, as the last line of stdout."""
+    sys.stdout.flush()
+    print("DRIVER-REPORT " + json.dumps(report), flush=True)

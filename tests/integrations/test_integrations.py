@@ -1,0 +1,377 @@
+"""Adapter helpers, the verl sampler's input checks, and TRL against a real selector service.
+
+TRL is tested with its real classes (``RepeatSampler`` for the index pattern, ``GRPOTrainer`` for real
+training steps on a tiny random model). The verl, AReaL and OpenRLHF adapters run inside those
+frameworks' own training code in tests/integrations/test_frameworks.py; here only the verl sampler's refusals of
+bad input, which need no verl.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from collections import Counter
+from collections.abc import Iterable
+from typing import Any
+
+import pytest
+import torch
+
+from tests.integrations.frameworks import common
+from tests.utils import tiny_llama_config
+from trainer_client.client import DatasetInfo, Result, SelectorClient
+from trainer_client.integrations import check_permutation, first_step, group_results
+from trainer_client.integrations import verl as verl_adapter
+
+# verl's datasets are `datasets.Dataset` frames; TRL brings `datasets` along.
+needs_datasets = pytest.mark.skipif(
+    importlib.util.find_spec("datasets") is None, reason="needs the `datasets` package (pip install trl)"
+)
+needs_trl = pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="needs TRL (pip install trl)")
+
+# --------------------------------------------------------------------------------------------------
+# Shared helpers (no service)
+# --------------------------------------------------------------------------------------------------
+
+
+def test_group_results_groups_in_order_and_rejects_bad_input() -> None:
+    results = group_results([4, 2, 4, 2, 4], [1, 0, 0.5, 0, 1])
+    assert [(r.prompt_id, list(r.rewards)) for r in results] == [(4, [1.0, 0.5, 1.0]), (2, [0.0, 0.0])]
+    with pytest.raises(ValueError, match="2 prompt ids but 1 rewards"):
+        group_results([1, 2], [1.0])
+    with pytest.raises(ValueError, match="not finite"):
+        group_results([1], [float("nan")])
+
+
+def test_check_permutation() -> None:
+    assert check_permutation([2, 0, 1], "ids") == {2: 0, 0: 1, 1: 2}
+    with pytest.raises(ValueError, match=r"outside 0\.\.2"):
+        check_permutation([0, 1, 3], "ids")
+    with pytest.raises(ValueError, match="appears in rows 0 and 2"):
+        check_permutation([1, 0, 1], "ids")
+    with pytest.raises(ValueError, match="integer id"):
+        check_permutation([0, None], "ids")
+
+
+def _info(open_step: int | None, observations: int | None) -> DatasetInfo:
+    return DatasetInfo(
+        "d", 4, 8, 1.0, (1.0, 1.0), 1.0, 0.7, "binary", {}, open_step=open_step, observations=observations
+    )
+
+
+def test_first_step_continues_after_an_earlier_run() -> None:
+    assert first_step(_info(None, None)) == 0
+    assert first_step(_info(3, 0)) == 3
+    assert first_step(_info(3, 5)) == 4
+
+
+# --------------------------------------------------------------------------------------------------
+# Service fixtures
+# --------------------------------------------------------------------------------------------------
+
+
+class RecordingClient(SelectorClient):
+    """The real client, remembering every selection it received and every observe it sent."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.observed: list[tuple[int, str, list[Result]]] = []
+        self.selected: dict[int, list[int]] = {}
+        self.select_calls = 0
+
+    def select(self, dataset: str, step: int, *args: Any, **kwargs: Any) -> Any:
+        selection = super().select(dataset, step, *args, **kwargs)
+        self.select_calls += 1
+        self.selected[step] = list(selection.prompt_ids)
+        return selection
+
+    def observe(self, dataset: str, step: int, results: Iterable[Result], request_id: str) -> Any:
+        results = list(results)
+        ack = super().observe(dataset, step, results, request_id)
+        self.observed.append((step, request_id, results))
+        return ack
+
+
+@pytest.fixture
+def client(service: Any) -> Iterable[RecordingClient]:
+    with RecordingClient(service.url, timeout=30.0) as c:
+        yield c
+
+
+# --------------------------------------------------------------------------------------------------
+# verl (contract test)
+# --------------------------------------------------------------------------------------------------
+
+
+def verl_rows(ids: list[int | None]) -> list[dict[str, Any]]:
+    """Rows as verl's RLHFDataset returns them (only the field the sampler reads)."""
+    return [{"extra_info": {"split": "train"} if i is None else {"split": "train", "index": i}} for i in ids]
+
+
+def verl_config(url: str, dataset: str, batch_size: int, **selector: Any) -> dict[str, Any]:
+    return {
+        "train_batch_size": batch_size,
+        "dataloader_num_workers": 0,
+        "sampler": {"selector": {"url": url, "dataset": dataset, "strategy": "insight", **selector}},
+    }
+
+
+def test_verl_sampler_refuses_rows_without_extra_info_index(service: Any, dsname: str) -> None:
+    with pytest.raises(ValueError, match=r"row 2 .* no extra_info.index; verl would silently use 0"):
+        verl_adapter.SelectorCurriculumSampler(
+            verl_rows([0, 1, None, 3]), verl_config(service.url, dsname, 2)
+        )
+
+
+@pytest.mark.parametrize(
+    ("ids", "overrides", "message"),
+    [
+        ([0, 1, 1, 2], {}, "appears in rows 1 and 2"),
+        ([0, 1, 2, 7], {}, "outside 0..3"),
+        ([0, 1, 2, 3], {"dataloader_num_workers": 8}, "dataloader_num_workers=0"),
+        ([0, 1, 2, 3], {"train_batch_size": 5}, "exceeds the 4 prompts"),
+    ],
+)
+def test_verl_sampler_configuration_errors(
+    service: Any, dsname: str, ids: list[int], overrides: dict[str, Any], message: str
+) -> None:
+    config = verl_config(service.url, dsname, 2) | overrides
+    with pytest.raises(ValueError, match=message):
+        verl_adapter.SelectorCurriculumSampler(verl_rows(ids), config)
+
+
+def test_verl_settings_from_environment_and_unknown_keys(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SELECTOR_URL", "http://selector:8000")
+    monkeypatch.setenv("SELECTOR_DATASET", "from-env")
+    monkeypatch.setenv("SELECTOR_SEED", "7")
+    settings = verl_adapter.SelectorSettings.resolve({"strategy": "dps"}, __import__("os").environ)
+    assert (settings.url, settings.dataset, settings.strategy, settings.seed) == (
+        "http://selector:8000",
+        "from-env",
+        "dps",
+        7,
+    )
+    with pytest.raises(ValueError, match="unknown key"):
+        verl_adapter.SelectorSettings.resolve({"url": "u", "dataset": "d", "stratgey": "dps"}, {})
+    with pytest.raises(ValueError, match=r"data.sampler.selector.url \(or env SELECTOR_URL\)"):
+        verl_adapter.SelectorSettings.resolve({"dataset": "d"}, {})
+
+
+def test_verl_version_gate(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(verl_adapter.metadata, "version", lambda name: "0.9.1")
+    with pytest.raises(RuntimeError, match=r"trainer_client\.integrations\.verl_main"):
+        verl_adapter._check_verl_version(trainer_reports=False)
+    verl_adapter._check_verl_version(trainer_reports=True)
+    monkeypatch.setattr(verl_adapter.metadata, "version", lambda name: "0.7.1")
+    verl_adapter._check_verl_version(trainer_reports=False)
+    monkeypatch.setattr(verl_adapter.metadata, "version", lambda name: "0.4.0")
+    with pytest.raises(RuntimeError, match="too old"):
+        verl_adapter._check_verl_version(trainer_reports=False)
+
+
+# --------------------------------------------------------------------------------------------------
+# TRL (real classes)
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def trl_adapter() -> Any:
+    if importlib.util.find_spec("trl") is None:
+        pytest.skip("needs TRL (pip install trl)")
+    return importlib.import_module("trainer_client.integrations.trl")
+
+
+def _pattern(indices: list[int]) -> list[int]:
+    """Relabel indices by first appearance, so two sequences with the same shape compare equal."""
+    labels: dict[int, int] = {}
+    return [labels.setdefault(i, len(labels)) for i in indices]
+
+
+@pytest.mark.parametrize(("mini", "batch", "repeat"), [(2, 3, 4), (3, 2, 1), (1, 7, 2)])
+def test_trl_sampler_keeps_repeat_samplers_shape(
+    trl_adapter: Any, service: Any, client: RecordingClient, dsname: str, mini: int, batch: int, repeat: int
+) -> None:
+    data = list(range(15))
+    client.create_dataset(dsname, len(data))
+    ours = list(
+        trl_adapter.SelectorRepeatSampler(
+            data, mini, batch, repeat, client=client, dataset=dsname, strategy="uniform", seed=3
+        )
+    )
+    from trl.trainer.utils import RepeatSampler
+
+    theirs = list(RepeatSampler(data, mini, batch, repeat, seed=3))
+    assert len(ours) == len(theirs) == len(RepeatSampler(data, mini, batch, repeat))
+    chunk = mini * batch * repeat
+    for start in range(0, len(ours), chunk):
+        assert _pattern(ours[start : start + chunk]) == _pattern(theirs[start : start + chunk])
+    # Each chunk is the service's batch for its step.
+    assert len(client.selected) == len(ours) // chunk
+    for step, start in enumerate(range(0, len(ours), chunk)):
+        assert list(dict.fromkeys(ours[start : start + chunk])) == client.selected[step]
+
+
+def test_trl_sampler_gives_every_rank_the_same_batches(
+    trl_adapter: Any, service: Any, client: RecordingClient, dsname: str
+) -> None:
+    client.create_dataset(dsname, 20)
+    ranks = [
+        trl_adapter.SelectorRepeatSampler(
+            range(20), 2, 4, 1, client=client, dataset=dsname, strategy="insight", seed=1, start_step=5
+        )
+        for _ in range(2)
+    ]
+    streams = [iter(r) for r in ranks]
+    for _ in range(3):
+        blocks = [[next(s) for _ in range(8)] for s in streams]
+        assert blocks[0] == blocks[1]
+        assert len(set(blocks[0])) == 4
+    assert ranks[0].latest_step == ranks[1].latest_step == 7
+
+
+def _tiny_model(vocab_size: int) -> Any:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        **tiny_llama_config(vocab_size, max_position_embeddings=128),
+        pad_token_id=0,
+        eos_token_id=1,
+        bos_token_id=None,
+    )
+    return LlamaForCausalLM(config)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("steps_per_generation", [1, 2])
+def test_trl_grpo_trainer_trains_on_selected_prompts_and_reports_them(
+    trl_adapter: Any,
+    service: Any,
+    client: RecordingClient,
+    dsname: str,
+    tmp_path: Any,
+    steps_per_generation: int,
+) -> None:
+    import datasets
+    from trl import GRPOConfig
+
+    size, generations = 12, 2
+    train = datasets.Dataset.from_list([{"prompt": f"what is {i} + 1?", "prompt_id": i} for i in range(size)])
+    rewarded: list[list[int]] = []
+
+    def has_vowel(completions: list[str], prompt_id: list[int], **kwargs: Any) -> list[float]:
+        rewarded.append(list(prompt_id))
+        return [1.0 if any(c in "aeiou" for c in text) else 0.0 for text in completions]
+
+    def length_bonus(completions: list[str], **kwargs: Any) -> list[float]:
+        return [len(text) / 100 for text in completions]
+
+    tokenizer = common.tokenizer()
+    args = GRPOConfig(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=4,
+        num_generations=generations,
+        steps_per_generation=steps_per_generation,
+        max_completion_length=6,
+        max_steps=2 * steps_per_generation,
+        learning_rate=1e-2,
+        use_cpu=True,
+        bf16=False,
+        report_to=[],
+        save_strategy="no",
+        logging_steps=1,
+        seed=0,
+        disable_tqdm=True,
+    )
+    trainer = trl_adapter.SelectorGRPOTrainer(
+        model=_tiny_model(len(tokenizer)),
+        reward_funcs=[length_bonus, has_vowel],
+        args=args,
+        train_dataset=train,
+        processing_class=tokenizer,
+        selector=trl_adapter.SelectorOptions(client=client, dataset=dsname, strategy="insight", seed=2),
+        observe_reward="has_vowel",
+    )
+    before = [p.detach().clone() for p in trainer.model.parameters()]
+    trainer.train()
+
+    sampler = trainer._selector_sampler
+    per_generation = args.generation_batch_size // generations
+    assert sampler.batch_size == per_generation
+    # Two generations, each a full selected batch, each reported once with every completion's reward.
+    assert len(client.observed) == 2 == trainer.observing_reward.reports
+    for generation, (step, request_id, results) in enumerate(client.observed):
+        assert sorted(set(rewarded[generation])) == sorted(sampler.history[generation])
+        assert sorted(r.prompt_id for r in results) == sorted(sampler.history[generation])
+        assert all(len(r.rewards) == generations for r in results)
+        assert request_id.endswith(f"-g{generation}-s{step}")
+        # One batch ahead: with one optimisation step per generation the next step is already
+        # selected when the rewards arrive; otherwise the report is filed under its own step.
+        assert step == generation + (1 if steps_per_generation == 1 else 0)
+    info = client.get_dataset(dsname)
+    assert info.size == size and info.rollouts_per_prompt == generations
+    assert info.rollouts == 2 * per_generation * generations
+    assert any(not torch.equal(a, b) for a, b in zip(before, trainer.model.parameters(), strict=True))
+
+    # A second trainer on the same dataset continues after the first run's steps.
+    again = trl_adapter.SelectorGRPOTrainer(
+        model=trainer.model,
+        reward_funcs=has_vowel,
+        args=args,
+        train_dataset=train,
+        processing_class=tokenizer,
+        selector=trl_adapter.SelectorOptions(client=client, dataset=dsname, strategy="insight"),
+    )
+    assert again._get_train_sampler().next_step == client.get_dataset(dsname).open_step + 1
+
+
+def test_trl_trainer_refuses_datasets_without_prompt_ids(
+    trl_adapter: Any, service: Any, client: RecordingClient, dsname: str
+) -> None:
+    import datasets
+
+    train = datasets.Dataset.from_list([{"prompt": "a"}, {"prompt": "b"}])
+    with pytest.raises(ValueError, match="no 'prompt_id' column"):
+        trl_adapter.SelectorGRPOTrainer(
+            model=None,
+            reward_funcs=lambda completions, **kw: [0.0] * len(completions),
+            train_dataset=train,
+            selector=trl_adapter.SelectorOptions(client=client, dataset=dsname),
+        )
+
+
+def test_observing_reward_explains_a_missing_id_column(trl_adapter: Any, client: RecordingClient) -> None:
+    reward = trl_adapter.ObservingReward(
+        lambda completions, **kw: [1.0] * len(completions), client=client, dataset="d"
+    )
+    with pytest.raises(KeyError, match=r"dataset\.map"):
+        reward(prompts=["p"], completions=["c"])
+    with pytest.raises(TypeError, match="reward model is not a verifier"):
+        trl_adapter.ObservingReward(torch.nn.Linear(1, 1), client=client, dataset="d")
+
+
+def test_observing_reward_refuses_prompts_that_were_not_selected(
+    trl_adapter: Any, service: Any, client: RecordingClient, dsname: str
+) -> None:
+    client.create_dataset(dsname, 10)
+    sampler = trl_adapter.SelectorRepeatSampler(
+        range(10), 2, 3, 1, client=client, dataset=dsname, strategy="uniform"
+    )
+    picked = sampler.select_next()
+    wrong = next(i for i in range(10) if i not in picked)
+    reward = trl_adapter.ObservingReward(
+        lambda completions, **kw: [1.0] * len(completions), client=client, dataset=dsname, sampler=sampler
+    )
+    with pytest.raises(RuntimeError, match="not one batch the service selected"):
+        reward(prompts=["p", "p"], completions=["a", "b"], prompt_id=[wrong, wrong])
+    # The selected prompts are accepted; None rewards (not applicable) are left out of the report.
+    ok = trl_adapter.ObservingReward(
+        lambda completions, **kw: [1.0, None] * (len(completions) // 2),
+        client=client,
+        dataset=dsname,
+        sampler=sampler,
+    )
+    ids = [pid for pid in picked for _ in range(2)]
+    assert ok(prompts=ids, completions=["x"] * len(ids), prompt_id=ids) == [1.0, None] * len(picked)
+    (step, _, results), *_ = client.observed
+    assert step == 0 and Counter(len(r.rewards) for r in results) == {1: len(picked)}

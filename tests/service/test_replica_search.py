@@ -1,0 +1,337 @@
+"""Search for lost or doubled observations across replicas: seeded random schedules against a model.
+
+Three replicas (engines with their own store connections, as in three service processes) share one
+real Redis. Snapshots and trims happen all the time (a snapshot every few records) and catching up
+reads a few records per round trip, so a replica's catch-up constantly interleaves with another
+replica's snapshot, trim and log growth. Each schedule runs phases of concurrent clients that observe
+(on time, late within max_lag, too late, retried, retried with another body), select (the open step
+or ahead), read, and kill replicas (the replica's in-flight calls are cancelled at whatever point they
+reached, its memory is dropped, a fresh replica takes its place: kill -9 and a restart). A seeded delay
+before and after every store call spreads the interleavings. Clients retry an unanswered call with the
+same request id until they get an answer, as the typed client does.
+
+After every phase, every replica and a freshly started one must hold exactly the model's beliefs,
+counts and batches (tests/service/replica_model.py): nothing acknowledged is missing or counted twice.
+
+A failure prints its seed; replay it with REPLICA_SEARCH_SEEDS=<seed>. REPLICA_SEARCH_SCHEDULES
+(default 150) sets how many schedules `make test` searches; run thousands before changing the protocol.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import uuid
+
+import pytest
+
+from selector_service.engine import Engine
+from selector_service.errors import Conflict, InvalidRequest, Unavailable
+from selector_service.settings import Settings
+from selector_service.state import DatasetSpec
+from selector_service.store import Store, connect
+from tests.service.replica_model import (
+    ORDER_DEPENDENT,
+    ReplicaModel,
+    differences,
+    model_batches,
+    random_results,
+)
+
+SCHEDULES = int(os.environ.get("REPLICA_SEARCH_SCHEDULES", "150"))
+REPLICAS = 3
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+
+
+class Killed(Exception):
+    """The replica a call went to was killed while the call was in flight: its outcome is unknown."""
+
+
+class JitteryStore:
+    """A Store whose every call waits a seeded random delay before and after (0-1 ms, often none)."""
+
+    def __init__(self, store: Store, rng: random.Random) -> None:
+        self._store = store
+        self._rng = rng
+
+    async def _pause(self) -> None:
+        roll = self._rng.random()
+        await asyncio.sleep(0 if roll < 0.6 else self._rng.random() * 0.001)
+
+    def __getattr__(self, name):
+        attr = getattr(self._store, name)
+        if not callable(attr) or name in ("keys",):
+            return attr
+
+        async def call(*args, **kwargs):
+            await self._pause()
+            result = await attr(*args, **kwargs)
+            await self._pause()
+            return result
+
+        return call
+
+
+class Replica:
+    """An engine plus the calls in flight on it, so that a kill can cancel them mid-way."""
+
+    def __init__(self, engine: Engine, client) -> None:
+        self.engine = engine
+        self.client = client
+        self.inflight: set[asyncio.Task] = set()
+        self.dead = False
+
+    async def call(self, coro):
+        task = asyncio.ensure_future(coro)
+        self.inflight.add(task)
+        try:
+            return await task
+        except asyncio.CancelledError:
+            if self.dead:
+                raise Killed() from None
+            raise
+        finally:
+            self.inflight.discard(task)
+
+    async def kill(self) -> None:
+        self.dead = True
+        for task in [*self.inflight, *self.engine._snapshotting.values(), *self.engine._maintaining.values()]:
+            task.cancel()
+        await asyncio.gather(
+            *self.inflight,
+            *self.engine._snapshotting.values(),
+            *self.engine._maintaining.values(),
+            return_exceptions=True,
+        )
+        await self.client.aclose()
+
+
+class Cluster:
+    def __init__(self, url: str, prefix: str, rng: random.Random) -> None:
+        self.url, self.prefix, self.rng = url, prefix, rng
+        self.settings = Settings(
+            redis_url=url,
+            key_prefix=prefix,
+            snapshot_every_records=rng.choice([1, 2, 3, 5, 8, 13]),
+            sync_batch=rng.choice([1, 2, 3, 4, 7]),
+            snapshot_chunk_bytes=rng.choice([1024, 4096, 2**20]),
+        )
+        self.replicas: list[Replica] = []
+
+    async def start_replica(self) -> Replica:
+        client = await connect(self.url, 5.0)
+        store = Store(client, self.prefix, 3600, self.settings.max_step_gap)
+        engine = Engine(JitteryStore(store, random.Random(self.rng.random())), self.settings)
+        return Replica(engine, client)
+
+    async def start(self) -> None:
+        self.replicas = [await self.start_replica() for _ in range(REPLICAS)]
+
+    async def restart(self, index: int) -> None:
+        old = self.replicas[index]
+        self.replicas[index] = await self.start_replica()  # new calls go to the fresh replica
+        await old.kill()
+
+    def pick(self) -> Replica:
+        return self.rng.choice(self.replicas)
+
+    async def close(self) -> None:
+        for replica in self.replicas:
+            await replica.kill()
+
+
+async def _answered(cluster: Cluster, make_call):
+    """Calls until a replica answers (a killed replica or an unreachable store: retry elsewhere)."""
+    for _ in range(200):
+        replica = cluster.pick()
+        try:
+            return await replica.call(make_call(replica.engine))
+        except (Killed, Unavailable):
+            await asyncio.sleep(0.001)
+    raise AssertionError("no replica answered 200 times in a row")
+
+
+async def _client(cluster: Cluster, model: ReplicaModel, name: str, rng: random.Random, tag: str, ops: int):
+    spec = model.spec
+    sent: list[tuple[str, int, list]] = []  # (request id, step, results) of earlier observes
+    for i in range(ops):
+        roll = rng.random()
+        if roll < 0.55:  # observe: new, a retry of an earlier one, or an earlier id with another body
+            kind = rng.random()
+            if sent and kind < 0.15:
+                rid, step, results = rng.choice(sent)
+            elif sent and kind < 0.22:
+                rid, step, _ = rng.choice(sent)
+                results = random_results(rng, spec.size, spec.rollouts_per_prompt)
+            else:
+                rid = f"{tag}-{i}"
+                step = max(0, model.open_step + rng.choice([-3, -2, -1, -1, 0, 0, 0, 0, 1, 2]))
+                results = random_results(rng, spec.size, spec.rollouts_per_prompt)
+                sent.append((rid, step, results))
+
+            def observe(engine, rid=rid, step=step, results=results):
+                return engine.observe(name, step=step, request_id=rid, results=results)
+
+            try:
+                _, _, lag = await _answered(cluster, observe)
+            except Conflict:
+                continue  # step closed beyond max_lag, or the id names another body: nothing applied
+            model.acknowledged(rid, step, lag, results)
+        elif roll < 0.8:  # select: the open step, or ahead (opens it)
+            step = model.open_step + rng.choice([0, 0, 0, 1, 2])
+            strategy = rng.choice(["insight", "dps", "uniform", "mopps"])
+            seed = rng.randint(0, 3)
+
+            def select(engine, step=step, strategy=strategy, seed=seed):
+                return engine.select(name, step=step, batch_size=3, strategy=strategy, params={}, seed=seed)
+
+            try:
+                await _answered(cluster, select)
+            except Conflict:
+                continue  # another client opened a later step first
+            model.opened(step)
+        elif roll < 0.97:  # read
+            await _answered(cluster, lambda engine: engine.read(name, lambda st: st.open_step))
+        else:  # kill -9 a replica and start a fresh one in its place
+            await cluster.restart(rng.randrange(REPLICAS))
+
+
+async def _check(cluster: Cluster, model: ReplicaModel, name: str, seed: int, phase: int) -> None:
+    expected, last = model.state(), model.last_states()
+    batches = model_batches(model.spec, expected, 3)
+    fresh = await cluster.start_replica()
+    seen_last = seen_history = seen_streak = None
+    replay = f"  (replay: REPLICA_SEARCH_SEEDS={seed})"
+    try:
+        for index, replica in enumerate([*cluster.replicas, fresh]):
+            got = await replica.engine.read(name, lambda st: st)
+            who = f"seed {seed} phase {phase} replica {index}{' (fresh)' if replica is fresh else ''}"
+            diffs = differences(got, expected, last)
+            assert not diffs, f"{who}: " + "; ".join(diffs) + replay
+            got_batches, history = await replica.engine.read(
+                name,
+                lambda st: (
+                    model_batches(model.spec, st, 3),
+                    model_batches(model.spec, st, 3, ORDER_DEPENDENT),
+                ),
+            )
+            assert got_batches == batches, f"{who}: batches differ from the model's" + replay
+            if seen_last is None:
+                seen_last, seen_history = got.arrays.last_state.copy(), history
+                seen_streak = got.arrays.streak.copy()
+            assert (got.arrays.last_state == seen_last).all(), f"{who}: last_state differs" + replay
+            assert (got.arrays.streak == seen_streak).all(), f"{who}: streak differs" + replay
+            assert history == seen_history, f"{who}: history resampling batches differ" + replay
+    finally:
+        await fresh.kill()
+
+
+async def _schedule(url: str, seed: int) -> None:
+    rng = random.Random(seed)
+    prefix = f"search{uuid.uuid4().hex[:8]}"
+    cluster = Cluster(url, prefix, rng)
+    await cluster.start()
+    name = f"s{seed}"
+    spec = DatasetSpec(
+        name=name,
+        size=rng.choice([4, 7, 12]),
+        rollouts_per_prompt=rng.choice([1, 2, 4]),
+        hmm_decay=rng.choice([0.5, 0.7, 1.0]),
+        max_lag=rng.choice([0, 0, 1, 2]),
+    )
+    try:
+        created, spec = await cluster.replicas[0].engine.create_dataset(spec)
+        assert created
+        model = ReplicaModel(spec)
+        for phase in range(rng.randint(2, 4)):
+            clients = [
+                _client(
+                    cluster, model, name, random.Random(rng.random()), f"p{phase}c{c}", rng.randint(3, 14)
+                )
+                for c in range(rng.randint(1, 4))
+            ]
+            await asyncio.gather(*clients)
+            await _check(cluster, model, name, seed, phase)
+    finally:
+        await cluster.close()
+        client = await connect(url, 5.0)
+        try:
+            keys = [k async for k in client.scan_iter(match=f"{prefix}:*", count=1000)]
+            if keys:
+                await client.delete(*keys)
+        finally:
+            await client.aclose()
+
+
+def _seeds() -> list[int]:
+    chosen = os.environ.get("REPLICA_SEARCH_SEEDS")
+    if chosen:
+        return [int(s) for s in chosen.split(",")]
+    base = int(os.environ.get("REPLICA_SEARCH_BASE", "0"))
+    return list(range(base, base + SCHEDULES))
+
+
+def test_replicas_never_lose_or_double_acknowledged_observations(redis_url):
+    failures = []
+
+    async def run() -> None:
+        for seed in _seeds():
+            try:
+                await _schedule(redis_url, seed)
+            except AssertionError as exc:
+                failures.append(f"seed {seed}: {exc}")
+                if len(failures) >= 3:
+                    return
+
+    asyncio.run(run())
+    assert not failures, "\n".join(failures)
+
+
+def test_a_schedule_is_checked_against_the_model(redis_url):
+    """The check can fail: a replica that drops one acknowledged result differs from the model."""
+
+    async def run() -> list[str]:
+        rng = random.Random(7)
+        cluster = Cluster(redis_url, f"search{uuid.uuid4().hex[:8]}", rng)
+        await cluster.start()
+        spec = DatasetSpec(name="probe", size=5, rollouts_per_prompt=2)
+        try:
+            _, spec = await cluster.replicas[0].engine.create_dataset(spec)
+            model = ReplicaModel(spec)
+            await _client(cluster, model, "probe", random.Random(1), "c", 12)
+            assert model.acks, "the probe schedule acknowledged nothing"
+            dropped = ReplicaModel(spec, dict(list(model.acks.items())[1:]), model.open_step)
+            got = await cluster.replicas[1].engine.read("probe", lambda st: st)
+            return differences(got, dropped.state(), dropped.last_states())
+        finally:
+            await cluster.close()
+
+    assert asyncio.run(run())
+
+
+@pytest.mark.parametrize("bad", ["observe", "select"])
+def test_invalid_requests_in_a_schedule_apply_nothing(redis_url, bad):
+    """Refused calls (ahead of the step gap) leave the model's view intact."""
+
+    async def run() -> None:
+        cluster = Cluster(redis_url, f"search{uuid.uuid4().hex[:8]}", random.Random(3))
+        await cluster.start()
+        try:
+            _, spec = await cluster.replicas[0].engine.create_dataset(DatasetSpec(name="gap", size=4))
+            engine = cluster.replicas[1].engine
+            far = cluster.settings.max_step_gap + 1
+            with pytest.raises(InvalidRequest):
+                if bad == "observe":
+                    await engine.observe(
+                        "gap", step=far, request_id="far", results=random_results(random.Random(0), 4, 2)
+                    )
+                else:
+                    await engine.select("gap", step=far, batch_size=1, strategy="uniform", params={}, seed=0)
+            st = await cluster.replicas[2].engine.read("gap", lambda st: st)
+            assert not differences(st, ReplicaModel(spec).state(), {})
+        finally:
+            await cluster.close()
+
+    asyncio.run(run())

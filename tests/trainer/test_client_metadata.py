@@ -1,0 +1,68 @@
+"""The client's metadata upload (trainer_client.client.upload_metadata): how an upload is cut into
+requests and encoded. The calls against a real service are in tests/service/test_metadata.py."""
+
+from __future__ import annotations
+
+import math
+import struct
+
+import pytest
+
+from trainer_client import client as tc
+
+
+def test_small_uploads_are_one_json_request_with_nulls_for_unknown_rates():
+    (call,) = tc._metadata_calls("ds", [0.5, None, float("nan"), 1.0], [3, -1, 0, 65535], 7, None)
+    assert (call.method, call.path) == ("PUT", "/datasets/ds/metadata")
+    assert call.json == {"offset": 7, "pass_rate": [0.5, None, None, 1.0], "group": [3, -1, 0, 65535]}
+    assert call.content is None and call.send_kwargs()["json"] == call.json
+
+
+def test_large_uploads_are_cut_into_chunks_with_their_offsets(monkeypatch):
+    monkeypatch.setattr(tc, "METADATA_JSON_CHUNK", 4)
+    calls = tc._metadata_calls("ds", None, list(range(10)), 100, raw=False)
+    assert [c.json["offset"] for c in calls] == [100, 104, 108]
+    assert [c.json["group"] for c in calls] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    assert all("pass_rate" not in c.json for c in calls)
+
+
+def test_raw_uploads_are_little_endian_float32_and_int32_per_field(monkeypatch):
+    monkeypatch.setattr(tc, "METADATA_RAW_CHUNK", 2)
+    calls = tc._metadata_calls("d s", [0.25, None, 0.75], [1, -1, 2], 5, raw=True)
+    assert [(c.path, c.params["offset"]) for c in calls] == [
+        ("/datasets/d%20s/metadata/pass_rate", "5"),
+        ("/datasets/d%20s/metadata/pass_rate", "7"),
+        ("/datasets/d%20s/metadata/group", "5"),
+        ("/datasets/d%20s/metadata/group", "7"),
+    ]
+    first = struct.unpack("<2f", calls[0].content)
+    assert first[0] == 0.25 and math.isnan(first[1])
+    assert struct.unpack("<f", calls[1].content) == (0.75,)
+    assert struct.unpack("<2i", calls[2].content) == (1, -1)
+    kwargs = calls[3].send_kwargs()
+    assert kwargs["headers"]["Content-Type"] == "application/octet-stream" and "json" not in kwargs
+
+
+def test_raw_is_the_default_above_the_json_chunk(monkeypatch):
+    monkeypatch.setattr(tc, "METADATA_JSON_CHUNK", 3)
+    assert tc._metadata_calls("ds", [0.1] * 3, None, 0, None)[0].content is None
+    assert tc._metadata_calls("ds", [0.1] * 4, None, 0, None)[0].content is not None
+
+
+@pytest.mark.parametrize(
+    ("rates", "groups", "offset", "message"),
+    [
+        (None, None, 0, "pass_rate, group or both"),
+        ([1.5], None, 0, r"pass_rate\[0\] = 1.5"),
+        ([-0.1], None, 0, "lie in"),
+        (None, [65536], 0, r"group\[0\]"),
+        (None, [-2], 0, "groups are integers"),
+        (None, [1.5], 0, "groups are integers"),
+        ([0.5, 0.5], [1], 0, "one per prompt"),
+        ([], None, 0, "empty"),
+        ([0.5], None, -1, "offset"),
+    ],
+)
+def test_bad_uploads_are_refused_before_anything_is_sent(rates, groups, offset, message):
+    with pytest.raises(ValueError, match=message):
+        tc._metadata_calls("ds", rates, groups, offset, None)

@@ -72,7 +72,7 @@ from selector_service.core import BeliefArrays, apply_results, close_step, strat
 from selector_service.engine import REPLAY_BUDGET
 from selector_service.state import DatasetSpec, DatasetState, serialize_snapshot
 from selector_service.store import Keys
-from tests.servers import RedisServer, ServiceProcess
+from tests.utils import RedisServer, ServiceProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT_DIR = ROOT / "bench" / "out"

@@ -28,7 +28,7 @@ import httpx
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.servers import ServiceProcess
+from tests.utils import ServiceProcess
 
 
 def pct(xs: list[float], q: float) -> float:

@@ -35,7 +35,7 @@ import psutil
 import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.servers import RedisServer, ServiceProcess
+from tests.utils import RedisServer, ServiceProcess
 
 ENDPOINTS = ["select_own", "observe_own", "select_shared", "observe_shared", "beliefs", "metrics"]
 

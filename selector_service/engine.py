@@ -44,17 +44,19 @@ from selector_service.errors import (
     Unavailable,
 )
 from selector_service.settings import Settings
+from selector_service.snapshot import (
+    deserialize_snapshot,
+    iter_snapshot_chunks,
+    load_snapshot_chunks,
+    serialize_snapshot,
+)
 from selector_service.state import (
     DatasetSpec,
     DatasetState,
     LogGap,
     UnnumberedRecord,
-    deserialize_snapshot,
-    iter_snapshot_chunks,
-    load_snapshot_chunks,
     pack_metadata,
     pack_results,
-    serialize_snapshot,
 )
 from selector_service.store import LogView, SnapshotMissing, Store, StoreError, parse_id
 

@@ -70,7 +70,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.reference_dps_sampler import DictHMMSampler
 from selector_service.core import BeliefArrays, apply_results, close_step, strategies
 from selector_service.engine import REPLAY_BUDGET
-from selector_service.state import DatasetSpec, DatasetState, serialize_snapshot
+from selector_service.snapshot import serialize_snapshot
+from selector_service.state import DatasetSpec, DatasetState
 from selector_service.store import Keys
 from tests.utils import RedisServer, ServiceProcess
 

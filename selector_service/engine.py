@@ -34,6 +34,7 @@ from redis.exceptions import RedisError
 
 from selector_service.core import strategies
 from selector_service.core.coldstart import check_metadata
+from selector_service.core.coldstart import prior_arrays as cold_betas
 from selector_service.core.outcomes import outcomes_from_counts, outcomes_from_flat
 from selector_service.errors import (
     Conflict,
@@ -43,18 +44,21 @@ from selector_service.errors import (
     ServiceError,
     Unavailable,
 )
+from selector_service.schemas import Belief, DatasetCreate
 from selector_service.settings import Settings
+from selector_service.snapshot import (
+    deserialize_snapshot,
+    iter_snapshot_chunks,
+    load_snapshot_chunks,
+    serialize_snapshot,
+)
 from selector_service.state import (
     DatasetSpec,
     DatasetState,
     LogGap,
     UnnumberedRecord,
-    deserialize_snapshot,
-    iter_snapshot_chunks,
-    load_snapshot_chunks,
     pack_metadata,
     pack_results,
-    serialize_snapshot,
 )
 from selector_service.store import LogView, SnapshotMissing, Store, StoreError, parse_id
 
@@ -151,6 +155,31 @@ class Engine:
             async with self._lock(spec.name):
                 self._states[spec.name] = await asyncio.to_thread(DatasetState, stored)
         return status == "created", stored
+
+    async def create_dataset_from(self, request: DatasetCreate) -> tuple[bool, DatasetSpec]:
+        """POST /datasets: the spec a request asks for, its per-strategy defaults checked against each
+        strategy's parameters (InvalidRequest), then `create_dataset`."""
+        spec = DatasetSpec(
+            name=request.name,
+            size=request.size,
+            rollouts_per_prompt=request.rollouts_per_prompt,
+            success_threshold=request.success_threshold + 0.0,  # -0.0 is the same threshold as 0.0
+            beta_prior=tuple(request.beta_prior),
+            beta_decay=request.beta_decay,
+            hmm_decay=request.hmm_decay,
+            reward_mode=request.reward_mode,
+            defaults=request.defaults,
+            max_lag=request.max_lag,
+            prior_strength=request.prior_strength,
+            group_decay=request.group_decay,
+        )
+        for strategy in request.defaults:
+            self.resolve_params(spec, strategy, {})
+        return await self.create_dataset(spec)
+
+    async def describe(self, name: str) -> tuple[DatasetSpec, dict[str, Any]]:
+        """The dataset's spec and its summary (open step, counters, metadata coverage), caught up."""
+        return await self.read(name, lambda st: (st.spec, st.summary()))
 
     async def list_datasets(self) -> list[str]:
         return await self._io(self.store.list_datasets())
@@ -463,6 +492,35 @@ class Engine:
                 "score with a scored strategy (e.g. insight, dps, mopps)"
             )
         return await self.read(name, lambda st: (st.score(strategy, merged, ids, seed), st.open_step))
+
+    async def beliefs(self, name: str, ids: np.ndarray) -> tuple[int, list[Belief]]:
+        """The open step and one Belief per id, in the order asked (ids checked against the size).
+
+        A never-observed prompt reports its cold prior (METHODS 6) and an HMM prior of (1/3, 1/3, 1/3).
+        """
+        spec = await self.spec(name)
+        check_ids(ids, spec.size)
+
+        def rows(state: DatasetState) -> tuple[int, list[Belief]]:
+            a = state.arrays
+            alpha, beta, rate = cold_betas(a, ids)
+            hmm = a.hmm_prior_of(ids).astype(np.float64)
+            columns = zip(ids, alpha, beta, a.n_obs[ids], hmm, a.group[ids], rate, strict=True)
+            return state.open_step, [
+                Belief(
+                    prompt_id=int(i),
+                    alpha=float(x),
+                    beta=float(y),
+                    mean=float(x / (x + y)),
+                    observations=int(o),
+                    hmm_prior=p.tolist(),
+                    group=int(g),
+                    prior_pass_rate=None if np.isnan(r) else float(r),
+                )
+                for i, x, y, o, p, g, r in columns
+            ]
+
+        return await self.read(name, rows)
 
     def _too_far_ahead(self, name: str, step: int, open_step: int) -> InvalidRequest:
         return InvalidRequest(

@@ -8,9 +8,11 @@ reports the same values (they are functions of the shared log).
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -18,7 +20,13 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from selector_service.core.coldstart import group_statistics
+from selector_service.errors import NotFound, ServiceError
 from selector_service.state import LAG_LABELS, DatasetState
+
+if TYPE_CHECKING:
+    from selector_service.engine import Engine
+
+log = logging.getLogger("selector_service")
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 MEAN_BUCKETS = tuple(round(x, 2) for x in np.linspace(0.05, 1.0, 20))
@@ -224,3 +232,42 @@ def render(collector: DatasetCollector) -> bytes:
     dataset_registry = CollectorRegistry()
     dataset_registry.register(collector)
     return body + generate_latest(dataset_registry)
+
+
+class Scrape:
+    """What GET /metrics answers: the exposition text, after a bounded wait for fresh dataset gauges.
+
+    Dataset gauges come from a catch-up with the store. A scrape waits for it at most `wait_s`; a slower
+    one (a frozen store, a long replay) goes on in the background, and this scrape and the next ones
+    report the last complete figures until it ends. One refresh runs at a time.
+    """
+
+    def __init__(self, max_group_labels: int, wait_s: float) -> None:
+        self.collector = DatasetCollector(max_group_labels)
+        self.wait_s = wait_s
+        self._task: asyncio.Task | None = None
+
+    async def render(self, engine: Engine) -> bytes:
+        task = self._task
+        if task is None or task.done():
+            task = self._task = asyncio.get_running_loop().create_task(self._refresh(engine))
+        await asyncio.wait({task}, timeout=self.wait_s)
+        return render(self.collector)
+
+    def cancel(self) -> None:
+        """Stops a refresh still running (at shutdown)."""
+        if self._task is not None:
+            self._task.cancel()
+
+    async def _refresh(self, engine: Engine) -> None:
+        try:
+            names = await engine.list_datasets()
+            rows = {}
+            for name in names:
+                try:
+                    rows[name] = await engine.read(name, self.collector.row)
+                except NotFound:
+                    continue
+            self.collector.update(rows, {n: s.records for n, s in engine.sync_stats.items()})
+        except ServiceError as exc:
+            log.warning("metrics keep their last dataset gauges: %s", exc.detail)

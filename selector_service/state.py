@@ -1,4 +1,4 @@
-"""One dataset's materialized beliefs: applying log records, closing steps, snapshots. No I/O here.
+"""One dataset's materialized beliefs: applying log records, closing steps. No I/O here.
 
 A `DatasetState` is a pure function of the ordered log it has applied (and the snapshot it started
 from): the same records in the same order give the same bits in every process. That is what lets
@@ -17,41 +17,20 @@ contiguous prefix of the log, whichever replica built it.
 
 from __future__ import annotations
 
-import hashlib
-import io
 import json
 import math
 import struct
-from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
-import zstandard
 
 from selector_service.core import strategies
 from selector_service.core.beliefs import BeliefArrays, CloseStats, apply_results
-from selector_service.core.coldstart import (
-    MAX_GROUPS,
-    DatasetRules,
-    SharedState,
-    apply_metadata,
-)
+from selector_service.core.coldstart import DatasetRules, apply_metadata
 from selector_service.core.curricula import close_open_step
 from selector_service.core.domain import K_MAX, PRIOR_STRENGTH_MAX, prior_problem
 
-SNAPSHOT_MAGIC = b"RLVRSNAP"
-#: 2: DPS state only for prompts ever observed (core/beliefs.py). 3: a digest of the header follows it.
-#: Versions 1 and 2 (exports and snapshots of earlier releases) are still read; version 1, with every
-#: prompt's DPS state, is converted on load.
-SNAPSHOT_VERSION = 3
-_READABLE_VERSIONS = (1, 2, 3)
-_HEADER_DIGEST_BYTES = 16
-_MAX_HEADER_BYTES = 16 * 2**20  # a real header is a few hundred bytes
-_COMPRESS_FEED_BYTES = 4 * 2**20  # input slice handed to the compressor at a time
-_EXPORT_PIECE_BYTES = 16 * 2**20  # how much serialize_snapshot copies into its buffer at a time
-_ZSTD_FRAME_HEADER_MAX = 18  # bytes; enough for frame_content_size
-_INFLATE_STEP_BYTES = 32 * 2**20  # about how much one decompression call may produce (see _inflate_into)
 _RESULT_DTYPES = (("ids", "<i8"), ("successes", "<f8"), ("trials", "<f8"), ("states", "<i1"))
 MAX_LAG = 1000  # the most steps late an observation may be accepted (DatasetSpec.max_lag)
 # Spec fields added after the first release, with the default that leaves them out of the fingerprint.
@@ -397,8 +376,9 @@ class DatasetState:
 
     # ---- snapshots ------------------------------------------------------------------------------
     def snapshot_header(self) -> dict[str, Any]:
+        """The state's part of a snapshot header; the codec (snapshot.py) adds the format version and the
+        arrays' layout when it writes one."""
         return {
-            "version": SNAPSHOT_VERSION,
             "spec": dict(self.spec.public(), uid=self.spec.uid),
             "open_step": self.open_step,
             "cursor": self.cursor,
@@ -421,299 +401,3 @@ class DatasetState:
     def copy_for_snapshot(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         """A consistent copy (header + arrays) that can be serialized while the live state moves on."""
         return self.snapshot_header(), {k: v.copy() for k, v in self.snapshot_arrays().items()}
-
-
-def _snapshot_prefix(header: dict[str, Any], arrays: dict[str, np.ndarray]) -> bytes:
-    """Magic, header length, header JSON (with each array's dtype and shape) and the header's digest:
-    what precedes the body. The body carries zstd's own checksum; the digest covers everything before
-    it, so a flipped bit in the spec or the counters is refused like one in the beliefs."""
-    header = dict(header, arrays=[[k, v.dtype.str, list(v.shape)] for k, v in arrays.items()])
-    head = json.dumps(header).encode()
-    prefix = SNAPSHOT_MAGIC + struct.pack("<I", len(head)) + head
-    return prefix + _header_digest(prefix)
-
-
-def _header_digest(prefix: bytes) -> bytes:
-    return hashlib.blake2b(prefix, digest_size=_HEADER_DIGEST_BYTES).digest()
-
-
-def _compressor() -> zstandard.ZstdCompressor:
-    return zstandard.ZstdCompressor(level=1, threads=-1, write_checksum=True, write_content_size=True)
-
-
-def serialize_snapshot(header: dict[str, Any], arrays: dict[str, np.ndarray]) -> bytes:
-    """Header JSON (with each array's dtype and shape) + zstd of the arrays' bytes, checksummed.
-
-    The whole-blob form of `iter_snapshot_chunks`, for exports (a user file).
-    """
-    # Chunks go into one buffer and getvalue() hands it over without a copy: joining a list of chunks
-    # instead copies the whole snapshot while holding the GIL (0.7-3 s at 10^7 prompts).
-    out = io.BytesIO()
-    for chunk in iter_snapshot_chunks(header, arrays, _EXPORT_PIECE_BYTES):
-        out.write(chunk)
-    return out.getvalue()
-
-
-def iter_snapshot_chunks(
-    header: dict[str, Any], arrays: dict[str, np.ndarray], chunk_bytes: int
-) -> Iterator[memoryview]:
-    """The snapshot of `serialize_snapshot`, compressed as a stream and cut into chunks of `chunk_bytes`.
-
-    Every chunk but the last has exactly `chunk_bytes` bytes; their concatenation is a valid snapshot
-    (same header, same checksummed zstd frame with its content size). Each chunk is a fresh buffer that
-    the generator never touches again once yielded, and the arrays are fed to the compressor in small
-    slices, so writing a snapshot costs the arrays plus about one chunk, not plus the compressed blob.
-    """
-    if chunk_bytes < 1:
-        raise ValueError(f"chunk_bytes must be >= 1, got {chunk_bytes}")
-    total = sum(arr.nbytes for arr in arrays.values())
-    compressor = _compressor().compressobj(size=total)
-
-    def pieces() -> Iterator[bytes]:
-        yield _snapshot_prefix(header, arrays)
-        for arr in arrays.values():
-            if arr.nbytes == 0:  # e.g. an empty observed set; memoryview cannot cast a zero shape
-                continue
-            view = memoryview(np.ascontiguousarray(arr)).cast("B")
-            for offset in range(0, len(view), _COMPRESS_FEED_BYTES):
-                yield compressor.compress(view[offset : offset + _COMPRESS_FEED_BYTES])
-        yield compressor.flush()
-
-    chunk, fill = bytearray(chunk_bytes), 0
-    for piece in pieces():
-        data = memoryview(piece)
-        while data:
-            take = min(len(data), chunk_bytes - fill)
-            chunk[fill : fill + take] = data[:take]
-            fill += take
-            data = data[take:]
-            if fill == chunk_bytes:
-                yield memoryview(chunk)
-                chunk, fill = bytearray(chunk_bytes), 0
-    if fill:
-        yield memoryview(chunk)[:fill]
-
-
-class _ChunkSource:
-    """A read()-able view of an iterator of byte chunks, pulling one chunk at a time."""
-
-    def __init__(self, chunks: Iterable[bytes | memoryview]) -> None:
-        self._chunks = iter(chunks)
-        self._buf = memoryview(b"")
-        self._pushed_back = b""
-
-    def read(self, size: int = -1) -> bytes:
-        """Up to `size` bytes (fewer only at a chunk boundary); b"" once the chunks are exhausted."""
-        if self._pushed_back:
-            out, self._pushed_back = self._pushed_back, b""
-            return out
-        while not self._buf:
-            nxt = next(self._chunks, None)
-            if nxt is None:
-                return b""
-            self._buf = memoryview(nxt).cast("B")
-        take = len(self._buf) if size is None or size < 0 else min(size, len(self._buf))
-        out, self._buf = self._buf[:take].tobytes(), self._buf[take:]
-        return out
-
-    def read_exact(self, size: int, what: str) -> bytes:
-        """Exactly `size` bytes; ValueError naming `what` when the stream ends first."""
-        out = bytearray()
-        while len(out) < size:
-            part = self.read(size - len(out))
-            if not part:
-                raise ValueError(f"snapshot is truncated in its {what}")
-            out += part
-        return bytes(out)
-
-    def unread(self, data: bytes) -> None:
-        """Puts bytes back in front of the stream (used to peek at the zstd frame header)."""
-        self._pushed_back = data + self._pushed_back
-
-
-def _header_version(head: bytes) -> int:
-    """The version a header names, read before anything else of it is trusted."""
-    try:
-        version = json.loads(head).get("version")
-    except (ValueError, UnicodeDecodeError, AttributeError) as exc:
-        raise ValueError(f"snapshot header is not a valid JSON object: {exc}") from exc
-    if version not in _READABLE_VERSIONS:
-        raise ValueError(
-            f"snapshot version {version} is not supported (this service reads versions "
-            f"{', '.join(map(str, _READABLE_VERSIONS))}; a newer service wrote it?)"
-        )
-    return version
-
-
-def _parse_header(head: bytes, max_prompts: int | None) -> tuple[DatasetSpec, dict, list, int]:
-    """Checks a snapshot header before any allocation; returns (spec, header, layout, body bytes)."""
-    try:
-        header = json.loads(head)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ValueError(f"snapshot header is not valid JSON: {exc}") from exc
-    if not isinstance(header, dict):
-        raise ValueError("snapshot header is not a JSON object")
-    if header.get("version") not in _READABLE_VERSIONS:
-        raise ValueError(
-            f"snapshot version {header.get('version')} is not supported (this service reads versions "
-            f"{', '.join(map(str, _READABLE_VERSIONS))}; a newer service wrote it?)"
-        )
-    try:
-        spec = DatasetSpec.from_doc(header["spec"])
-        layout = [
-            (str(name), np.dtype(dtype), tuple(int(d) for d in shape))
-            for name, dtype, shape in header["arrays"]
-        ]
-    except (
-        KeyError,
-        TypeError,
-        ValueError,
-        IndexError,
-        SyntaxError,
-    ) as exc:  # np.dtype may raise SyntaxError
-        raise ValueError(f"snapshot header is incomplete or malformed: {exc!r}") from exc
-    if spec.size < 1:
-        raise ValueError(f"snapshot spec has size {spec.size}; a dataset has at least one prompt")
-    if max_prompts is not None and spec.size > max_prompts:
-        raise ValueError(f"the snapshot holds {spec.size} prompts; this service's limit is {max_prompts}")
-    names = [name for name, _, _ in layout]
-    if any(not shape or min(shape) < 0 for _, _, shape in layout) or len(set(names)) != len(names):
-        raise ValueError(f"snapshot arrays do not match the dataset size {spec.size}")
-    per_group = [shape for name, _, shape in layout if name.startswith(SHARED_PREFIX)]
-    if any(len(shape) != 1 or not 0 <= shape[0] <= MAX_GROUPS for shape in per_group):
-        raise ValueError(f"snapshot group arrays must be 1-d with at most {MAX_GROUPS} entries")
-    # Dense arrays have one row per prompt, the observed set's one row per observed prompt (or, in a
-    # version 1 snapshot, every array one row per prompt): checked before anything is allocated.
-    BeliefArrays.check_layout(
-        {name: (dt, shape) for name, dt, shape in layout if not name.startswith(SHARED_PREFIX)}, spec.size
-    )
-    expected = sum(math.prod(shape) * dt.itemsize for _, dt, shape in layout)
-    return spec, header, layout, expected
-
-
-def _beliefs_from(spec: DatasetSpec, header: dict[str, Any], arrays: dict[str, np.ndarray]) -> BeliefArrays:
-    """Per-prompt arrays and shared state from a snapshot. A snapshot from before metadata existed has
-    neither the metadata fields nor the shared state: they start empty (no pass rates, no groups), as
-    they were (BeliefArrays.from_arrays fills the fields)."""
-    rules = spec.rules()
-    group_arrays = {k[len(SHARED_PREFIX) :]: v for k, v in arrays.items() if k.startswith(SHARED_PREFIX)}
-    prompt_arrays = {k: v for k, v in arrays.items() if not k.startswith(SHARED_PREFIX)}
-    if "shared" in header:
-        shared = SharedState.from_parts(rules, header["shared"], group_arrays)
-    elif group_arrays:
-        raise ValueError("snapshot has group arrays but no shared state in its header")
-    else:
-        shared = SharedState(rules=rules)
-    return BeliefArrays.from_arrays(prompt_arrays, shared=shared)
-
-
-def _state_from(spec: DatasetSpec, header: dict[str, Any], arrays: dict[str, np.ndarray]) -> DatasetState:
-    state = DatasetState(spec, _beliefs_from(spec, header, arrays))
-    try:
-        state.open_step = int(header["open_step"])
-        state.cursor = str(header["cursor"])
-        # Snapshots from before records were numbered have no seq: they cover unnumbered records only.
-        state.seq = int(header.get("seq", 0))
-        state.results = int(header["results"])
-        lags = header.get("results_by_lag", {"0": state.results})
-        state.results_by_lag = {int(k): int(v) for k, v in lags.items()}
-        state.rollouts = float(header["rollouts"])
-        state.steps_closed = int(header["steps_closed"])
-        state.last_close = CloseStats(*header["last_close"]) if header["last_close"] else None
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ValueError(f"snapshot header is incomplete or malformed: {exc!r}") from exc
-    return state
-
-
-def deserialize_snapshot(blob: bytes, max_prompts: int | None = None) -> DatasetState:
-    """Rebuilds a DatasetState from a whole export; raises ValueError on any corruption.
-
-    Exports come back from outside (POST /datasets/{name}/import); `load_snapshot_chunks` checks the
-    header before any allocation, bounds the size by `max_prompts`, and refuses a body whose declared
-    size differs from what the header implies before inflating anything.
-    """
-    return load_snapshot_chunks((blob,), max_prompts)
-
-
-def _inflate_into(source: _ChunkSource, views: list[memoryview]) -> None:
-    """Inflates the zstd frame read from `source` into `views`, one after another, and checks that the
-    frame ends exactly where the source does: complete (with its checksum verified) and nothing after it.
-
-    A decompression object, not a stream reader: the stream reader returns the content without an error
-    when the frame's last bytes (its checksum) are cut off. Input is fed in slices sized so that one
-    slice inflates to about _INFLATE_STEP_BYTES: a freshly created dataset compresses a thousand-fold
-    and more, and a large slice of it would inflate to gigabytes at once.
-    """
-    inflater = zstandard.ZstdDecompressor().decompressobj()
-    targets = iter(views)
-    view = next(targets, None)
-    filled = 0
-    feed = 4096
-    pending = b""
-    while True:
-        if not pending:
-            pending = source.read(feed)
-            if not pending:
-                break
-        piece, pending = pending[:feed], pending[feed:]
-        out = memoryview(inflater.decompress(piece))
-        feed = int(min(max(_INFLATE_STEP_BYTES * len(piece) / max(len(out), 1), 1024), 4 * 2**20))
-        while out:
-            if view is None:
-                raise ValueError("snapshot body inflates to more bytes than its header implies")
-            take = min(len(out), len(view) - filled)
-            view[filled : filled + take] = out[:take]
-            filled += take
-            out = out[take:]
-            if filled == len(view):
-                view, filled = next(targets, None), 0
-        if inflater.eof:
-            if pending or inflater.unused_data or source.read(1):
-                raise ValueError("snapshot has trailing bytes after its body")
-            break
-    while view is not None and len(view) == 0:  # zero-length arrays need no bytes
-        view = next(targets, None)
-    if view is not None or not inflater.eof:
-        raise ValueError("snapshot body is truncated")
-
-
-def load_snapshot_chunks(
-    chunks: Iterable[bytes | memoryview], max_prompts: int | None = None
-) -> DatasetState:
-    """Rebuilds a DatasetState from a snapshot's chunks, inflating them as a stream into the arrays.
-
-    The checks: header before allocation (the arrays must match the spec's size, since kernels index
-    them by prompt id without bounds checks; `max_prompts` bounds that size), the declared body size
-    before inflating (a small body that inflates to gigabytes is refused), the zstd content checksum.
-    It never joins the chunks: each array is allocated once
-    and filled straight from the decompressor, so a load costs the arrays plus about one chunk. Raises
-    ValueError on any corruption or truncation (never a silent reset); errors raised by the chunk
-    iterator itself (a missing chunk, an unreachable store) pass through unchanged.
-    """
-    source = _ChunkSource(chunks)
-    if source.read_exact(len(SNAPSHOT_MAGIC), "magic") != SNAPSHOT_MAGIC:
-        raise ValueError("not an rlvr-selector snapshot (bad magic or truncated)")
-    raw_len = source.read_exact(4, "header length")
-    (hlen,) = struct.unpack("<I", raw_len)
-    if hlen > _MAX_HEADER_BYTES:
-        raise ValueError(f"snapshot header claims {hlen} bytes; at most {_MAX_HEADER_BYTES} are accepted")
-    head = source.read_exact(hlen, "header")
-    if _header_version(head) >= 3:  # versions 1 and 2 carry no header digest
-        digest = source.read_exact(_HEADER_DIGEST_BYTES, "header digest")
-        if digest != _header_digest(SNAPSHOT_MAGIC + raw_len + head):
-            raise ValueError("snapshot header is corrupt (its digest does not match)")
-    spec, header, layout, expected = _parse_header(head, max_prompts)
-    frame_head = bytearray()
-    while len(frame_head) < _ZSTD_FRAME_HEADER_MAX and (part := source.read(_ZSTD_FRAME_HEADER_MAX)):
-        frame_head += part
-    source.unread(bytes(frame_head))
-    try:
-        declared = zstandard.frame_content_size(bytes(frame_head))
-        if declared != expected:
-            raise ValueError(f"snapshot body declares {declared} bytes, its header implies {expected}")
-        arrays = {name: np.empty(shape, dtype=dt) for name, dt, shape in layout}
-        # An empty observed set has zero-size arrays: nothing to inflate, and memoryview cannot cast them.
-        _inflate_into(source, [memoryview(arr).cast("B") for arr in arrays.values() if arr.nbytes])
-    except zstandard.ZstdError as exc:
-        raise ValueError(f"snapshot body is corrupt: {exc}") from exc
-    return _state_from(spec, header, arrays)

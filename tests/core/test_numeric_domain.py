@@ -38,7 +38,8 @@ from selector_service.core.domain import (
     TRIALS_MAX,
 )
 from selector_service.schemas import DatasetCreate
-from selector_service.state import DatasetSpec, DatasetState, serialize_snapshot
+from selector_service.snapshot import serialize_snapshot
+from selector_service.state import DatasetSpec, DatasetState
 from tests.core import naive
 
 #: Far beyond any reachable belief (domain.py: alpha + beta <= 2e6 + 1e9 R after R results).

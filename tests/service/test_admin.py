@@ -44,10 +44,43 @@ def test_every_data_endpoint_needs_the_token(secured, method, path, body):
         assert r.status_code == 401
 
 
+DOC_PATHS = ("/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc")
+
+
+@pytest.mark.parametrize("path", DOC_PATHS)
+def test_the_api_description_needs_the_token_when_one_is_set(secured, path):
+    """docs/api.md: with a token, every endpoint but /healthz, /readyz and /metrics requires it; the
+    OpenAPI document and the pages that render it are endpoints too."""
+    with httpx.Client(base_url=secured.url, timeout=30) as c:
+        r = c.get(path)
+        assert r.status_code == 401 and r.headers.get("www-authenticate") == "Bearer"
+        assert r.json() == {"detail": "missing bearer token: send 'Authorization: Bearer <token>'"}
+        assert c.get(path, headers={"Authorization": "Bearer wrong-token-000000"}).status_code == 403
+        assert c.head(path).status_code == 401
+        r = c.get(path, headers={"Authorization": f"Bearer {TOKEN}"})
+        assert r.status_code == 200
+        if path == "/openapi.json":
+            assert "/select" in r.json()["paths"]
+        else:
+            assert r.headers["content-type"].startswith("text/html")
+
+
+@pytest.mark.parametrize("path", DOC_PATHS)
+def test_the_api_description_is_open_without_a_token(service, path):
+    with httpx.Client(base_url=service.url, timeout=30) as c:
+        r = c.get(path)
+        assert r.status_code == 200
+        assert c.head(path).status_code == 200
+        if path == "/openapi.json":
+            assert "/select" in r.json()["paths"] and "/openapi.json" not in r.json()["paths"]
+        elif path != "/docs/oauth2-redirect":
+            assert "/openapi.json" in r.text  # the page loads the document from there
+
+
 def test_open_endpoints_and_token_never_logged(secured, dsname):
     auth = {"Authorization": f"Bearer {TOKEN}"}
     with httpx.Client(base_url=secured.url, timeout=30) as c:
-        for path in ("/healthz", "/readyz", "/metrics", "/openapi.json"):
+        for path in ("/healthz", "/readyz", "/metrics"):
             assert c.get(path).status_code == 200, path
         assert c.post("/datasets", json={"name": dsname, "size": 5}, headers=auth).status_code == 201
         assert (
@@ -130,7 +163,8 @@ def test_export_import_roundtrip(service, dsname):
 )
 def test_import_checks_the_spec_it_carries(service, dsname, bad):
     """An export is outside input: its spec gets the same range checks as POST /datasets."""
-    from selector_service.state import DatasetSpec, DatasetState, serialize_snapshot
+    from selector_service.snapshot import serialize_snapshot
+    from selector_service.state import DatasetSpec, DatasetState
 
     state = DatasetState(DatasetSpec(name="x", size=8, uid="u"))
     header, arrays = state.copy_for_snapshot()

@@ -341,6 +341,16 @@ def test_openapi_describes_every_endpoint(http):
     json.dumps(doc)
 
 
+def test_openapi_gives_every_operation_a_summary_and_description(http):
+    doc = http.get("/openapi.json").json()
+    operations = [(path, method, op) for path, ops in doc["paths"].items() for method, op in ops.items()]
+    assert len(operations) >= 15
+    undescribed = [(m, p) for p, m, op in operations if not str(op.get("description", "")).strip()]
+    assert not undescribed, f"operations without a description: {undescribed}"
+    unsummarized = [(m, p) for p, m, op in operations if not str(op.get("summary", "")).strip()]
+    assert not unsummarized, f"operations without a summary: {unsummarized}"
+
+
 def test_metrics_exposition(http, dsname):
     make(http, dsname, size=30)
     http.post(

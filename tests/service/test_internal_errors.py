@@ -11,7 +11,7 @@ import httpx
 import uvicorn
 from fastapi import FastAPI
 
-from selector_service.app import InternalErrors, RequestMetrics
+from selector_service.api.middleware import InternalErrors, RequestMetrics
 
 
 def _serve(app) -> tuple[uvicorn.Server, str]:

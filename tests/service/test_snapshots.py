@@ -13,14 +13,13 @@ import pytest
 from selector_service.engine import Engine
 from selector_service.errors import Unavailable
 from selector_service.settings import Settings
-from selector_service.state import (
-    DatasetSpec,
-    DatasetState,
+from selector_service.snapshot import (
     deserialize_snapshot,
     iter_snapshot_chunks,
     load_snapshot_chunks,
     serialize_snapshot,
 )
+from selector_service.state import DatasetSpec, DatasetState
 from selector_service.store import Store, StoreError, connect
 
 

@@ -1,0 +1,48 @@
+"""Dependencies every route shares: the engine and settings of the running app, the dataset name in the
+path, and the bearer-token check.
+
+The engine and settings live on `app.state` (create_app puts the settings there, the lifespan the
+engine), so a route reaches them through its request and never through a closure. The dependencies are
+`async`: FastAPI runs a plain `def` dependency in its thread pool, a thread hop per request.
+"""
+
+from __future__ import annotations
+
+import hmac
+from typing import Annotated
+
+from fastapi import Depends, Path, Request
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from selector_service.engine import Engine
+from selector_service.settings import Settings
+
+
+async def engine_of(request: Request) -> Engine:
+    return request.app.state.engine
+
+
+async def settings_of(request: Request) -> Settings:
+    return request.app.state.settings
+
+
+EngineDep = Annotated[Engine, Depends(engine_of)]
+SettingsDep = Annotated[Settings, Depends(settings_of)]
+NamePath = Annotated[str, Path(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$", description="dataset name")]
+
+
+async def require_token(request: Request) -> None:
+    """401 without `Authorization: Bearer <token>`, 403 with another token; nothing when the service
+    runs without SELECTOR_API_TOKEN. The comparison takes the same time whatever the token sent."""
+    secret = request.app.state.settings.api_token
+    if not secret:  # unset, or set to the empty string
+        return
+    scheme, _, value = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not value:
+        raise StarletteHTTPException(
+            401,
+            "missing bearer token: send 'Authorization: Bearer <token>'",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+    if not hmac.compare_digest(value.strip().encode(), secret.get_secret_value().encode()):
+        raise StarletteHTTPException(403, "wrong bearer token")

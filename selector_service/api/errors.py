@@ -1,0 +1,74 @@
+"""How errors leave the service: always `{"detail": "<what was wrong and what to do>"}`.
+
+A client's mistake is a 4xx and changes nothing; an unreachable store is a 503. `ERRORS` documents these
+answers on every token-checked route of the OpenAPI document; `add_error_handlers` installs the handlers
+that produce them (the engine's ServiceError tree, FastAPI's validation errors, Starlette's HTTP errors).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from selector_service.errors import PayloadTooLarge, ServiceError
+from selector_service.schemas import ErrorBody
+
+UNDECODABLE_BODY = (
+    "body is not valid JSON: send a UTF-8 encoded JSON object (NaN and Infinity are not allowed)"
+)
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorBody, "description": text}
+    for code, text in {
+        401: "missing bearer token",
+        403: "wrong bearer token",
+        404: "unknown dataset",
+        409: "conflict (name taken with another spec, or step already closed)",
+        413: "request too large",
+        422: "invalid request",
+        503: "store unreachable",
+    }.items()
+}
+
+
+async def service_error(_request: Request, exc: ServiceError) -> JSONResponse:
+    return JSONResponse({"detail": exc.detail}, status_code=exc.status_code)
+
+
+async def validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
+    return JSONResponse({"detail": validation_message(exc)}, status_code=422)
+
+
+async def http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    if exc.status_code == 400:
+        # FastAPI turns any error while it reads and parses a JSON body into a 400: a streamed body
+        # that BodyLimit cut off (-> 413), or bytes that are not UTF-8 (-> 422, like invalid JSON).
+        if isinstance(exc.__cause__, PayloadTooLarge):
+            return JSONResponse({"detail": exc.__cause__.detail}, status_code=413)
+        return JSONResponse({"detail": UNDECODABLE_BODY}, status_code=422)
+    return JSONResponse({"detail": str(exc.detail)}, status_code=exc.status_code, headers=exc.headers)
+
+
+def add_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(ServiceError, service_error)
+    app.add_exception_handler(RequestValidationError, validation_error)
+    app.add_exception_handler(StarletteHTTPException, http_error)
+
+
+def validation_message(exc: RequestValidationError) -> str:
+    """FastAPI's list of validation errors as one line: `field: problem; ...` (at most ten of them)."""
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err.get("loc", ()) if p not in ("body",))
+        msg = err.get("msg", "invalid")
+        if err.get("type") == "extra_forbidden":
+            msg = "unknown field (check the spelling against /openapi.json)"
+        elif err.get("type") == "json_invalid":
+            reason = (err.get("ctx") or {}).get("error", "")
+            msg = f"body is not valid JSON ({reason}): send UTF-8 JSON; NaN and Infinity are not allowed"
+        parts.append(f"{loc}: {msg}" if loc else msg)
+    return "; ".join(parts[:10]) + (f" (and {len(parts) - 10} more)" if len(parts) > 10 else "")

@@ -1,0 +1,127 @@
+"""The ASGI middlewares around the routes, outermost first as create_app adds them: BodyLimit (413 before
+a large body is read), RequestMetrics (count and time every request) and InternalErrors (an unexpected
+exception becomes a 500 `{"detail"}` on a connection that stays usable)."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from fastapi.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from selector_service import metrics
+from selector_service.errors import PayloadTooLarge
+
+log = logging.getLogger("selector_service")
+
+
+class BodyLimit:
+    """Refuses bodies over `limit` bytes with 413, by Content-Length or while streaming."""
+
+    def __init__(self, app: ASGIApp, limit: int, import_limit: int) -> None:
+        self.app, self.default_limit, self.import_limit = app, limit, import_limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        limit = self.import_limit if scope.get("path", "").endswith("/import") else self.default_limit
+        for key, value in scope.get("headers", []):
+            if key == b"content-length" and value.isdigit() and int(value) > limit:
+                await send_json(send, 413, f"request body over {limit} bytes; send smaller requests")
+                return
+        seen = 0
+        started = False
+
+        async def limited_receive() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > limit:
+                    raise PayloadTooLarge(f"request body over {limit} bytes; send smaller requests")
+            return message
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, limited_receive, tracking_send)
+        except PayloadTooLarge as exc:
+            if not started:
+                await send_json(send, 413, exc.detail)
+
+
+class InternalErrors:
+    """Answers an unexpected exception with a 500 `{"detail"}` and keeps the connection usable.
+
+    Starlette's own handler for `Exception` sends its response and then re-raises, and the server then
+    drops the keep-alive connection without saying so: the client's next request on it (say, a valid
+    observe) fails with a reset, an outcome it cannot tell from a lost write.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except Exception as exc:
+            if started:
+                raise
+            log.exception("unhandled error")
+            await send_json(send, 500, f"internal error ({type(exc).__name__}); see the service log")
+
+
+class RequestMetrics:
+    """Counts and times every request by its route template (bounded label values)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status = {"code": 500}
+
+        async def wrapped(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status["code"] = message["status"]
+            await send(message)
+
+        t0 = time.perf_counter()
+        try:
+            await self.app(scope, receive, wrapped)
+        finally:
+            route = scope.get("route")
+            endpoint = getattr(route, "path", None) or "unmatched"
+            method = scope.get("method", "")
+            metrics.REQUESTS.labels(endpoint, method, str(status["code"])).inc()
+            metrics.LATENCY.labels(endpoint, method).observe(time.perf_counter() - t0)
+
+
+async def send_json(send: Send, status: int, detail: str) -> None:
+    """Sends a whole `{"detail": ...}` response from inside a middleware (no route, no handler)."""
+    body = JSONResponse({"detail": detail}).body
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})

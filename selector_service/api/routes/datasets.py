@@ -1,0 +1,190 @@
+"""Datasets: create, list, describe and delete them; read beliefs; upload metadata; export and import."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import numpy as np
+from fastapi import APIRouter, Depends, Path, Query, Request, Response
+
+from selector_service.api.deps import EngineDep, NamePath, SettingsDep, require_token
+from selector_service.api.errors import ERRORS
+from selector_service.api.openapi import binary_body
+from selector_service.errors import InvalidRequest, PayloadTooLarge
+from selector_service.schemas import (
+    BeliefsResponse,
+    DatasetCreate,
+    DatasetInfo,
+    DatasetList,
+    MetadataRequest,
+    MetadataResponse,
+)
+
+router = APIRouter(dependencies=[Depends(require_token)], responses=ERRORS)
+
+
+@router.post(
+    "/datasets",
+    response_model=DatasetInfo,
+    status_code=201,
+    responses={200: {"model": DatasetInfo, "description": "same spec already exists"}},
+    summary="Create a dataset",
+)
+async def create_dataset(body: DatasetCreate, engine: EngineDep, response: Response) -> DatasetInfo:
+    """Creates a dataset of `size` prompts (ids 0..size-1) with its belief model fixed once: K, the
+    success threshold, the Beta prior, both decays, the reward mode and per-strategy selection defaults.
+
+    201 when this call created it; 200 when a dataset of that name already exists with the same spec (a
+    retried create is harmless); 409 when the name is taken with another spec. Defaults that a strategy
+    does not accept are refused with 422.
+    """
+    created, stored = await engine.create_dataset_from(body)
+    if not created:
+        response.status_code = 200
+    return DatasetInfo(**stored.public(), created=created)
+
+
+@router.get("/datasets", response_model=DatasetList, summary="List datasets")
+async def list_datasets(engine: EngineDep) -> DatasetList:
+    """The names of every dataset in the store (all replicas share them)."""
+    return DatasetList(datasets=await engine.list_datasets())
+
+
+@router.get("/datasets/{name}", response_model=DatasetInfo, summary="Describe a dataset")
+async def get_dataset(name: NamePath, engine: EngineDep) -> DatasetInfo:
+    """The dataset's spec and a summary of its beliefs: open step, observations and rollouts applied,
+    prompts ever observed, steps closed, the last closed step's share of partially solved prompts and
+    the metadata coverage (prompts with a pass rate, with a group, groups in use)."""
+    spec, summary = await engine.describe(name)
+    return DatasetInfo(**spec.public(), summary=summary)
+
+
+@router.delete("/datasets/{name}", status_code=204, response_class=Response, summary="Delete a dataset")
+async def delete_dataset(name: NamePath, engine: EngineDep) -> Response:
+    """Deletes the dataset with its beliefs, log and snapshots; 404 when there is none of that name."""
+    await engine.delete_dataset(name)
+    return Response(status_code=204)
+
+
+@router.get(
+    "/datasets/{name}/export",
+    response_class=Response,
+    responses={200: {"content": {"application/octet-stream": {}}, "description": "zstd snapshot"}},
+    summary="Export a dataset",
+)
+async def export_dataset(name: NamePath, engine: EngineDep) -> Response:
+    """The dataset's spec and beliefs as one compressed, checksummed file (backup; import elsewhere)."""
+    blob = await engine.export_dataset(name)
+    return Response(
+        blob,
+        media_type="application/octet-stream",
+        headers={"Content-Disposition": f'attachment; filename="{name}.rlvr.zst"'},
+    )
+
+
+@router.post(
+    "/datasets/{name}/import",
+    response_model=DatasetInfo,
+    status_code=201,
+    openapi_extra=binary_body(),
+    summary="Import a dataset",
+)
+async def import_dataset(
+    name: NamePath,
+    request: Request,
+    engine: EngineDep,
+    replace: Annotated[bool, Query(description="Replace an existing dataset of that name.")] = False,
+) -> DatasetInfo:
+    """Creates `name` from a file made by GET /datasets/{name}/export (same spec and beliefs)."""
+    blob = await request.body()
+    if not blob:
+        raise InvalidRequest("the body is empty: send the bytes of a dataset export")
+    spec = await engine.import_dataset(name, blob, replace=replace)
+    return DatasetInfo(**spec.public(), created=True)
+
+
+@router.get("/datasets/{name}/beliefs", response_model=BeliefsResponse, summary="Read beliefs")
+async def beliefs(
+    request: Request,
+    name: NamePath,
+    engine: EngineDep,
+    settings: SettingsDep,
+    ids: Annotated[
+        str,
+        Query(
+            description="Comma-separated prompt ids (decimal digits), e.g. 1,2,3",
+            max_length=16_000_000,
+            pattern=r"^[0-9]+(,[0-9]+)*$",
+        ),
+    ],
+) -> BeliefsResponse:
+    """The beliefs about the prompts asked for, in that order, and the open step they reflect: each
+    prompt's Beta posterior (alpha, beta, mean), results received, DPS belief for the open step over
+    (unsolved, partially solved, solved), group and prior pass rate (docs/methods.md). A never-observed
+    prompt reports its cold prior."""
+    if len(request.query_params.getlist("ids")) > 1:
+        raise InvalidRequest("pass the ids once, comma-separated: ?ids=1,2,3 (not ?ids=1&ids=2)")
+    try:  # ASCII digits only (the pattern): no signs, underscores or other scripts' digits
+        arr = np.array([int(x) for x in ids.split(",")], dtype=np.int64)
+    except OverflowError:
+        raise InvalidRequest("a prompt id is out of range: ids must be in 0..size-1") from None
+    if arr.size > settings.max_ids_per_request:
+        raise PayloadTooLarge(f"{arr.size} ids in one request; the limit is {settings.max_ids_per_request}")
+    open_step, rows = await engine.beliefs(name, arr)
+    return BeliefsResponse(open_step=open_step, beliefs=rows)
+
+
+@router.put("/datasets/{name}/metadata", response_model=MetadataResponse, summary="Upload metadata")
+async def put_metadata(
+    name: NamePath, body: MetadataRequest, engine: EngineDep, settings: SettingsDep
+) -> MetadataResponse:
+    """Per-prompt prior pass rates and groups for prompts offset .. offset + len - 1 (docs/methods.md,
+    cold start). A log record like an observation: every replica applies it, exports carry it.
+    Out-of-range values or lengths: 422, nothing applied."""
+    count = len(body.pass_rate if body.pass_rate is not None else body.group or [])
+    if count > settings.max_ids_per_request:
+        raise PayloadTooLarge(
+            f"{count} prompts in one request; the limit is {settings.max_ids_per_request}: "
+            "send several requests with offsets"
+        )
+    rates = None
+    if body.pass_rate is not None:
+        rates = np.array([np.nan if r is None else r for r in body.pass_rate], dtype=np.float64)
+    groups = None if body.group is None else np.asarray(body.group, dtype=np.int64)
+    answer = await engine.upload_metadata(name, offset=body.offset, pass_rate=rates, group=groups)
+    return MetadataResponse(**answer)
+
+
+@router.put(
+    "/datasets/{name}/metadata/{field}",
+    response_model=MetadataResponse,
+    openapi_extra=binary_body(),
+    summary="Upload metadata as a raw array",
+)
+async def put_metadata_raw(
+    name: NamePath,
+    field: Annotated[Literal["pass_rate", "group"], Path(description="which array the body holds")],
+    request: Request,
+    engine: EngineDep,
+    settings: SettingsDep,
+    offset: Annotated[int, Query(ge=0, le=2**62, description="Prompt id of the first value.")] = 0,
+) -> MetadataResponse:
+    """The same upload as raw little-endian arrays, for very large datasets: pass_rate as float32
+    (NaN = unknown), group as int32 (-1 = none); 4 bytes per prompt from `offset` on."""
+    raw = await request.body()
+    if not raw or len(raw) % 4:
+        raise InvalidRequest(
+            f"the body has {len(raw)} bytes: send 4 bytes per prompt (little-endian "
+            f"{'float32' if field == 'pass_rate' else 'int32'}); nothing was applied"
+        )
+    if len(raw) // 4 > settings.max_ids_per_request:
+        raise PayloadTooLarge(
+            f"{len(raw) // 4} prompts in one request; the limit is {settings.max_ids_per_request}: "
+            "send several requests with offsets"
+        )
+    values = np.frombuffer(raw, dtype="<f4" if field == "pass_rate" else "<i4")
+    kwargs = (
+        {"pass_rate": values, "group": None} if field == "pass_rate" else {"pass_rate": None, "group": values}
+    )
+    answer = await engine.upload_metadata(name, offset=offset, **kwargs)
+    return MetadataResponse(**answer)

@@ -1,0 +1,90 @@
+"""Selection: which prompts a step trains on (select), what the rollouts showed (observe), and the
+strategies' scores of any prompts (score)."""
+
+from __future__ import annotations
+
+import numpy as np
+from fastapi import APIRouter, Depends, Request
+from fastapi.exceptions import RequestValidationError
+from pydantic import ValidationError
+
+from selector_service.api.deps import EngineDep, SettingsDep, require_token
+from selector_service.api.errors import ERRORS
+from selector_service.api.openapi import json_body
+from selector_service.errors import PayloadTooLarge
+from selector_service.schemas import (
+    ObserveRequest,
+    ObserveResponse,
+    ScoreRequest,
+    ScoreResponse,
+    SelectRequest,
+    SelectResponse,
+)
+
+router = APIRouter(dependencies=[Depends(require_token)], responses=ERRORS)
+
+
+@router.post("/select", response_model=SelectResponse, summary="Select a batch of prompts")
+async def select(body: SelectRequest, engine: EngineDep, settings: SettingsDep) -> SelectResponse:
+    """The `batch_size` distinct prompts the strategy picks for training step `step`, from the beliefs
+    after every observation of earlier steps (docs/methods.md describes the strategies).
+
+    A step later than the open one first closes the steps before it; a step already closed is a 409.
+    The same dataset, step, strategy, params, seed and batch_size with no observation of that step in
+    between give the same prompt_ids, on every replica.
+    """
+    if body.batch_size > settings.max_batch_size:
+        raise PayloadTooLarge(
+            f"batch_size {body.batch_size} is over this service's limit of {settings.max_batch_size}"
+        )
+    ids, scores, step = await engine.select(
+        body.dataset,
+        step=body.step,
+        batch_size=body.batch_size,
+        strategy=body.strategy,
+        params=body.params or {},
+        seed=body.seed,
+    )
+    return SelectResponse(
+        dataset=body.dataset,
+        step=step,
+        strategy=body.strategy,
+        prompt_ids=ids.tolist(),
+        scores=scores.tolist() if body.return_scores and scores is not None else None,
+    )
+
+
+@router.post(
+    "/observe",
+    response_model=ObserveResponse,
+    openapi_extra=json_body(ObserveRequest),
+    summary="Report rollout results",
+)
+async def observe(request: Request, engine: EngineDep) -> ObserveResponse:
+    """Report rollout results for a step; idempotent by request_id, applied whole or not at all."""
+    # The hot write path: parse and validate the bytes in one pass (pydantic's JSON mode), which is
+    # several times faster than FastAPI's json.loads + model validation for 256 results x K rewards.
+    try:
+        body = ObserveRequest.model_validate_json(await request.body())
+    except ValidationError as exc:
+        raise RequestValidationError(exc.errors(include_url=False)) from None
+    applied, duplicate, lag = await engine.observe(
+        body.dataset, step=body.step, request_id=body.request_id, results=body.results
+    )
+    return ObserveResponse(applied=applied, duplicate=duplicate, lag=lag)
+
+
+@router.post("/score", response_model=ScoreResponse, summary="Score prompts")
+async def score(body: ScoreRequest, engine: EngineDep, settings: SettingsDep) -> ScoreResponse:
+    """The scores a /select at the open step would give the prompts asked for, in that order. It writes
+    nothing. Strategies that walk a permutation have no per-prompt scores (422)."""
+    if len(body.prompt_ids) > settings.max_ids_per_request:
+        raise PayloadTooLarge(f"{len(body.prompt_ids)} ids; the limit is {settings.max_ids_per_request}")
+    scores, open_step = await engine.score(
+        body.dataset,
+        strategy=body.strategy,
+        params=body.params or {},
+        ids=np.asarray(body.prompt_ids, dtype=np.int64),
+        seed=body.seed,
+    )
+    return ScoreResponse(open_step=open_step, scores=scores.tolist())

@@ -496,7 +496,7 @@ class Engine:
     async def beliefs(self, name: str, ids: np.ndarray) -> tuple[int, list[Belief]]:
         """The open step and one Belief per id, in the order asked (ids checked against the size).
 
-        A never-observed prompt reports its cold prior (METHODS 6) and an HMM prior of (1/3, 1/3, 1/3).
+        A never-observed prompt reports its cold prior (docs/methods.md §6) and an HMM prior of (1/3, 1/3, 1/3).
         """
         spec = await self.spec(name)
         check_ids(ids, spec.size)
@@ -546,7 +546,7 @@ class Engine:
     async def upload_metadata(
         self, name: str, *, offset: int, pass_rate: np.ndarray | None, group: np.ndarray | None
     ) -> dict[str, Any]:
-        """Checks a metadata upload (METHODS 6) against the dataset, appends it to the log as one record,
+        """Checks a metadata upload (docs/methods.md §6) against the dataset, appends it to the log as one record,
         and answers with the prompts it covers and the dataset's coverage once it is applied."""
         spec = await self.spec(name)
         try:

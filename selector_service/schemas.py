@@ -1,4 +1,4 @@
-"""Request and response bodies of the REST contract (shared/API.md), as pydantic models.
+"""Request and response bodies of the REST contract (docs/api.md), as pydantic models.
 
 Every request model forbids unknown fields and non-finite numbers, so a typo or a NaN is a clear 422
 instead of a silently ignored field or a poisoned posterior.
@@ -84,14 +84,14 @@ class DatasetCreate(_Request):
         2.0,
         ge=0,
         le=PRIOR_STRENGTH_MAX,
-        description="Cold start (METHODS 6): weight, in rollouts, of a prompt's prior pass rate (its own "
+        description="Cold start (docs/methods.md §6): weight, in rollouts, of a prompt's prior pass rate (its own "
         "from PUT /datasets/{name}/metadata, else its group's rate) in its Beta prior.",
     )
     group_decay: float = Field(
         0.9,
         gt=0,
         le=1,
-        description="Cold start (METHODS 6): the group rates' successes and trials are multiplied by this "
+        description="Cold start (docs/methods.md §6): the group rates' successes and trials are multiplied by this "
         "at every step close, in (0, 1].",
     )
 
@@ -178,12 +178,14 @@ class ObserveResponse(BaseModel):
 
 class Belief(BaseModel):
     prompt_id: int
-    alpha: float = Field(description="Beta posterior now; a never-observed prompt's cold prior (METHODS 6).")
+    alpha: float = Field(
+        description="Beta posterior now; a never-observed prompt's cold prior (docs/methods.md §6)."
+    )
     beta: float
     mean: float
     observations: int
     hmm_prior: list[float]
-    group: int = Field(-1, description="The prompt's group (METHODS 6); -1 = none.")
+    group: int = Field(-1, description="The prompt's group (docs/methods.md §6); -1 = none.")
     prior_pass_rate: float | None = Field(
         None,
         description="The pass rate its Beta prior is built from: frozen at its first observation; before "
@@ -214,7 +216,7 @@ GroupId = Annotated[int, Field(ge=-1, le=MAX_GROUPS - 1)]
 
 
 class MetadataRequest(_Request):
-    """Per-prompt metadata for prompts offset .. offset + len - 1 (METHODS 6)."""
+    """Per-prompt metadata for prompts offset .. offset + len - 1 (docs/methods.md §6)."""
 
     offset: int = Field(0, ge=0, le=2**62, description="Prompt id of the first value.")
     pass_rate: list[PassRate | None] | None = Field(

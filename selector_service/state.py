@@ -4,10 +4,10 @@ A `DatasetState` is a pure function of the ordered log it has applied (and the s
 from): the same records in the same order give the same bits in every process. That is what lets
 several service replicas, and a restarted one, agree without talking to each other.
 
-Step semantics (METHODS section 3): a record for step s > open step c first closes c, c+1, ..., s-1
+Step semantics (docs/methods.md §3): a record for step s > open step c first closes c, c+1, ..., s-1
 (a DPS update over every prompt each); Beta updates are applied when an observe record is applied. An
 observe record for a step s < c (a late observation, accepted by the store when c - s <= max_lag,
-METHODS 3.1) changes no step: its Beta update applies at once and its states pool into the open step c,
+docs/methods.md §3.1) changes no step: its Beta update applies at once and its states pool into the open step c,
 as if observed at c.
 
 `seq` counts the records applied: records are numbered 1, 2, 3, ... in the log (store.py), and
@@ -129,7 +129,7 @@ class DatasetSpec:
         )
 
     def rules(self) -> DatasetRules:
-        """The constants the dataset's shared state evolves by (METHODS 6 and 7's dataset-level params)."""
+        """The constants the dataset's shared state evolves by (docs/methods.md §6 and 7's dataset-level params)."""
         return DatasetRules(
             alpha0=self.beta_prior[0],
             beta0=self.beta_prior[1],
@@ -223,7 +223,7 @@ class DatasetState:
         self.cursor = ""  # id of the last log record applied ("" = none)
         self.seq = 0  # sequence number of the last log record applied (0 = none)
         self.results = 0
-        self.results_by_lag: dict[int, int] = {}  # observe results applied, by lag (METHODS 3.1)
+        self.results_by_lag: dict[int, int] = {}  # observe results applied, by lag (docs/methods.md §3.1)
         self.rollouts = 0.0
         self.steps_closed = 0
         self.closes_since_snapshot = 0
@@ -279,7 +279,7 @@ class DatasetState:
             cache.pending_count += len(ids)
 
     def close_until(self, step: int) -> None:
-        """Closes every open step below `step` (each: the walks' positions, the shared state of METHODS 6
+        """Closes every open step below `step` (each: the walks' positions, the shared state of docs/methods.md §6
         and 7, then a DPS update over all prompts; core.close_open_step)."""
         while self.open_step < step:
             self.last_close = close_open_step(self.arrays, hmm_decay=self.spec.hmm_decay, key=self.spec.name)
@@ -366,7 +366,7 @@ class DatasetState:
         }
 
     def coverage(self) -> dict[str, int]:
-        """Metadata coverage (METHODS 6): prompts with a pass rate, with a group, and groups in use."""
+        """Metadata coverage (docs/methods.md §6): prompts with a pass rate, with a group, and groups in use."""
         sh = self.arrays.shared
         return {
             "prompts_with_pass_rate": int(sh.pass_rate_known),

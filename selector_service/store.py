@@ -62,7 +62,7 @@ LAYOUT = "v1"
 # 6 max step gap, 7 body digest, 8 max lag.  Returns {status, log id or "", open step, lag, log length};
 # status: ok | dup (same id, same body: applied before) | conflict (same id, other body) | closed | ahead |
 # gone.
-# A step s < open step c is accepted as late evidence when c - s <= max lag (METHODS 3.1); the answer
+# A step s < open step c is accepted as late evidence when c - s <= max lag (docs/methods.md §3.1); the answer
 # and the remembered request id carry its lag, so a retry answers what the first call answered.
 _OBSERVE = """
 local uid = redis.call('HGET', KEYS[1], 'uid')
@@ -115,7 +115,7 @@ redis.call('HSET', KEYS[1], 'open_step', ARGV[2])
 return {'ok', id, ARGV[2]}
 """
 
-# KEYS: 1 meta, 2 log.  ARGV: 1 uid, 2 payload.  Appends a metadata record (METHODS 6: pass rates and
+# KEYS: 1 meta, 2 log.  ARGV: 1 uid, 2 payload.  Appends a metadata record (docs/methods.md §6: pass rates and
 # groups of a range of prompts) at the open step, numbered like every other record.
 # Returns {status, log id or "", open step}; status: ok | gone.
 _METADATA = """

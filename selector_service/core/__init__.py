@@ -1,4 +1,4 @@
-"""Selection numerics of rlvr-selector (METHODS.md sections 0-2 and the selection primitives).
+"""Selection numerics of rlvr-selector (docs/methods.md §0-2 and the selection primitives).
 
 Pure numerics: numpy, numba and math only; nothing here knows about Redis, HTTP or metrics. Every
 fast kernel is `numba.njit(nogil=True, cache=True)` behind a checked wrapper (the wrappers are the API),
@@ -7,9 +7,9 @@ bits in every process. Parallel kernels are launched under `PARALLEL_LOCK` (see 
 wrappers may be called from many threads at once.
 
 Modules: outcomes (rewards -> successes, trials, states), beliefs (BeliefArrays: per-prompt arrays
-and the observed set that holds DPS state; the Beta update), coldstart (METHODS 6: metadata, group
+and the observed set that holds DPS state; the Beta update), coldstart (docs/methods.md §6: metadata, group
 rates, cold and frozen priors, the dataset's SharedState), dps (DPS step close over the observed set),
-mi (INSIGHT's weighted mutual information), scores (MoPPS, baselines, DPS score), curricula (METHODS 7:
+mi (INSIGHT's weighted mutual information), scores (MoPPS, baselines, DPS score), curricula (docs/methods.md §7:
 learnability, AdaRFT, the shared state's step close, `close_open_step`), walks (GRESO's and SEC's walks
 and their positions), special (numba digamma), rng (the counter-based generator behind every random
 choice), select (pools, top-k with random ties, DPS over the whole dataset, epoch walks), domain (the

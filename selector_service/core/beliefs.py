@@ -1,4 +1,4 @@
-"""Per-prompt beliefs of one dataset (`BeliefArrays`) and the Beta update (METHODS 1, with METHODS 6).
+"""Per-prompt beliefs of one dataset (`BeliefArrays`) and the Beta update (docs/methods.md §1, with docs/methods.md §6).
 
 Every belief family is kept at once, from one observation stream. Arrays over all N prompts (FIELDS,
 43 bytes per prompt):
@@ -9,10 +9,10 @@ Every belief family is kept at once, from one observation stream. Arrays over al
     last_state    i8[N]     state of the latest result (history resampling; 0 = none yet)
     n_obs         i32[N]    results received
     hmm_slot      i32[N]    the prompt's row in the observed set below, -1 = never observed
-    pass_rate     f32[N]    metadata: a reference pass rate, NaN = unknown (METHODS 6)
-    group         i32[N]    metadata: group 0..65535, -1 = none (METHODS 6)
-    prior_p0      f64[N]    prior pass rate frozen at the first observation, NaN = none (METHODS 6)
-    streak        i16[N]    trailing run of all-solved (+z) or all-failed (-z) results (GRESO, METHODS 7)
+    pass_rate     f32[N]    metadata: a reference pass rate, NaN = unknown (docs/methods.md §6)
+    group         i32[N]    metadata: group 0..65535, -1 = none (docs/methods.md §6)
+    prior_p0      f64[N]    prior pass rate frozen at the first observation, NaN = none (docs/methods.md §6)
+    streak        i16[N]    trailing run of all-solved (+z) or all-failed (-z) results (GRESO, docs/methods.md §7)
 
 DPS state only for prompts that have ever been observed (OBSERVED_FIELDS, 65 bytes per observed
 prompt), in an append-only set in order of first observation in the log (slot s = the s-th prompt ever
@@ -27,13 +27,13 @@ slots; the step close walks the rows in slot order, one contiguous pass:
     obs_state     i8[M]     pooled state observed at the open step (0 = not observed yet)
 
 A never-observed prompt is implicit and exact: with D0 = d0 * ones, the unobserved update leaves D at D0
-and the prior and prev at (1/3, 1/3, 1/3) (METHODS 2; dps.py shows it holds bit for bit in float32), so
+and the prior and prev at (1/3, 1/3, 1/3) (docs/methods.md §2; dps.py shows it holds bit for bit in float32), so
 it reports D0 and 1/3 (`hmm_rows`, `dense_hmm`) and costs only its 43 bytes. Memory: 43 bytes per
 prompt plus 65 per observed prompt, 108 when every prompt is observed (budget 128; the observed set's
 capacity grows by half as needed and never beyond N). The dataset's SharedState (group sums, strategy
 state; coldstart.py) adds a few dozen bytes per group.
 
-Beta update (METHODS 1 and 6), one result (S successes out of `trials`) after another, in order; at a
+Beta update (docs/methods.md §1 and 6), one result (S successes out of `trials`) after another, in order; at a
 prompt's first result its cold prior is frozen into (alpha0_i, beta0_i) (coldstart module docstring):
 
     alpha <- lam * alpha + (1 - lam) * alpha0_i + S
@@ -89,7 +89,7 @@ FIELDS: dict[str, tuple[np.dtype, tuple[int, ...]]] = {
     "streak": (np.dtype(np.int16), ()),
 }
 
-#: Per-prompt fields added with cold start (METHODS 6, 7), and their value for a prompt nothing is known
+#: Per-prompt fields added with cold start (docs/methods.md §6, 7), and their value for a prompt nothing is known
 #: about; a snapshot written before them loads with these values (no metadata, no runs).
 METADATA_FIELDS: dict[str, float] = {"pass_rate": math.nan, "group": -1, "prior_p0": math.nan, "streak": 0}
 #: Saturation of the streak counter.
@@ -146,7 +146,7 @@ class BeliefArrays:
     def new(
         cls, n: int, alpha0: float = 1.0, beta0: float = 1.0, d0: float = 1.0, **rules: float
     ) -> BeliefArrays:
-        """Priors of METHODS 1, 2 and 6: Beta(alpha0, beta0); every prompt never observed (D = D0 = d0 *
+        """Priors of docs/methods.md §1, 2 and 6: Beta(alpha0, beta0); every prompt never observed (D = D0 = d0 *
         ones, prior = prev = 1/3, implicit); no metadata. `rules`: the other DatasetRules fields
         (prior_strength, group_decay, ...)."""
         if isinstance(n, bool) or not isinstance(n, int | np.integer) or not 1 <= n <= MAX_PROMPTS:
@@ -430,7 +430,7 @@ def _check_decay(lam: float, name: str = "lam") -> float:
 
 @numba.njit(nogil=True, cache=True, inline="always")
 def mean_abs_advantage(s, t):
-    """SEC's |advantage| of one group from its S successes in t binary rollouts (METHODS 7):
+    """SEC's |advantage| of one group from its S successes in t binary rollouts (docs/methods.md §7):
     mean_i |r_i - mean(r)| / (std(r, ddof=1) + 1e-6) with S ones and t - S zeros; 0 for t < 2 (ours:
     one rollout has no spread)."""
     if t < 2.0:
@@ -456,7 +456,7 @@ def _apply_kernel(
         t = trials[r]
         g = group[p]
         if n_obs[p] == 0:
-            # METHODS 6: freeze the cold prior, from the group sums of every result applied before this one.
+            # docs/methods.md §6: freeze the cold prior, from the group sums of every result applied before this one.
             p0 = np.float64(pass_rate[p])
             if np.isnan(p0) and g >= 0:
                 p0 = (a0 + gs[g]) / (a0 + b0 + gt[g])
@@ -524,8 +524,8 @@ def apply_results(
     alpha0: float,
     beta0: float,
 ) -> None:
-    """Applies m results in order (a prompt may appear several times): the Beta update of METHODS 1 with
-    the frozen priors of METHODS 6, a slot in the observed set at a prompt's first result, step-state
+    """Applies m results in order (a prompt may appear several times): the Beta update of docs/methods.md §1 with
+    the frozen priors of docs/methods.md §6, a slot in the observed set at a prompt's first result, step-state
     pooling, last_state, streak, n_obs, group sums and the open step's statistics. `alpha0`, `beta0`
     must be the prior `ba` was created with. Validates everything first; on error nothing changes."""
     lam = _check_decay(lam, "beta_decay")

@@ -1,4 +1,4 @@
-"""Cold start (METHODS 6): per-prompt metadata, group rates, cold priors and priors frozen at a prompt's
+"""Cold start (docs/methods.md §6): per-prompt metadata, group rates, cold priors and priors frozen at a prompt's
 first observation; and `SharedState`, what a dataset keeps beside its per-prompt arrays.
 
 Per-prompt metadata (BeliefArrays fields, set by `apply_metadata`, a log record in the service):
@@ -23,7 +23,7 @@ no state until the prompt is observed. At the first observation the cold prior i
 in the Beta update (beliefs.apply_results): results are applied in request order, so a frozen prior
 sees the group sums of every result before it, earlier results of the same request included.
 
-`SharedState` also holds the per-dataset state of the strategies of METHODS 7 (GRESO's p_easy / p_hard
+`SharedState` also holds the per-dataset state of the strategies of docs/methods.md §7 (GRESO's p_easy / p_hard
 and walk position, SEC's Q values and per-category walk positions, AdaRFT's target difficulty T) and
 the statistics of the open step they are updated from when it closes (curricula.close_shared).
 """
@@ -57,7 +57,7 @@ __all__ = [
     "prior_pass_rates",
 ]
 
-#: Groups are numbered 0..MAX_GROUPS-1 (METHODS 6: G <= 65,536).
+#: Groups are numbered 0..MAX_GROUPS-1 (docs/methods.md §6: G <= 65,536).
 MAX_GROUPS = 65_536
 #: `group` value of a prompt without a group.
 NO_GROUP = -1
@@ -80,8 +80,8 @@ def _finite(name: str, value: float, low: float, high: float, *, low_open: bool 
 class DatasetRules:
     """A dataset's constants that shape how its shared state evolves (fixed at creation).
 
-    alpha0, beta0: the Beta prior; prior_strength s and group_decay gamma (METHODS 6); sec_lr (SEC's
-    learning rate for Q) and adarft_eta / adarft_alpha / adarft_beta (AdaRFT's update of T), METHODS 7.
+    alpha0, beta0: the Beta prior; prior_strength s and group_decay gamma (docs/methods.md §6); sec_lr (SEC's
+    learning rate for Q) and adarft_eta / adarft_alpha / adarft_beta (AdaRFT's update of T), docs/methods.md §7.
     """
 
     alpha0: float = 1.0
@@ -295,7 +295,7 @@ def apply_metadata(ba, offset: int, pass_rate: np.ndarray | None, group: np.ndar
     """Sets the pass rates and/or groups of prompts offset..offset+len-1 of `ba` (a BeliefArrays).
 
     Validates first (check_metadata); on error nothing changes. Frozen priors of prompts already observed
-    are kept (METHODS 6: a prior is frozen at the first observation). A group upload restarts SEC's
+    are kept (docs/methods.md §6: a prior is frozen at the first observation). A group upload restarts SEC's
     per-category walks (ours: their member lists changed).
     """
     offset, pass_rate, group = check_metadata(ba.n, offset, pass_rate, group)
@@ -326,7 +326,7 @@ def apply_metadata(ba, offset: int, pass_rate: np.ndarray | None, group: np.ndar
 
 @numba.njit(nogil=True, cache=True, inline="always")
 def _live_p0(pass_rate, group, rates, p):
-    """p0 of METHODS 6 now: the pass rate if known, else the group's rate, else NaN."""
+    """p0 of docs/methods.md §6 now: the pass rate if known, else the group's rate, else NaN."""
     p0 = np.float64(pass_rate[p])
     if np.isnan(p0):
         g = group[p]
@@ -467,7 +467,7 @@ def _live_kernel(src, rates, ids, use_all, a0, b0, to_score, target, out):
 
 def live_pass_rates(ba, ids: np.ndarray | None, target: float | None = None) -> np.ndarray:
     """Per prompt (float64, in the order of `ids`; None = all): its pass rate if known, else its group's
-    rate m_g, else its posterior mean (AdaRFT's difficulty source, METHODS 7). With `target` T, returns
+    rate m_g, else its posterior mean (AdaRFT's difficulty source, docs/methods.md §7). With `target` T, returns
     AdaRFT's score -|100 (1 - p) - T| instead, computed in the same pass."""
     ids, use_all = _ids(ids, ba.n)
     out = np.empty(ba.n if use_all else ids.size)

@@ -1,5 +1,5 @@
-"""Strategies from the field (METHODS 7): learnability, GRESO, SEC, AdaRFT; and the step close of the
-dataset's shared state (METHODS 6 group decay and the METHODS 7 adaptations).
+"""Strategies from the field (docs/methods.md §7): learnability, GRESO, SEC, AdaRFT; and the step close of the
+dataset's shared state (docs/methods.md §6 group decay and the docs/methods.md §7 adaptations).
 
     learnability   E[phi (1 - phi)] = a b / ((a + b)(a + b + 1)) under the prompt's Beta (cold prior
                    included); a candidate pool as INSIGHT
@@ -17,7 +17,7 @@ At each step close (`close_shared`, before the DPS close, which resets the step 
              results; a step without results leaves T (ours).
     SEC      r_g = mean over g's results at the step of their mean |advantage| (0 when none);
              Q_g <- (1 - lr) Q_g + lr r_g for every category.
-    groups   S_g, T_g multiplied by group_decay (METHODS 6).
+    groups   S_g, T_g multiplied by group_decay (docs/methods.md §6).
 
 then the open step's statistics are reset. The rules (lr, eta, alpha, beta, group_decay) are the
 dataset's (DatasetRules): they shape state that every replica derives from the log.

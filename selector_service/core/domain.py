@@ -13,10 +13,10 @@ Dataset settings
     beta_decay, hmm_decay        in (0, 1]
     success_threshold            any finite number (only compared with rewards)
     size                         integer >= 1 (and the service's SELECTOR_MAX_DATASET_SIZE)
-    prior_strength s             in [0, PRIOR_STRENGTH_MAX] = [0, 1e6]   (METHODS 6)
+    prior_strength s             in [0, PRIOR_STRENGTH_MAX] = [0, 1e6]   (docs/methods.md §6)
     group_decay                  in (0, 1]
 
-Metadata (METHODS 6): pass rates in [0, 1] or unknown (NaN), groups in 0..65535 or -1. A cold prior
+Metadata (docs/methods.md §6): pass rates in [0, 1] or unknown (NaN), groups in 0..65535 or -1. A cold prior
 Beta(alpha0 + s p0, beta0 + s (1 - p0)) then has each parameter in [PRIOR_MIN, PRIOR_MAX + 1e6]: inside
 the range the Beta bounds below are argued for.
 
@@ -28,7 +28,7 @@ ENTROPY_WEIGHT_MAX] = [-1e6, 1e6]; mode 'topk' or 'threshold'.
 
 Why these bounds, and what they make reachable:
 
-- Beta beliefs. METHODS 1's update alpha <- lam alpha + (1 - lam) alpha0 + S is a convex combination
+- Beta beliefs. docs/methods.md §1's update alpha <- lam alpha + (1 - lam) alpha0 + S is a convex combination
   of alpha and alpha0 plus S >= 0, so alpha never falls below min(alpha0, its start) >= PRIOR_MIN (up to
   one rounding), and it grows by at most TRIALS_MAX per result: after R results of a prompt,
   alpha + beta <= 2 PRIOR_MAX + R * TRIALS_MAX, which stays below 1e300 for any log shorter than 1e290
@@ -72,7 +72,7 @@ K_MAX = 1024
 TRIALS_MAX = 10**9
 #: Largest |entropy_weight| of DPS.
 ENTROPY_WEIGHT_MAX = 1e6
-#: Largest prior_strength (METHODS 6): a pass rate worth a million rollouts at most.
+#: Largest prior_strength (docs/methods.md §6): a pass rate worth a million rollouts at most.
 PRIOR_STRENGTH_MAX = 1e6
 
 

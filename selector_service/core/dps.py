@@ -1,4 +1,4 @@
-"""DPS step close: the per-prompt hidden-Markov update of METHODS 2, one fused pass over the observed set.
+"""DPS step close: the per-prompt hidden-Markov update of docs/methods.md §2, one fused pass over the observed set.
 
 Each prompt has its own 3x3 Dirichlet matrix D (stored at obs_d[s, 3*i + j] for its slot s),
 column-stochastic: P(i, j) = D(i, j) / sum_i D(i, j), the probability of moving from state j to state i.

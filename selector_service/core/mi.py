@@ -1,6 +1,6 @@
-"""INSIGHT's weighted mutual information (METHODS 1.1): I_K, the weight w(m) and the score A = w * I_K.
+"""INSIGHT's weighted mutual information (docs/methods.md §1.1): I_K, the weight w(m) and the score A = w * I_K.
 
-For Beta(a, b), n = a + b, m = a / n and K rollouts (METHODS 1.1):
+For Beta(a, b), n = a + b, m = a / n and K rollouts (docs/methods.md §1.1):
 
     H(a, b)  = ln B(a, b) - (a-1) psi(a) - (b-1) psi(b) + (n-2) psi(n)           (Beta entropy, nats)
     P(s)     = C(K, s) B(a+s, b+K-s) / B(a, b),  s = 0..K                         (beta-binomial)
@@ -236,7 +236,7 @@ def mutual_information(alpha: np.ndarray, beta: np.ndarray, k: int) -> np.ndarra
 
 
 def wmi_weight(mean: np.ndarray | float, eta: float, mu: float) -> np.ndarray | float:
-    """w(m) = m (1 - m) exp(-eta (m - mu)^2) (METHODS 1.1); numpy, elementwise."""
+    """w(m) = m (1 - m) exp(-eta (m - mu)^2) (docs/methods.md §1.1); numpy, elementwise."""
     m = np.asarray(mean, dtype=np.float64)
     w = m * (1.0 - m) * np.exp(-eta * (m - mu) ** 2)
     return float(w) if w.ndim == 0 else w

@@ -1,9 +1,9 @@
-"""From rollout rewards to outcomes: successes S, trials and the DPS solving state (METHODS 0 and 2).
+"""From rollout rewards to outcomes: successes S, trials and the DPS solving state (docs/methods.md §0 and 2).
 
-State codes (METHODS 2): UNOBSERVED = 0 (no result at the open step), UNSOLVED = 1 (S = 0),
+State codes (docs/methods.md §2): UNOBSERVED = 0 (no result at the open step), UNSOLVED = 1 (S = 0),
 PARTIAL = 2 (0 < S < trials), SOLVED = 3 (S = trials).
 
-Reward modes (METHODS 0):
+Reward modes (docs/methods.md §0):
 
 - ``"binary"``: a rollout succeeds when reward >= threshold; S = number of successes, trials = K.
 - ``"fractional"`` (ours, beyond both papers): rewards are clipped to [0, 1] and summed as fractional

@@ -1,9 +1,9 @@
-"""Per-prompt scores of the Beta baselines, MoPPS and DPS (METHODS 1.2, 1.3, 2). Larger is better.
+"""Per-prompt scores of the Beta baselines, MoPPS and DPS (docs/methods.md §1.2, 1.3, 2). Larger is better.
 
-    expected_difficulty   -(m - target)^2,          m = alpha / (alpha + beta)           (METHODS 1.3)
-    inverse_evidence      1 / n,                     n = alpha + beta                     (METHODS 1.3)
-    thompson (MoPPS)      -(g - target)^2,           g ~ Beta(alpha, beta), one draw each (METHODS 1.2)
-    dps                   prior(2) + w_H * H(prior), H(p) = -sum_i p_i ln p_i (nats)      (METHODS 2)
+    expected_difficulty   -(m - target)^2,          m = alpha / (alpha + beta)           (docs/methods.md §1.3)
+    inverse_evidence      1 / n,                     n = alpha + beta                     (docs/methods.md §1.3)
+    thompson (MoPPS)      -(g - target)^2,           g ~ Beta(alpha, beta), one draw each (docs/methods.md §1.2)
+    dps                   prior(2) + w_H * H(prior), H(p) = -sum_i p_i ln p_i (nats)      (docs/methods.md §2)
 
 INSIGHT's score lives in mi.py. `ids` selects prompts (int64, any order, repeats allowed) and the result
 follows its order; `ids=None` scores every prompt. Thompson draws come from the project's generator

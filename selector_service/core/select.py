@@ -3,13 +3,13 @@
 Every random choice comes from the project's counter-based generator (rng.py): `stream(key, step, seed,
 purpose)` gives the same values in every process, replica and numpy version.
 
-- `candidate_pool`: distinct ids uniformly at random (METHODS 1.1: the pool of min(ratio * B, N)).
+- `candidate_pool`: distinct ids uniformly at random (docs/methods.md §1.1: the pool of min(ratio * B, N)).
 - `topk_random_ties`: the k largest scores; every order among equal scores is uniformly random
-  (METHODS 1.1 and 2 require random tie-breaking: DPS has thousands of prompts tied at 1/3).
-- `uniform_batch` (METHODS 4): a seeded permutation per epoch, walked B at a time.
-- `history_batch` (METHODS 4, SRPO): the same walk skipping prompts whose latest result was solved.
-- `mopps_threshold_select` (METHODS 1.2, variant `threshold`).
-- `dps_select` (METHODS 2): DPS over the whole dataset from the observed set alone (beliefs.py), the
+  (docs/methods.md §1.1 and 2 require random tie-breaking: DPS has thousands of prompts tied at 1/3).
+- `uniform_batch` (docs/methods.md §4): a seeded permutation per epoch, walked B at a time.
+- `history_batch` (docs/methods.md §4, SRPO): the same walk skipping prompts whose latest result was solved.
+- `mopps_threshold_select` (docs/methods.md §1.2, variant `threshold`).
+- `dps_select` (docs/methods.md §2): DPS over the whole dataset from the observed set alone (beliefs.py), the
   never-observed prompts drawn from their implicit block (O(prompts ever observed + B)).
 
 The tie rule (defined once, here; tests/naive.topk_random_ties is its literal twin): with b the k-th
@@ -557,7 +557,7 @@ def _unobserved(ba, count: int, rng: Stream) -> np.ndarray:
 
 
 def dps_select(ba, k: int, entropy_weight: float, rng: Stream) -> tuple[np.ndarray, np.ndarray]:
-    """METHODS 2 over the whole dataset in O(prompts ever observed + k): the k prompts with the largest
+    """docs/methods.md §2 over the whole dataset in O(prompts ever observed + k): the k prompts with the largest
     prior(2) + entropy_weight * H(prior), best first, and their scores (float64). `ba` is a
     BeliefArrays, `rng` the select's "ties" stream.
 
@@ -669,7 +669,7 @@ def _check_walk(n: int, batch: int, step: int) -> None:
 
 
 def uniform_batch(n: int, batch: int, step: int, seed: int, key: str) -> np.ndarray:
-    """METHODS 4 `uniform`: global positions step*batch .. step*batch + batch - 1 of the concatenated
+    """docs/methods.md §4 `uniform`: global positions step*batch .. step*batch + batch - 1 of the concatenated
     per-epoch permutations (epoch e's from stream(key, e, seed, "uniform-epoch")).
 
     A batch that crosses an epoch boundary takes the tail of epoch e, then walks epoch e+1 from its
@@ -690,7 +690,7 @@ def uniform_batch(n: int, batch: int, step: int, seed: int, key: str) -> np.ndar
 
 
 def history_batch(n: int, batch: int, step: int, seed: int, key: str, last_state: np.ndarray) -> np.ndarray:
-    """METHODS 4 `history_resampling` (SRPO): the `uniform_batch` walk from position step*batch,
+    """docs/methods.md §4 `history_resampling` (SRPO): the `uniform_batch` walk from position step*batch,
     skipping prompts whose latest result was SOLVED (last_state == 3), continuing into the following
     epoch's permutation when needed (ours: the walk covers epoch e's tail and all of epoch e+1, so it
     meets every id).
@@ -745,7 +745,7 @@ def mopps_threshold_select(
     low: float = 0.3,
     high: float = 0.7,
 ) -> np.ndarray:
-    """MoPPS `threshold` variant (METHODS 1.2): k ids from `candidates`, chosen uniformly at random among
+    """MoPPS `threshold` variant (docs/methods.md §1.2): k ids from `candidates`, chosen uniformly at random among
     those whose draw lies in [low, high]; if fewer than k do, the rest are the candidates closest to the
     band (distance to the nearer edge; ties at random). In-band ids come first, in random order."""
     draws = np.asarray(draws, dtype=np.float64)

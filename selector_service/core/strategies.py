@@ -4,18 +4,18 @@
 |---------------------|-----------------------------------|----------------------------------|------------------|
 | uniform             | none: epoch permutation walk      | -                                | -                |
 | history_resampling  | none: the walk, skipping solved   | -                                | -                |
-| insight             | w(m) I_K (METHODS 1.1)            | pool of min(ratio * B, N)        | eta 3.0, mu 0.3, k (dataset K), candidate_ratio 16 |
+| insight             | w(m) I_K (docs/methods.md §1.1)            | pool of min(ratio * B, N)        | eta 3.0, mu 0.3, k (dataset K), candidate_ratio 16 |
 | dps                 | prior(2) + w_H H(prior) (METH. 2) | whole dataset (ratio None)       | entropy_weight 0.0, candidate_ratio None |
 | mopps               | -(g - target)^2, g ~ Beta (1.2)   | pool                             | target 0.5, mode topk, candidate_ratio 16 |
-| expected_difficulty | -(m - target)^2 (METHODS 1.3)     | pool                             | target 0.5, candidate_ratio 16 |
-| inverse_evidence    | 1 / n (METHODS 1.3)               | pool                             | candidate_ratio 16 |
-| learnability        | E[phi (1 - phi)] (METHODS 7)      | pool                             | candidate_ratio 16 |
-| adarft              | -|d - T| (METHODS 7)              | whole dataset                    | eta 50, alpha 2, beta 0.5 (the dataset's) |
-| greso               | none: the walk with skips (M. 7)  | -                                | - |
-| sec                 | none: category walks (METHODS 7)  | prompts with a group             | lr 0.5 (the dataset's), tau 1.0 |
+| expected_difficulty | -(m - target)^2 (docs/methods.md §1.3)     | pool                             | target 0.5, candidate_ratio 16 |
+| inverse_evidence    | 1 / n (docs/methods.md §1.3)               | pool                             | candidate_ratio 16 |
+| learnability        | E[phi (1 - phi)] (docs/methods.md §7)      | pool                             | candidate_ratio 16 |
+| adarft              | -|d - T| (docs/methods.md §7)              | whole dataset                    | eta 50, alpha 2, beta 0.5 (the dataset's) |
+| greso               | none: the walk with skips (docs/methods.md §7)  | -                                | - |
+| sec                 | none: category walks (docs/methods.md §7)  | prompts with a group             | lr 0.5 (the dataset's), tau 1.0 |
 
 Every Beta-family score (insight, mopps, expected_difficulty, inverse_evidence, learnability) reads a
-never-observed prompt's Beta as its cold prior (METHODS 6, coldstart.beta_for).
+never-observed prompt's Beta as its cold prior (docs/methods.md §6, coldstart.beta_for).
 
 Parameters marked "the dataset's" shape state that the dataset updates at every step close (SEC's Q,
 AdaRFT's T), so they are fixed per dataset: set them in the dataset's `defaults`; a select that names

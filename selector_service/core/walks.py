@@ -1,4 +1,4 @@
-"""The walks of GRESO and SEC (METHODS 7), with positions that the dataset advances at step close.
+"""The walks of GRESO and SEC (docs/methods.md §7), with positions that the dataset advances at step close.
 
 GRESO walks the concatenated epoch permutations of the dataset (epoch e: `epoch_permutation(n, key, e,
 0)`) from its position `greso_pos`. A prompt whose trailing run of all-solved results is z_easy > 0 is

@@ -1,4 +1,4 @@
-"""Slow, obviously correct float64 twins of the selection kernels, written straight from METHODS.md.
+"""Slow, obviously correct float64 twins of the selection kernels, written straight from docs/methods.md.
 
 Each function here is the textbook formula with scipy special functions and literal Python loops, no
 recurrences and no cleverness, so that a test comparing a fast kernel against its twin checks the
@@ -15,7 +15,7 @@ from scipy.special import betaln, comb, digamma, entr
 
 EPS = np.finfo(np.float64).eps
 
-# ---------------------------------------------------------------- outcomes (METHODS 0)
+# ---------------------------------------------------------------- outcomes (docs/methods.md §0)
 
 
 def outcomes(rewards: list[list[float]], mode: str, threshold: float) -> tuple[list, list, list]:
@@ -47,7 +47,7 @@ def combine_state(old: int, new: int) -> int:
     return old if old == new else 2
 
 
-# ---------------------------------------------------------------- Beta family (METHODS 1)
+# ---------------------------------------------------------------- Beta family (docs/methods.md §1)
 
 
 def beta_entropy(a, b):
@@ -109,7 +109,7 @@ def inverse_evidence(alpha, beta, ids):
 
 
 def apply_results(alpha, beta, step_state, last_state, n_obs, ids, successes, trials, states, lam, a0, b0):
-    """METHODS 1 update, one result after another, plus state pooling and counters (in place)."""
+    """docs/methods.md §1 update, one result after another, plus state pooling and counters (in place)."""
     for p, s, t, st in zip(ids, successes, trials, states, strict=True):
         alpha[p] = lam * alpha[p] + (1 - lam) * a0 + s
         beta[p] = lam * beta[p] + (1 - lam) * b0 + (t - s)
@@ -118,11 +118,11 @@ def apply_results(alpha, beta, step_state, last_state, n_obs, ids, successes, tr
         n_obs[p] += 1
 
 
-# ---------------------------------------------------------------- DPS (METHODS 2)
+# ---------------------------------------------------------------- DPS (docs/methods.md §2)
 
 
 def close_step(d, prior, prev, step_state, lam: float, d0: float = 1.0) -> tuple[int, ...]:
-    """METHODS 2 for every prompt, a literal per-prompt loop with 3x3 matrices (in place).
+    """docs/methods.md §2 for every prompt, a literal per-prompt loop with 3x3 matrices (in place).
 
     d: f32[N, 9] with D(i, j) at [p, 3i + j]; prior, prev: f32[N, 3]; step_state: i8[N].
     Returns (observed, partial, correct, predicted_unsolved, predicted_partial, predicted_solved);
@@ -169,7 +169,7 @@ def dps_scores(prior, ids, entropy_weight: float):
 
 
 def large_n_limit(n, k: int):
-    """METHODS 1.1: I_K -> 0.5 ln(1 + K/n) for large n."""
+    """docs/methods.md §1.1: I_K -> 0.5 ln(1 + K/n) for large n."""
     return 0.5 * np.log1p(k / np.asarray(n, dtype=np.float64))
 
 
@@ -177,7 +177,7 @@ def log_comb(k: int, s: int) -> float:
     return math.log(math.comb(k, s))
 
 
-# ---------------------------------------------------------------- cold start (METHODS 6)
+# ---------------------------------------------------------------- cold start (docs/methods.md §6)
 
 
 def group_rate(a0: float, b0: float, s_g: float, t_g: float) -> float:
@@ -227,7 +227,7 @@ def mean_abs_advantage(successes: float, trials: float) -> float:
 
 
 def apply_results_cold(arr: dict, sh: dict, ids, successes, trials, states, lam, a0, b0, strength):
-    """METHODS 1 + 6 + the step statistics of METHODS 7, one result after another (in place).
+    """docs/methods.md §1 + 6 + the step statistics of docs/methods.md §7, one result after another (in place).
 
     arr: per-prompt arrays (alpha, beta, step_state, last_state, n_obs, pass_rate, group, prior_p0,
     streak); sh: group_successes, group_trials, step_adv, step_adv_n, step_counts."""
@@ -267,7 +267,7 @@ def apply_results_cold(arr: dict, sh: dict, ids, successes, trials, states, lam,
         counts[4] += t
 
 
-# ---------------------------------------------------------------- strategies from the field (METHODS 7)
+# ---------------------------------------------------------------- strategies from the field (docs/methods.md §7)
 
 
 def learnability(a, b):
@@ -312,7 +312,7 @@ def close_shared(sh: dict, rules: dict) -> None:
 
 
 def greso_keep(streak: int, p_easy: float, p_hard: float) -> float:
-    """Probability that GRESO keeps a prompt with this trailing run (METHODS 7)."""
+    """Probability that GRESO keeps a prompt with this trailing run (docs/methods.md §7)."""
     if streak > 0:
         return max(p_easy**streak, 0.01)
     if streak < 0:

@@ -1,4 +1,4 @@
-"""BeliefArrays and the Beta update (core/beliefs.py, METHODS 1)."""
+"""BeliefArrays and the Beta update (core/beliefs.py, docs/methods.md §1)."""
 
 from __future__ import annotations
 
@@ -166,7 +166,7 @@ def test_apply_results_matches_the_sequential_twin(lam, fractional):
 
 
 def test_update_formula_by_hand():
-    """alpha <- lam alpha + (1 - lam) alpha0 + S applied one result after another (METHODS 1)."""
+    """alpha <- lam alpha + (1 - lam) alpha0 + S applied one result after another (docs/methods.md §1)."""
     ba = BeliefArrays.new(2, 1.0, 1.0)
     ids = np.array([1, 1])
     apply_results(

@@ -1,4 +1,4 @@
-"""Cold start (core/coldstart.py, METHODS 6): metadata, group rates, cold and frozen priors, and their
+"""Cold start (core/coldstart.py, docs/methods.md §6): metadata, group rates, cold and frozen priors, and their
 use by every Beta-family score; the shared state's step close (core/curricula.py)."""
 
 from __future__ import annotations
@@ -110,7 +110,7 @@ def assert_matches_twin(ba, arr, sh):
 @pytest.mark.parametrize(
     ("groups", "known", "grouped", "lam", "gamma"),
     [
-        (0, 0.0, 0.0, 1.0, 0.9),  # no metadata: METHODS 1 exactly
+        (0, 0.0, 0.0, 1.0, 0.9),  # no metadata: docs/methods.md §1 exactly
         (5, 0.0, 1.0, 1.0, 0.9),  # groups only
         (5, 0.5, 0.7, 0.7, 0.9),  # both, some prompts with neither
         (3, 1.0, 0.0, 0.5, 1.0),  # pass rates only, no group decay
@@ -138,7 +138,7 @@ def test_apply_and_close_match_the_sequential_twin(groups, known, grouped, lam, 
 
 
 def test_without_metadata_the_update_is_unchanged():
-    """No metadata: bit for bit the METHODS 1 update, and every score reads the stored arrays."""
+    """No metadata: bit for bit the docs/methods.md §1 update, and every score reads the stored arrays."""
     rng = np.random.default_rng(1)
     ba = BeliefArrays.new(50)
     ref = {k: v.copy() for k, v in ba.arrays().items()}
@@ -155,7 +155,7 @@ def test_without_metadata_the_update_is_unchanged():
 
 
 def test_frozen_prior_sees_earlier_results_of_the_same_request():
-    """METHODS 6 by hand: prompts 0 and 1 in group 2, no pass rates, alpha0 = beta0 = 1, s = 2."""
+    """docs/methods.md §6 by hand: prompts 0 and 1 in group 2, no pass rates, alpha0 = beta0 = 1, s = 2."""
     ba = BeliefArrays.new(4, prior_strength=2.0, group_decay=0.5)
     apply_metadata(ba, 0, None, np.array([2, 2, -1, 0], np.int32))
     # One request: prompt 0 with 8/8, then prompt 1 with 0/8, then prompt 0 again with 4/8.

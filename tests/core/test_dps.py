@@ -1,4 +1,4 @@
-"""The DPS step close (core/dps.py, METHODS 2) against a literal per-prompt loop."""
+"""The DPS step close (core/dps.py, docs/methods.md §2) against a literal per-prompt loop."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def observe(ba, ids, states):
 
 
 def test_methods_worked_values():
-    """METHODS 2, D0 = ones, lam = 0.5: 1/3 stays; one obs in state 2 -> 0.40, in 1 or 3 -> 0.30;
+    """docs/methods.md §2, D0 = ones, lam = 0.5: 1/3 stays; one obs in state 2 -> 0.40, in 1 or 3 -> 0.30;
     then 0.40 relaxes to 0.368, 0.351, ..."""
     ba = BeliefArrays.new(4)
     observe(ba, [1, 2, 3], [PARTIAL, UNSOLVED, SOLVED])

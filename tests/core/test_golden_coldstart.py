@@ -1,4 +1,4 @@
-"""Golden batches of cold start and of the strategies of METHODS 7: a selection outcome that changes is a
+"""Golden batches of cold start and of the strategies of docs/methods.md §7: a selection outcome that changes is a
 visible, deliberate change (as tests/core/test_golden_batches.py, over a dataset with metadata).
 
 The dataset: 200 prompts, pass rates for a third, groups 0..4 for four fifths, three observed steps

@@ -1,6 +1,6 @@
-"""INSIGHT's I_K, w(m) and A = w * I_K (core/mi.py) against the scipy twin, mpmath and METHODS 1.1.
+"""INSIGHT's I_K, w(m) and A = w * I_K (core/mi.py) against the scipy twin, mpmath and docs/methods.md §1.1.
 
-Tolerances. The twin (tests/core/naive.py) evaluates the METHODS formula literally: terms like (a-1) psi(a)
+Tolerances. The twin (tests/core/naive.py) evaluates the docs/methods.md formula literally: terms like (a-1) psi(a)
 reach ~1.4e7 at a = 1e6 while I_K is ~K / (2n) ~ 4e-6 at n = 2e6, so the twin's own error scales with
 eps * (largest term) (naive.mutual_information_rounding_scale, "scale"), and scipy's betaln adds
 ~1e-11 relative error for very unequal arguments (betaln(1e4, 1e-3)): measured against mpmath on GRID,
@@ -47,7 +47,7 @@ def assert_close_to_twin(a, b, k):
 
 
 def mp_mutual_information(a: float, b: float, k: int, digits: int = 40) -> float:
-    """I_K by the METHODS formula in `digits`-digit arithmetic (mpmath)."""
+    """I_K by the docs/methods.md formula in `digits`-digit arithmetic (mpmath)."""
     mp = pytest.importorskip("mpmath")
     with mp.workdps(digits):
         a, b = mp.mpf(a), mp.mpf(b)
@@ -68,7 +68,7 @@ def mp_mutual_information(a: float, b: float, k: int, digits: int = 40) -> float
         return float(total)
 
 
-# ---------------------------------------------------------------- METHODS sanity values
+# ---------------------------------------------------------------- docs/methods.md sanity values
 
 
 def test_methods_sanity_values():

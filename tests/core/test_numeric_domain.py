@@ -183,7 +183,7 @@ def test_information_is_finite_non_negative_and_bounded(a, b, k):
 
 
 def mp_information(a: float, b: float, k: int) -> float:
-    """I_K by METHODS' textbook formula with enough digits for its cancellation (40 + 2 log10 n)."""
+    """I_K by docs/methods.md's textbook formula with enough digits for its cancellation (40 + 2 log10 n)."""
     mp = pytest.importorskip("mpmath")
     n = a + b
     with mp.workdps(40 + 2 * max(0, int(math.log10(n)))):

@@ -1,4 +1,4 @@
-"""Rewards -> (successes, trials, state) and state pooling (core/outcomes.py, METHODS 0 and 2)."""
+"""Rewards -> (successes, trials, state) and state pooling (core/outcomes.py, docs/methods.md §0 and 2)."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def test_matches_the_python_loop(rows, mode, threshold):
 
 
 def test_binary_countdown_rewards_count_only_exact_answers():
-    """METHODS 0: with threshold 1.0 a 0.1 format bonus is a failure."""
+    """docs/methods.md §0: with threshold 1.0 a 0.1 format bonus is a failure."""
     s, t, states = outcomes_from_rewards([[1, 0.1, 0, 1], [0.1, 0.1], [1, 1, 1]], "binary", 1.0)
     assert s.tolist() == [2.0, 0.0, 3.0]
     assert t.tolist() == [4.0, 2.0, 3.0]

@@ -1,4 +1,4 @@
-"""The dictionary-based reference sampler (bench/reference_dps_sampler.py) against METHODS 2 and against
+"""The dictionary-based reference sampler (bench/reference_dps_sampler.py) against docs/methods.md §2 and against
 the service's close_step: bench_scale.py compares their speed, which is only fair if they compute the
 same beliefs. Every prompt, every field (Dirichlet counts, prior, prev_post), after every step."""
 
@@ -77,7 +77,7 @@ def test_state_of_rate():
 
 
 def test_reference_reproduces_the_methods_worked_values():
-    """METHODS 2, D0 = ones, lam = 0.5: a never-seen prompt stays at 1/3; one observation in state 2
+    """docs/methods.md §2, D0 = ones, lam = 0.5: a never-seen prompt stays at 1/3; one observation in state 2
     gives 0.40 next, in state 1 or 3 gives 0.30; with no further observations 0.40 relaxes to 0.368,
     0.351."""
     sampler = ref.DictHMMSampler(batch_size=1, decay=0.5)

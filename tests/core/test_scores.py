@@ -1,4 +1,4 @@
-"""Baseline, MoPPS and DPS scores (core/scores.py, METHODS 1.2, 1.3, 2)."""
+"""Baseline, MoPPS and DPS scores (core/scores.py, docs/methods.md §1.2, 1.3, 2)."""
 
 from __future__ import annotations
 

@@ -31,7 +31,7 @@ SEEDED = [s for s in ALL if s != "greso"]
 
 
 def with_metadata(ba, rng):
-    """Groups 0..9 for 80% of the prompts and a pass rate for 30% (METHODS 6)."""
+    """Groups 0..9 for 80% of the prompts and a pass rate for 30% (docs/methods.md §6)."""
     n = ba.n
     group = rng.integers(0, 10, n).astype(np.int32)
     group[rng.random(n) < 0.2] = -1

@@ -1,4 +1,4 @@
-"""GRESO's and SEC's walks and the positions the dataset advances at step close (core/walks.py, METHODS 7).
+"""GRESO's and SEC's walks and the positions the dataset advances at step close (core/walks.py, docs/methods.md §7).
 
 The twins below walk position by position with the same random streams, drawn from the pure-Python twin
 of the generator (tests/core/naive.py), so a test against them checks the fast walks' chunking, epoch and

@@ -87,7 +87,7 @@ class ReplicaModel:
 
 
 def outcome_arrays(spec: DatasetSpec, results: list):
-    """The outcomes the service derives from results (METHODS 0, binary mode), computed here by hand."""
+    """The outcomes the service derives from results (docs/methods.md §0, binary mode), computed here by hand."""
     ids, succ, trials, states = [], [], [], []
     for r in results:
         if r.rewards is not None:

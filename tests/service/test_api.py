@@ -112,7 +112,7 @@ def test_step_semantics(http, dsname):
     again = http.post("/select", json={"dataset": dsname, "step": 1, "batch_size": 4, "strategy": "dps"})
     assert again.status_code == 409
     pri = beliefs(http, dsname, [4, 5])["beliefs"]
-    # METHODS worked values (lam = 0.5): one obs in state 2 -> 0.40, then one step unobserved -> 0.368...
+    # docs/methods.md worked values (lam = 0.5): one obs in state 2 -> 0.40, then one step unobserved -> 0.368...
     assert pri[0]["hmm_prior"][1] == pytest.approx(0.368, abs=1e-3)
     assert pri[1]["hmm_prior"][1] == pytest.approx(1 / 3, abs=1e-6)
     info = http.get(f"/datasets/{dsname}").json()["summary"]
@@ -250,7 +250,9 @@ def test_beliefs_and_score_inputs(http, dsname):
     assert http.get(f"/datasets/{dsname}/beliefs", params={"ids": ""}).status_code == 422
     r = http.post("/score", json={"dataset": dsname, "strategy": "insight", "prompt_ids": [0, 1]})
     assert r.status_code == 200
-    assert r.json()["scores"] == pytest.approx([0.170, 0.170], abs=1e-3)  # METHODS sanity value, Beta(1, 1)
+    assert r.json()["scores"] == pytest.approx(
+        [0.170, 0.170], abs=1e-3
+    )  # docs/methods.md sanity value, Beta(1, 1)
     assert (
         http.post("/score", json={"dataset": dsname, "strategy": "insight", "prompt_ids": [10]}).status_code
         == 422
@@ -405,7 +407,7 @@ def test_fractional_reward_mode(http, dsname):
         "/select", json={"dataset": dsname, "step": 1, "batch_size": 1, "strategy": "dps"}
     ).raise_for_status()
     pri = {x["prompt_id"]: x["hmm_prior"] for x in beliefs(http, dsname, [0, 1, 2])["beliefs"]}
-    # METHODS worked values (lam = 0.5): observed unsolved -> prior(2) = 0.30, partially solved -> 0.40
+    # docs/methods.md worked values (lam = 0.5): observed unsolved -> prior(2) = 0.30, partially solved -> 0.40
     assert pri[0][1] == pytest.approx(0.30, abs=1e-6) and pri[0][0] > pri[0][2]
     assert pri[1][1] == pytest.approx(0.40, abs=1e-6)
     assert pri[2][1] == pytest.approx(0.40, abs=1e-6)

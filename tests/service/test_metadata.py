@@ -1,5 +1,5 @@
-"""Cold start through the real service (METHODS 6, API.md PUT /datasets/{name}/metadata) and the strategies
-of METHODS 7: uploads in JSON and raw form, 422s that apply nothing, replicas that agree after an
+"""Cold start through the real service (docs/methods.md §6, docs/api.md PUT /datasets/{name}/metadata) and the strategies
+of docs/methods.md §7: uploads in JSON and raw form, 422s that apply nothing, replicas that agree after an
 upload, snapshots and exports that carry it, per-group gauges, and the typed client's upload."""
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ pytest.importorskip(
 )
 redis = pytest.importorskip("redis")
 
+from selector_service.launcher import ServiceProcess  # noqa: E402
 from trainer_client.client import (  # noqa: E402
     AsyncSelectorClient,
     AuthError,
@@ -34,7 +35,6 @@ from trainer_client.client import (  # noqa: E402
     SelectorError,
     ServiceUnavailable,
 )
-from trainer_client.demo import LocalService  # noqa: E402
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 TOKEN = "test-token-" + uuid.uuid4().hex[:8]
@@ -47,10 +47,10 @@ def service_url():
     except redis.exceptions.RedisError as exc:
         pytest.skip(f"no Redis at {REDIS_URL}: {exc}")
     prefix = f"test-client-{uuid.uuid4().hex[:10]}"
-    service = LocalService(
+    service = ServiceProcess(
         redis_url=REDIS_URL, env={"SELECTOR_KEY_PREFIX": prefix, "SELECTOR_API_TOKEN": TOKEN}
     )
-    url = service.start()
+    url = service.start().url
     yield url
     service.stop()
     store = redis.Redis.from_url(REDIS_URL)

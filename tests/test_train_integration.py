@@ -180,11 +180,11 @@ def service_url():
         redis.Redis.from_url(REDIS_URL, socket_connect_timeout=2).ping()
     except redis.exceptions.RedisError as exc:
         pytest.skip(f"no Redis at {REDIS_URL}: {exc}")
-    from trainer_client.demo import LocalService
+    from selector_service.launcher import ServiceProcess
 
     prefix = f"test-train-{uuid.uuid4().hex[:10]}"
-    service = LocalService(redis_url=REDIS_URL, env={"SELECTOR_KEY_PREFIX": prefix})
-    url = service.start()
+    service = ServiceProcess(redis_url=REDIS_URL, env={"SELECTOR_KEY_PREFIX": prefix})
+    url = service.start().url
     yield url
     service.stop()
     store = redis.Redis.from_url(REDIS_URL)

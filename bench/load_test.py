@@ -117,7 +117,7 @@ def trainer(
                     {"prompt_id": p, "rewards": [float(rng.random() < 0.4) for _ in range(k)]}
                     for p in sel.json()["prompt_ids"]
                 ]
-                body = {"dataset": own, "step": step, "request_id": f"own-{step}", "results": results}
+                body = {"dataset": own, "step": step, "request_id": f"{own}-{step}", "results": results}
                 rec.call(c, "observe_own", "POST", "/observe", json=body)
             s = run.step
             sel = rec.call(

@@ -490,6 +490,7 @@ def main() -> None:
         default="1e7,1e8",
         help="epoch permutation sizes for the generator comparison (default 1e7,1e8; '' skips)",
     )
+    parser.add_argument("--out", type=Path, default=OUT, help=f"result JSON (default {OUT})")
     args = parser.parse_args()
     if args.n < 1 or args.repeats < 1:
         parser.error("--n and --repeats must be >= 1")
@@ -508,8 +509,8 @@ def main() -> None:
     if not args.no_compile:
         bench_compile(results)
     results["numba_threading_layer"] = numba.threading_layer()
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(json.dumps(results, indent=2) + "\n")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2) + "\n")
     print(json.dumps(results))
 
 

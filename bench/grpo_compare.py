@@ -43,12 +43,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from selector_service.launcher import ServiceProcess  # noqa: E402
+from bench.common import OUT_DIR, ROOT, emit
+from selector_service.launcher import ServiceProcess
 
-DEFAULT_OUT = ROOT / "bench" / "out" / "grpo_compare"
+DEFAULT_OUT = OUT_DIR / "grpo_compare"
 STRATEGIES = ("uniform", "insight", "dps", "dynamic_sampling")
 COLORS = {"uniform": "tab:gray", "insight": "tab:blue", "dps": "tab:green", "dynamic_sampling": "tab:red"}
 
@@ -105,53 +105,30 @@ def train_command(args: argparse.Namespace, url: str, strategy: str, metrics: Pa
     if strategy == "dynamic_sampling":  # at least the same rollouts per step times ds_oversample
         steps = math.ceil(args.steps / args.ds_oversample)
         eval_every = math.ceil(args.eval_every / args.ds_oversample)
-    return [
-        sys.executable,
-        "-m",
-        "trainer_client.cli",
-        "train",
-        "--service-url",
-        url,
-        "--dataset",
-        f"grpo-compare-{strategy}-seed{args.seed}",
-        "--task",
-        "arithmetic",
-        "--num-prompts",
-        str(args.num_prompts),
-        "--strategy",
-        strategy,
-        "--steps",
-        str(steps),
-        "--batch-size",
-        str(args.batch_size),
-        "--rollouts",
-        str(args.rollouts),
-        "--max-new-tokens",
-        str(args.max_new_tokens),
-        "--temperature",
-        str(args.temperature),
-        "--lr",
-        str(args.lr),
-        "--eval-every",
-        str(eval_every),
-        "--eval-size",
-        str(args.eval_size),
-        "--ds-oversample",
-        str(args.ds_oversample),
-        "--ds-max-rounds",
-        str(args.ds_max_rounds),
-        "--backend",
-        args.backend,
-        "--model",
-        args.model,
-        "--seed",
-        str(args.seed),
-        "--metrics-out",
-        str(metrics),
-        "--plot-out",
-        str(metrics.with_suffix(".png")),
-        "--no-progress",
-    ]
+    options = {
+        "--service-url": url,
+        "--dataset": f"grpo-compare-{strategy}-seed{args.seed}",
+        "--task": "arithmetic",
+        "--num-prompts": args.num_prompts,
+        "--strategy": strategy,
+        "--steps": steps,
+        "--batch-size": args.batch_size,
+        "--rollouts": args.rollouts,
+        "--max-new-tokens": args.max_new_tokens,
+        "--temperature": args.temperature,
+        "--lr": args.lr,
+        "--eval-every": eval_every,
+        "--eval-size": args.eval_size,
+        "--ds-oversample": args.ds_oversample,
+        "--ds-max-rounds": args.ds_max_rounds,
+        "--backend": args.backend,
+        "--model": args.model,
+        "--seed": args.seed,
+        "--metrics-out": metrics,
+        "--plot-out": metrics.with_suffix(".png"),
+    }
+    flags = [str(x) for pair in options.items() for x in pair]
+    return [sys.executable, "-m", "trainer_client.cli", "train", *flags, "--no-progress"]
 
 
 def run_strategy(args: argparse.Namespace, url: str, strategy: str) -> dict[str, Any]:
@@ -322,9 +299,8 @@ def main(argv: list[str] | None = None) -> int:
         "strategies": summaries,
         "plot": str(png) if png.exists() else None,
     }
-    (args.out / "grpo_compare.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     print_table(summaries)
-    print(json.dumps(result))
+    emit(result, args.out / "grpo_compare.json")
     return 0 if summaries and all(s["outcome"] == "ok" for s in summaries) else 1
 
 

@@ -1,7 +1,7 @@
 """Run every benchmark, one after the other, and collect their results into one summary.
 
     python bench/run_all.py            # --quick: small sizes, a few minutes on 2 cores (`make bench`)
-    python bench/run_all.py --full     # the configurations the documented figures come from (hours)
+    python bench/run_all.py --full     # the documented configurations (about an hour on 2 cores)
     python bench/run_all.py --only toy_world,bench_service
 
 Each script runs in a child process with the configuration below; its output goes to
@@ -9,7 +9,8 @@ Each script runs in a child process with the configuration below; its output goe
 ``bench/out/summary.json``, with the command, exit status and wall time. ``--quick`` writes the
 scripts' own files under ``bench/out/quick/`` so that the documented figures in bench/out/ are not
 replaced by small-size ones; ``--full`` writes them where the docs read them. The two model-based
-benchmarks (mismatch, grpo_compare) need the trainer extras and vLLM; without vLLM they are skipped.
+benchmarks (mismatch, grpo_compare) need the trainer extras and vLLM, and bench_service_redis a Redis at
+``BENCH_REDIS_URL`` (default redis://127.0.0.1:6379/0); without them they are skipped.
 Ends with a table (name, status, seconds, a few headline figures) and exits 1 when any run failed.
 """
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -30,6 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import OUT_DIR, ROOT, last_json_line
 
+REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
+
 
 @dataclass(frozen=True)
 class Benchmark:
@@ -39,6 +43,7 @@ class Benchmark:
     full: tuple[str, ...]  # arguments of the documented configuration
     headline: tuple[str, ...]  # dotted keys of the result shown in the table
     needs_vllm: bool = False
+    needs_redis: bool = False  # a Redis at REDIS_URL (env BENCH_REDIS_URL)
 
 
 BENCHMARKS = (
@@ -64,6 +69,15 @@ BENCHMARKS = (
         quick=("--n", "100000", "--steps", "6", "--create-n", "1000000", "--out", "{out}/service.json"),
         full=("--out", "{out}/service.json"),
         headline=("select_dps_close_ratio", "select_insight_ratio", "observe_ratio"),
+    ),
+    Benchmark(
+        "bench_service_redis",
+        "bench_service.py",
+        quick=("--n", "100000", "--steps", "6", "--create-n", "0", "--redis-url", REDIS_URL,
+               "--out", "{out}/service_redis.json"),
+        full=("--redis-url", REDIS_URL, "--create-n", "0", "--out", "{out}/service_redis.json"),
+        headline=("select_dps_close_ratio", "select_insight_ratio", "observe_ratio"),
+        needs_redis=True,
     ),
     Benchmark(
         "load_test",
@@ -97,7 +111,7 @@ BENCHMARKS = (
     Benchmark(
         "grpo_compare",
         "grpo_compare.py",
-        quick=("--quick", "--strategies", "uniform,insight", "--out", "{out}/grpo_compare"),
+        quick=("--quick", "--strategies", "insight", "--out", "{out}/grpo_compare"),
         full=("--out", "{out}/grpo_compare"),
         headline=("rollout_budget", "total_wall_s"),
         needs_vllm=True,
@@ -109,7 +123,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--quick", action="store_true", help="small sizes, a few minutes (the default)")
-    mode.add_argument("--full", action="store_true", help="the documented configurations (hours)")
+    mode.add_argument("--full", action="store_true", help="the documented configurations (about an hour)")
     names = ", ".join(b.name for b in BENCHMARKS)
     parser.add_argument("--only", default="", help=f"comma-separated subset of: {names}")
     parser.add_argument("--timeout", type=float, help="seconds one benchmark may take (default 900 quick)")
@@ -133,6 +147,8 @@ def run_one(bench: Benchmark, mode: str, out: Path, timeout: float | None) -> di
     record: dict[str, Any] = {"command": " ".join(command), "log": str(log_path)}
     if bench.needs_vllm and importlib.util.find_spec("vllm") is None:
         return {**record, "status": "skipped (vLLM is not installed)", "wall_s": 0.0, "result": None}
+    if bench.needs_redis and not redis_answers(REDIS_URL):
+        return {**record, "status": "skipped (no Redis at BENCH_REDIS_URL)", "wall_s": 0.0, "result": None}
     started = time.perf_counter()
     lines: list[str] = []
     with log_path.open("w", encoding="utf-8") as log:
@@ -172,6 +188,15 @@ def run_one(bench: Benchmark, mode: str, out: Path, timeout: float | None) -> di
         "wall_s": round(wall_s, 1),
         "result": result,
     }
+
+
+def redis_answers(url: str) -> bool:
+    import redis
+
+    try:
+        return bool(redis.Redis.from_url(url, socket_connect_timeout=1).ping())
+    except (redis.RedisError, OSError, ValueError):
+        return False
 
 
 def lookup(result: dict[str, Any] | None, dotted: str) -> Any:

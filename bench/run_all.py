@@ -214,13 +214,13 @@ def print_table(records: dict[str, dict[str, Any]]) -> None:
             return f"{value:.4g}"
         return "-" if value is None else str(value)
 
-    print(f"\n{'benchmark':<17} {'status':<30} {'seconds':>8}  headline figures")
+    print(f"\n{'benchmark':<20} {'status':<30} {'seconds':>8}  headline figures")
     for bench in BENCHMARKS:
         if bench.name not in records:
             continue
         record = records[bench.name]
         figures = ", ".join(f"{key}={fmt(lookup(record['result'], key))}" for key in bench.headline)
-        print(f"{bench.name:<17} {record['status']:<30} {record['wall_s']:>8.1f}  {figures}")
+        print(f"{bench.name:<20} {record['status']:<30} {record['wall_s']:>8.1f}  {figures}")
 
 
 def main(argv: list[str] | None = None) -> int:

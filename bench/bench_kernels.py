@@ -40,7 +40,6 @@ the same figures as one JSON line. Defaults fit in ~3 GB of RAM and run in about
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -53,6 +52,8 @@ from typing import Any
 import numba
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.common import OUT_DIR, add_out, emit, stream_bandwidth, timed
 from selector_service.core import (
     STRATEGIES,
     BeliefArrays,
@@ -67,7 +68,7 @@ from selector_service.core import (
 from selector_service.core.coldstart import apply_metadata
 from selector_service.core.curricula import close_open_step
 
-OUT = Path(__file__).resolve().parent / "out" / "kernels.json"
+OUT = OUT_DIR / "kernels.json"
 #: Bytes close_step moves per prompt: reads hmm_d (36) + hmm_prior (12) + hmm_prev (12) + step_state (1),
 #: writes hmm_d, hmm_prior, hmm_prev (60); step_state is written back only for observed prompts.
 DPS_BYTES_READ = 36 + 12 + 12 + 1
@@ -100,18 +101,6 @@ print(f"{t1 - t0:.3f} {t2 - t1:.3f}")
 """
 
 
-def timed(fn, repeats: int, clock=time.perf_counter) -> float:
-    """Median seconds of `repeats` calls after one warm-up call, on `clock` (wall time by default;
-    time.process_time gives CPU seconds, which a busy shared machine inflates far less)."""
-    fn()
-    samples = []
-    for _ in range(repeats):
-        t = clock()
-        fn()
-        samples.append(clock() - t)
-    return statistics.median(samples)
-
-
 def report(results: dict[str, Any], name: str, value: Any, unit: str, note: str = "") -> None:
     results[name] = value
     shown = f"{value:,.3f}" if isinstance(value, float) else f"{value:,}"
@@ -138,15 +127,6 @@ def bench_wmi(results: dict, n: int, repeats: int, all_threads: int) -> None:
                 results, "wmi_k8_mprompts_per_cpu_s", n / cpu / 1e6, "M prompts/s", "1 thread, per CPU second"
             )
     numba.set_num_threads(all_threads)
-
-
-def stream_bandwidth(nbytes: int, repeats: int, clock=time.perf_counter) -> float:
-    """Bytes read + written per second by np.copyto over a large array (one thread); per CPU second
-    with clock=time.process_time."""
-    src = np.ones(nbytes // 8, dtype=np.float64)
-    dst = np.empty_like(src)
-    seconds = timed(lambda: np.copyto(dst, src), repeats, clock)
-    return 2 * src.nbytes / seconds
 
 
 def dps_close_rates(results: dict, n: int, repeats: int, all_threads: int) -> None:
@@ -490,6 +470,7 @@ def main() -> None:
         default="1e7,1e8",
         help="epoch permutation sizes for the generator comparison (default 1e7,1e8; '' skips)",
     )
+    add_out(parser, OUT)
     args = parser.parse_args()
     if args.n < 1 or args.repeats < 1:
         parser.error("--n and --repeats must be >= 1")
@@ -508,9 +489,7 @@ def main() -> None:
     if not args.no_compile:
         bench_compile(results)
     results["numba_threading_layer"] = numba.threading_layer()
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(json.dumps(results, indent=2) + "\n")
-    print(json.dumps(results))
+    emit(results, args.out)
 
 
 if __name__ == "__main__":

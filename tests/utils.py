@@ -7,25 +7,18 @@ lack the service's dependencies."""
 from __future__ import annotations
 
 import os
-import queue
 import shutil
 import signal
-import socket
 import subprocess
-import sys
 import tempfile
-import threading
 import time
 import uuid
 from pathlib import Path
 
+from selector_service import launcher
+from selector_service.launcher import free_port
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def redis_binary() -> str:
@@ -114,8 +107,8 @@ def shared_redis_url() -> str:
 _private: RedisServer | None = None
 
 
-class ServiceProcess:
-    """`python -m selector_service serve` in a subprocess; `url` once ready."""
+class ServiceProcess(launcher.ServiceProcess):
+    """The package's launcher run from the repository root, with a fresh key prefix per service."""
 
     def __init__(
         self,
@@ -126,61 +119,19 @@ class ServiceProcess:
         port: int = 0,
         extra_args: list[str] | None = None,
     ) -> None:
-        self.redis_url = redis_url
-        self.data_dir = data_dir
         self.prefix = prefix or f"t{uuid.uuid4().hex[:10]}"
-        self.env = env or {}
-        self.port = port
-        self.extra_args = extra_args or []
-        self.proc: subprocess.Popen | None = None
-        self.url = ""
-        self.lines: list[str] = []
+        super().__init__(
+            redis_url=redis_url,
+            data_dir=data_dir,
+            env={"SELECTOR_KEY_PREFIX": self.prefix, **(env or {})},
+            port=port,
+            extra_args=extra_args or (),
+            cwd=ROOT,
+        )
 
     def start(self, timeout_s: float = 90.0) -> ServiceProcess:
-        args = [sys.executable, "-m", "selector_service", "serve", "--port", str(self.port), *self.extra_args]
-        if self.redis_url:
-            args += ["--redis-url", self.redis_url]
-        if self.data_dir:
-            args += ["--data-dir", self.data_dir]
-        env = dict(os.environ, SELECTOR_KEY_PREFIX=self.prefix, PYTHONUNBUFFERED="1", **self.env)
-        if not self.redis_url:
-            env.pop("SELECTOR_REDIS_URL", None)
-        self.proc = subprocess.Popen(
-            args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-        )
-        lines: queue.Queue[str] = queue.Queue()
-
-        def pump() -> None:
-            assert self.proc and self.proc.stdout
-            for line in self.proc.stdout:
-                self.lines.append(line)
-                lines.put(line)
-
-        threading.Thread(target=pump, daemon=True).start()
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            try:
-                line = lines.get(timeout=0.2)
-            except queue.Empty:
-                if self.proc.poll() is not None:
-                    break
-                continue
-            if "ready at " in line:
-                self.url = line.strip().rsplit("ready at ", 1)[1]
-                return self
-        self.kill()
-        raise RuntimeError("service did not become ready:\n" + "".join(self.lines[-40:]))
-
-    def kill(self, sig: int = signal.SIGKILL) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            self.proc.wait(30)
-
-    def stop(self) -> None:
-        self.kill(signal.SIGTERM)
-
-    def output(self) -> str:
-        return "".join(self.lines)
+        super().start(timeout_s)
+        return self
 
 
 #: The metric families the service exports (selector_service/metrics.py); the dashboard is built on them.

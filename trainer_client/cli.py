@@ -18,11 +18,12 @@ import os
 import random
 import sys
 import warnings
+from dataclasses import MISSING, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args, get_origin, get_type_hints
 
 from trainer_client.client import Conflict, DatasetInfo, SelectorClient, SelectorError
-from trainer_client.config import OLD_LOGPROBS, PRECISIONS, GRPOConfig, TrainConfig, default_of
+from trainer_client.config import GRPOConfig, TrainConfig, default_of
 
 EXIT_OK, EXIT_CONFIG, EXIT_SERVICE, EXIT_MODEL, EXIT_INTERRUPTED = 0, 2, 3, 4, 130
 DEFAULT_URL = "http://127.0.0.1:8000"
@@ -34,14 +35,44 @@ class _CliError(Exception):
         self.code = code
 
 
+def _option(group: Any, cls: type, name: str, **overrides: Any) -> None:
+    """The option of field ``name`` of config dataclass ``cls``: its flag, type, default, choices and
+    help all come from the field (trainer_client.config), so they exist once. A bool field whose flag
+    is ``--no-...`` turns the field off. Options whose default is ``SUPPRESS`` are absent from the
+    parsed namespace unless given, and ``_config`` then leaves the dataclass default."""
+    item = next(f for f in fields(cls) if f.name == name)
+    meta = item.metadata
+    flag = meta.get("flag", "--" + name.replace("_", "-"))
+    kind = get_type_hints(cls)[name]
+    kwargs: dict[str, Any] = {"dest": name, "help": meta["help"]}
+    if item.default is MISSING and item.default_factory is MISSING:
+        kwargs["required"] = True
+    elif kind is bool:
+        # "--no-x" sets a default-True field to False; the help then shows no misleading "(default: True)".
+        kwargs.update(
+            action="store_false" if default_of(cls, name) else "store_true", default=argparse.SUPPRESS
+        )
+    else:
+        kinds = [k for k in get_args(kind) if k is not type(None)] or [kind]
+        kwargs.update(
+            type=json.loads if get_origin(kinds[0]) is dict else kinds[0],
+            default=default_of(cls, name),
+        )
+    if "choices" in meta:
+        kwargs["choices"] = list(meta["choices"])
+    elif "type" in kwargs:
+        kwargs["metavar"] = flag.removeprefix("--").replace("-", "_").upper()
+    kwargs.update(overrides)
+    group.add_argument(flag, **kwargs)
+
+
+def _config(cls: type, args: argparse.Namespace, **values: Any) -> Any:
+    """``cls`` built from the parsed options of its fields (those not given keep the dataclass default)."""
+    given = {f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)}
+    return cls(**{**given, **values})
+
+
 def _parser() -> argparse.ArgumentParser:
-    # Every default that a config dataclass also has is read from it, so the two cannot disagree.
-    def grpo(name: str) -> Any:
-        return default_of(GRPOConfig, name)
-
-    def run(name: str) -> Any:
-        return default_of(TrainConfig, name)
-
     parser = argparse.ArgumentParser(prog="trainer-client", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     train = commands.add_parser(
@@ -64,7 +95,7 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     data = train.add_argument_group("data")
-    data.add_argument("--dataset", required=True, help="dataset name in the service (created if missing)")
+    _option(data, TrainConfig, "dataset")
     data.add_argument(
         "--task",
         required=True,
@@ -85,122 +116,29 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     selection = train.add_argument_group("selection")
-    selection.add_argument(
-        "--strategy",
-        default=run("strategy"),
-        help="a service strategy (uniform, insight, dps, mopps, expected_difficulty, inverse_evidence, "
-        "history_resampling, learnability, adarft, greso, sec, ...) or dynamic_sampling / speed_rl (done by "
-        "the trainer)",
-    )
-    selection.add_argument(
-        "--params", type=json.loads, default=None, help="strategy params as JSON, e.g. '{\"eta\": 2}'"
-    )
-    selection.add_argument(
-        "--seed", type=int, default=run("seed"), help="seeds selection, sampling and training"
-    )
-    selection.add_argument(
-        "--ds-oversample",
-        type=int,
-        default=run("ds_oversample"),
-        help="dynamic_sampling / speed_rl: prompts drawn per round / B",
-    )
-    selection.add_argument(
-        "--ds-max-rounds",
-        type=int,
-        default=run("ds_max_rounds"),
-        help="dynamic_sampling / speed_rl: rounds per step at most",
-    )
+    for name in ("strategy", "strategy_params", "seed", "ds_oversample", "ds_max_rounds"):
+        _option(selection, TrainConfig, name)
 
     loop = train.add_argument_group("loop")
-    loop.add_argument("--steps", type=int, default=run("steps"), help="training steps")
-    loop.add_argument("--batch-size", type=int, default=run("batch_size"), help="prompts per step (B)")
-    loop.add_argument("--rollouts", type=int, default=run("rollouts"), help="completions per prompt (K)")
-    loop.add_argument(
-        "--max-new-tokens", type=int, default=run("max_new_tokens"), help="completion length cap, tokens"
-    )
-    loop.add_argument("--temperature", type=float, default=grpo("temperature"), help="sampling temperature")
-    loop.add_argument(
-        "--top-p",
-        type=float,
-        default=run("top_p"),
-        help="nucleus sampling mass; only 1 is accepted (the update's log-probs are those of the full "
-        "temperature-scaled distribution)",
-    )
-    loop.add_argument("--run-id", help="prefix of observe request ids (default: strategy-seed-random)")
-    loop.add_argument(
-        "--start-step", type=int, help="first step (default: 0 on a fresh dataset, else after its open step)"
-    )
-    loop.add_argument(
-        "--eval-every", type=int, default=run("eval_every"), help="greedy evaluation every N steps (0: off)"
-    )
-    loop.add_argument(
-        "--eval-size", type=int, default=run("eval_size"), help="prompts in the fixed evaluation subset"
-    )
+    for name in ("steps", "batch_size", "rollouts", "max_new_tokens"):
+        _option(loop, TrainConfig, name)
+    _option(loop, GRPOConfig, "temperature")
+    for name in ("top_p", "run_id", "start_step", "eval_every", "eval_size"):
+        _option(loop, TrainConfig, name)
 
     update = train.add_argument_group("GRPO update")
-    update.add_argument("--lr", type=float, default=grpo("lr"), help="AdamW learning rate")
-    update.add_argument("--weight-decay", type=float, default=grpo("weight_decay"), help="AdamW weight decay")
-    update.add_argument(
-        "--clip-eps",
-        type=float,
-        default=argparse.SUPPRESS,
-        help=f"lower clip of the ratio (1 - eps) (default: {grpo('clip_eps_low')})",
-    )
-    update.add_argument(
-        "--clip-eps-high",
-        type=float,
-        default=argparse.SUPPRESS,
-        help=f"upper clip (1 + eps) (default: --clip-eps when given, else {grpo('clip_eps_high')})",
-    )
-    update.add_argument(
-        "--kl-coef", type=float, default=grpo("kl_coef"), help="KL penalty to the initial policy (0: off)"
-    )
-    update.add_argument(
-        "--no-std-scale",
-        action="store_true",
-        default=not grpo("scale_by_std"),
-        help="advantages r - mean(r), not divided by std (the loss is still divided by the batch's tokens)",
-    )
-    update.add_argument("--grpo-epochs", type=int, default=grpo("epochs"), help="passes over each batch")
-    update.add_argument(
-        "--minibatches", type=int, default=grpo("minibatches"), help="optimizer steps per pass"
-    )
-    update.add_argument(
-        "--micro-batch",
-        type=int,
-        default=grpo("micro_batch_size"),
-        help="sequences per forward/backward (memory)",
-    )
-    update.add_argument(
-        "--max-grad-norm", type=float, default=grpo("max_grad_norm"), help="gradient clipping norm"
-    )
-    update.add_argument(
-        "--precision",
-        choices=list(PRECISIONS),
-        default=grpo("precision"),
-        help="bf16: the transformer body under bfloat16 autocast (about 2-3x faster on CPUs with AVX512-BF16); "
-        "the output head, softmax, weights and optimizer state stay float32",
-    )
-    update.add_argument(
-        "--tis-cap",
-        type=float,
-        default=grpo("tis_cap"),
-        help="truncated importance sampling: weight each token's gradient by min(p_trainer / p_sampler, cap) "
-        "to correct the rollout engine/trainer mismatch (0: off)",
-    )
-    update.add_argument(
-        "--old-logprobs",
-        choices=list(OLD_LOGPROBS),
-        default=grpo("old_logprobs"),
-        help="with --grpo-epochs or --minibatches > 1: the PPO ratio's old log-probs from the rollout engine "
-        "(no extra forward pass) or recomputed by the trainer",
-    )
-    update.add_argument(
-        "--no-share-prompt",
-        action="store_true",
-        default=not grpo("share_prompt"),
-        help="recompute the prompt for every completion of a group",
-    )
+    _option(update, GRPOConfig, "lr")
+    _option(update, GRPOConfig, "weight_decay")
+    # A lone --clip-eps sets both sides; --clip-eps-high alone is DAPO's clip-higher (see _build_configs).
+    low, high = default_of(GRPOConfig, "clip_eps_low"), default_of(GRPOConfig, "clip_eps_high")
+    _option(update, GRPOConfig, "clip_eps_low", default=argparse.SUPPRESS, help=f"lower clip of the ratio "
+            f"(1 - eps) (default: {low})")  # fmt: skip
+    _option(update, GRPOConfig, "clip_eps_high", default=argparse.SUPPRESS, help=f"upper clip (1 + eps) "
+            f"(default: --clip-eps when given, else {high})")  # fmt: skip
+    for name in ("kl_coef", "scale_by_std", "epochs", "minibatches", "micro_batch_size", "max_grad_norm"):
+        _option(update, GRPOConfig, name)
+    for name in ("precision", "tis_cap", "old_logprobs", "share_prompt"):
+        _option(update, GRPOConfig, name)
 
     model = train.add_argument_group("model and rollouts")
     model.add_argument(
@@ -289,48 +227,12 @@ def _upload_metadata(client: SelectorClient, dataset: str, task: Any) -> None:
 
 
 def _build_configs(args: argparse.Namespace) -> TrainConfig:
-    # Clip-higher only when asked for: a lone --clip-eps sets both sides.
-    clip_low = getattr(args, "clip_eps", default_of(GRPOConfig, "clip_eps_low"))
-    clip_high = getattr(
-        args, "clip_eps_high", getattr(args, "clip_eps", default_of(GRPOConfig, "clip_eps_high"))
-    )
-    grpo = GRPOConfig(
-        lr=args.lr,
-        clip_eps_low=clip_low,
-        clip_eps_high=clip_high,
-        kl_coef=args.kl_coef,
-        scale_by_std=not args.no_std_scale,
-        epochs=args.grpo_epochs,
-        minibatches=args.minibatches,
-        micro_batch_size=args.micro_batch,
-        max_grad_norm=args.max_grad_norm,
-        weight_decay=args.weight_decay,
-        temperature=args.temperature,
-        share_prompt=not args.no_share_prompt,
-        precision=args.precision,
-        tis_cap=args.tis_cap,
-        old_logprobs=args.old_logprobs,
-    )
-    if args.params is not None and not isinstance(args.params, dict):
-        raise ValueError("--params must be a JSON object, e.g. '{\"eta\": 2.0}'")
-    return TrainConfig(
-        dataset=args.dataset,
-        strategy=args.strategy,
-        steps=args.steps,
-        batch_size=args.batch_size,
-        rollouts=args.rollouts,
-        seed=args.seed,
-        max_new_tokens=args.max_new_tokens,
-        top_p=args.top_p,
-        strategy_params=dict(args.params or {}),
-        run_id=args.run_id,
-        start_step=args.start_step,
-        ds_oversample=args.ds_oversample,
-        ds_max_rounds=args.ds_max_rounds,
-        eval_every=args.eval_every,
-        eval_size=args.eval_size,
-        grpo=grpo,
-    ).validate()
+    """The run's configs from the parsed options; ``ValueError`` names the option to fix."""
+    clip: dict[str, float] = {}
+    if hasattr(args, "clip_eps_low") and not hasattr(args, "clip_eps_high"):
+        clip["clip_eps_high"] = args.clip_eps_low  # a lone --clip-eps sets both sides
+    grpo = _config(GRPOConfig, args, **clip)
+    return _config(TrainConfig, args, grpo=grpo)
 
 
 def _train(args: argparse.Namespace) -> int:

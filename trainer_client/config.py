@@ -1,17 +1,20 @@
-"""Settings of a GRPO run, and the one place their defaults live.
+"""Settings of a GRPO run, and the one place their defaults, help texts and checks live.
 
-``trainer-client train`` reads its option defaults from these dataclasses, so the command line and
-code that builds the configs directly always agree. The module imports nothing heavy (no torch), so
-the command line can validate its options before loading a model.
+Each field carries its help in ``field(metadata={"help": ...})``, with ``"flag"`` when its command-line
+option is not ``--<field-name>`` and ``"choices"`` when it takes one of a few values. ``trainer-client
+train`` builds its options from these fields (trainer_client/cli.py), so the command line and code that
+builds the configs directly cannot disagree. ``__post_init__`` checks every value and says which option
+to change (``--flag``, and the field when the flag is named otherwise). The module imports nothing heavy
+(no torch), so the command line can check its options before loading a model.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import MISSING, Field, dataclass, field, fields
 from typing import Any
 
-__all__ = ["OLD_LOGPROBS", "PRECISIONS", "GRPOConfig", "TrainConfig", "default_of"]
+__all__ = ["OLD_LOGPROBS", "PRECISIONS", "GRPOConfig", "TrainConfig", "default_of", "option_name"]
 
 # "bf16": the transformer body runs under bfloat16 autocast; the output head, the softmax and the
 # weights, gradients and AdamW state stay float32.
@@ -20,9 +23,41 @@ PRECISIONS = ("fp32", "bf16")
 OLD_LOGPROBS = ("sampler", "recompute")
 
 
+def option_name(cls: type, name: str) -> str:
+    """How a message names field ``name`` of ``cls``: its command-line flag, with the field when the flag
+    is named otherwise (``--micro-batch (micro_batch_size)``), or ``Cls.field`` for a field without one."""
+    meta = _field(cls, name).metadata
+    if meta.get("cli") is False:
+        return f"{cls.__name__}.{name}"
+    flag = meta.get("flag", "--" + name.replace("_", "-"))
+    return flag if flag == "--" + name.replace("_", "-") else f"{flag} ({name})"
+
+
+def _field(cls: type, name: str) -> Field[Any]:
+    for item in fields(cls):
+        if item.name == name:
+            return item
+    raise KeyError(f"{cls.__name__} has no field {name!r}")
+
+
+def default_of(cls: type, name: str) -> Any:
+    """The default value of dataclass field ``name`` of ``cls`` (``KeyError`` when it has none)."""
+    item = _field(cls, name)
+    if item.default is not MISSING:
+        return item.default
+    if item.default_factory is not MISSING:
+        return item.default_factory()
+    raise KeyError(f"{cls.__name__}.{name} has no default")
+
+
+def _raise_if(problems: list[str]) -> None:
+    if problems:
+        raise ValueError("; ".join(problems))
+
+
 @dataclass(frozen=True)
 class GRPOConfig:
-    """Optimization settings. ``validate()`` says which flag to change when a value makes no sense.
+    """Optimization settings of the GRPO update (trainer_client.grpo); checked on construction.
 
     ``tis_cap``: truncated importance sampling of the trainer/sampler mismatch. Every token's policy
     gradient is weighted by ``min(pi_trainer(token) / pi_sampler(token), tis_cap)`` (detached), the
@@ -35,127 +70,227 @@ class GRPOConfig:
     truncated weight is applied); ``"recompute"`` runs the trainer once over the batch before the first
     update and applies the truncated weight. Without sampler log-probs (``--backend hf``) the
     trainer recomputes.
+
+    ``precision``: float32 by default, because on a CPU the rollout engine (vLLM, ``--vllm-dtype auto``)
+    runs float32 too and the two then agree to float rounding (docs/trainer.md); bf16 is faster on CPUs
+    with AVX512-BF16 at a per-token log-prob gap of ~0.016 that ``tis_cap`` corrects.
     """
 
-    lr: float = 1e-5
-    clip_eps_low: float = 0.2
-    clip_eps_high: float = 0.2
-    kl_coef: float = 0.0
-    scale_by_std: bool = True
-    adv_eps: float = 1e-4
-    epochs: int = 1
-    minibatches: int = 1
-    micro_batch_size: int = 8
-    max_grad_norm: float = 1.0
-    weight_decay: float = 0.0
-    temperature: float = 1.0
-    share_prompt: bool = True
-    precision: str = "fp32"
-    tis_cap: float = 2.0
-    old_logprobs: str = "sampler"
+    lr: float = field(default=1e-5, metadata={"help": "AdamW learning rate"})
+    clip_eps_low: float = field(
+        default=0.2, metadata={"help": "lower clip of the ratio (1 - eps)", "flag": "--clip-eps"}
+    )
+    clip_eps_high: float = field(
+        default=0.2,
+        metadata={
+            "help": "upper clip (1 + eps); a lone --clip-eps sets both sides",
+            "flag": "--clip-eps-high",
+        },
+    )
+    kl_coef: float = field(default=0.0, metadata={"help": "KL penalty to the initial policy (0: off)"})
+    scale_by_std: bool = field(
+        default=True,
+        metadata={
+            "help": "advantages r - mean(r), not divided by std (the loss is still divided by the batch's tokens)",
+            "flag": "--no-std-scale",
+        },
+    )
+    adv_eps: float = field(default=1e-4, metadata={"help": "added to the group's std", "cli": False})
+    epochs: int = field(default=1, metadata={"help": "passes over each batch", "flag": "--grpo-epochs"})
+    minibatches: int = field(default=1, metadata={"help": "optimizer steps per pass"})
+    micro_batch_size: int = field(
+        default=8, metadata={"help": "sequences per forward/backward (memory)", "flag": "--micro-batch"}
+    )
+    max_grad_norm: float = field(default=1.0, metadata={"help": "gradient clipping norm"})
+    weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay"})
+    temperature: float = field(default=1.0, metadata={"help": "sampling temperature"})
+    share_prompt: bool = field(
+        default=True,
+        metadata={
+            "help": "recompute the prompt for every completion of a group",
+            "flag": "--no-share-prompt",
+        },
+    )
+    precision: str = field(
+        default="fp32",
+        metadata={
+            "help": "bf16: the transformer body under bfloat16 autocast (about 2-3x faster on CPUs with "
+            "AVX512-BF16); the output head, softmax, weights and optimizer state stay float32",
+            "choices": PRECISIONS,
+        },
+    )
+    tis_cap: float = field(
+        default=2.0,
+        metadata={
+            "help": "truncated importance sampling: weight each token's gradient by min(p_trainer / p_sampler, "
+            "cap) to correct the rollout engine/trainer mismatch (0: off)"
+        },
+    )
+    old_logprobs: str = field(
+        default="sampler",
+        metadata={
+            "help": "with --grpo-epochs or --minibatches > 1: the PPO ratio's old log-probs from the rollout "
+            "engine (no extra forward pass) or recomputed by the trainer",
+            "choices": OLD_LOGPROBS,
+        },
+    )
 
-    def validate(self) -> GRPOConfig:
+    def __post_init__(self) -> None:
+        _raise_if(self.problems())
+
+    def problems(self) -> list[str]:
+        """What is wrong with the values, one message per field, each naming its option."""
+
+        def name(field_name: str) -> str:
+            return option_name(GRPOConfig, field_name)
+
         problems = []
         if not (self.lr > 0 and math.isfinite(self.lr)):
-            problems.append(f"--lr must be a positive number (got {self.lr})")
+            problems.append(f"{name('lr')} must be a positive number (got {self.lr})")
         if not (0 < self.clip_eps_low < 1):
-            problems.append(f"--clip-eps must be in (0, 1) (got {self.clip_eps_low})")
+            problems.append(f"{name('clip_eps_low')} must be in (0, 1) (got {self.clip_eps_low})")
         if not (self.clip_eps_high > 0):
-            problems.append(f"--clip-eps-high must be > 0 (got {self.clip_eps_high})")
+            problems.append(f"{name('clip_eps_high')} must be > 0 (got {self.clip_eps_high})")
         if self.kl_coef < 0:
-            problems.append(f"--kl-coef must be >= 0 (got {self.kl_coef})")
-        if self.epochs < 1 or self.minibatches < 1:
-            problems.append("--grpo-epochs and --minibatches must be >= 1")
+            problems.append(f"{name('kl_coef')} must be >= 0 (got {self.kl_coef})")
+        if not (self.adv_eps > 0):
+            problems.append(f"{name('adv_eps')} must be > 0 (got {self.adv_eps})")
+        if self.epochs < 1:
+            problems.append(f"{name('epochs')} must be >= 1 (got {self.epochs})")
+        if self.minibatches < 1:
+            problems.append(f"{name('minibatches')} must be >= 1 (got {self.minibatches})")
         if self.micro_batch_size < 1:
-            problems.append(f"--micro-batch must be >= 1 (got {self.micro_batch_size})")
+            problems.append(f"{name('micro_batch_size')} must be >= 1 (got {self.micro_batch_size})")
         if self.max_grad_norm <= 0:
-            problems.append(f"--max-grad-norm must be > 0 (got {self.max_grad_norm})")
+            problems.append(f"{name('max_grad_norm')} must be > 0 (got {self.max_grad_norm})")
         if self.weight_decay < 0:
-            problems.append(f"--weight-decay must be >= 0 (got {self.weight_decay})")
+            problems.append(f"{name('weight_decay')} must be >= 0 (got {self.weight_decay})")
         if self.temperature <= 0:
             problems.append(
-                f"GRPO needs sampled completions: --temperature must be > 0 (got {self.temperature})"
+                f"GRPO needs sampled completions: {name('temperature')} must be > 0 (got {self.temperature})"
             )
         if self.precision not in PRECISIONS:
-            problems.append(f"--precision must be one of {', '.join(PRECISIONS)} (got {self.precision!r})")
+            problems.append(
+                f"{name('precision')} must be one of {', '.join(PRECISIONS)} (got {self.precision!r})"
+            )
         if not (self.tis_cap == 0 or (self.tis_cap >= 1 and math.isfinite(self.tis_cap))):
             problems.append(
-                f"--tis-cap must be 0 (no correction) or a finite number >= 1 (got {self.tis_cap})"
+                f"{name('tis_cap')} must be 0 (no correction) or a finite number >= 1 (got {self.tis_cap})"
             )
         if self.old_logprobs not in OLD_LOGPROBS:
             problems.append(
-                f"--old-logprobs must be one of {', '.join(OLD_LOGPROBS)} (got {self.old_logprobs!r})"
+                f"{name('old_logprobs')} must be one of {', '.join(OLD_LOGPROBS)} (got {self.old_logprobs!r})"
             )
-        if problems:
-            raise ValueError("; ".join(problems))
+        return problems
+
+    def validate(self) -> GRPOConfig:
+        """Check the values again (a frozen config cannot change after ``__post_init__``; kept so that
+        callers can check configs they did not build)."""
+        _raise_if(self.problems())
         return self
 
 
 @dataclass
 class TrainConfig:
-    """Everything a run needs besides the objects it talks to. ``validate`` explains bad values."""
+    """Everything a run needs besides the objects it talks to; checked on construction, and against the
+    dataset's size by ``validate(num_prompts)``."""
 
-    dataset: str
-    strategy: str = "insight"
-    steps: int = 20
-    batch_size: int = 8
-    rollouts: int = 8
-    seed: int = 0
-    max_new_tokens: int = 64
-    top_p: float = 1.0
-    strategy_params: dict[str, Any] = field(default_factory=dict)
-    run_id: str | None = None
-    start_step: int | None = None
-    ds_oversample: int = 3
-    ds_max_rounds: int = 4
-    eval_every: int = 0
-    eval_size: int = 64
-    eval_max_new_tokens: int | None = None
-    grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    dataset: str = field(metadata={"help": "dataset name in the service (created if missing)"})
+    strategy: str = field(
+        default="insight",
+        metadata={
+            "help": "a service strategy (uniform, insight, dps, mopps, expected_difficulty, inverse_evidence, "
+            "history_resampling, learnability, adarft, greso, sec, ...) or dynamic_sampling / speed_rl (done "
+            "by the trainer)"
+        },
+    )
+    steps: int = field(default=20, metadata={"help": "training steps"})
+    batch_size: int = field(default=8, metadata={"help": "prompts per step (B)"})
+    rollouts: int = field(default=8, metadata={"help": "completions per prompt (K)"})
+    seed: int = field(default=0, metadata={"help": "seeds selection, sampling and training"})
+    max_new_tokens: int = field(default=64, metadata={"help": "completion length cap, tokens"})
+    top_p: float = field(
+        default=1.0,
+        metadata={
+            "help": "nucleus sampling mass; only 1 is accepted (the update's log-probs are those of the full "
+            "temperature-scaled distribution)"
+        },
+    )
+    strategy_params: dict[str, Any] = field(
+        default_factory=dict,
+        metadata={"help": "strategy params as JSON, e.g. '{\"eta\": 2}'", "flag": "--params"},
+    )
+    run_id: str | None = field(
+        default=None, metadata={"help": "prefix of observe request ids (default: strategy-seed-random)"}
+    )
+    start_step: int | None = field(
+        default=None,
+        metadata={"help": "first step (default: 0 on a fresh dataset, else after its open step)"},
+    )
+    ds_oversample: int = field(
+        default=3, metadata={"help": "dynamic_sampling / speed_rl: prompts drawn per round / B"}
+    )
+    ds_max_rounds: int = field(
+        default=4, metadata={"help": "dynamic_sampling / speed_rl: rounds per step at most"}
+    )
+    eval_every: int = field(default=0, metadata={"help": "greedy evaluation every N steps (0: off)"})
+    eval_size: int = field(default=64, metadata={"help": "prompts in the fixed evaluation subset"})
+    eval_max_new_tokens: int | None = field(
+        default=None,
+        metadata={"help": "completion length cap of the evaluation (default: max_new_tokens)", "cli": False},
+    )
+    grpo: GRPOConfig = field(
+        default_factory=GRPOConfig, metadata={"help": "the update's settings", "cli": False}
+    )
 
-    def validate(self, num_prompts: int | None = None) -> TrainConfig:
+    def __post_init__(self) -> None:
+        _raise_if(self.problems())
+
+    def problems(self, num_prompts: int | None = None) -> list[str]:
+        """What is wrong with the values (and the batch size against ``num_prompts`` when given)."""
+
+        def name(field_name: str) -> str:
+            return option_name(TrainConfig, field_name)
+
         problems = []
         if self.steps < 1:
-            problems.append(f"--steps must be >= 1 (got {self.steps})")
+            problems.append(f"{name('steps')} must be >= 1 (got {self.steps})")
         if self.batch_size < 1:
-            problems.append(f"--batch-size must be >= 1 (got {self.batch_size})")
+            problems.append(f"{name('batch_size')} must be >= 1 (got {self.batch_size})")
         if num_prompts is not None and self.batch_size > num_prompts:
             problems.append(
-                f"--batch-size {self.batch_size} is larger than the dataset ({num_prompts} prompts)"
+                f"{name('batch_size')} {self.batch_size} is larger than the dataset ({num_prompts} prompts)"
             )
         if self.rollouts < 2:
             problems.append(
-                f"GRPO compares completions within a group: --rollouts must be >= 2 (got {self.rollouts})"
+                f"GRPO compares completions within a group: {name('rollouts')} must be >= 2 (got {self.rollouts})"
             )
         if self.max_new_tokens < 1:
-            problems.append(f"--max-new-tokens must be >= 1 (got {self.max_new_tokens})")
+            problems.append(f"{name('max_new_tokens')} must be >= 1 (got {self.max_new_tokens})")
         if self.top_p != 1.0:
             # The update's log-probs are those of the temperature-scaled softmax over the whole
             # vocabulary; a nucleus-truncated sampler draws from another distribution, and tokens
             # outside the trainer's nucleus would have no finite renormalized log-prob.
             problems.append(
-                f"--top-p must be 1 (got {self.top_p}): GRPO's log-probs are those of the full "
+                f"{name('top_p')} must be 1 (got {self.top_p}): GRPO's log-probs are those of the full "
                 "temperature-scaled distribution; lower --temperature to sharpen sampling instead"
             )
-        if self.ds_oversample < 1 or self.ds_max_rounds < 1:
-            problems.append("--ds-oversample and --ds-max-rounds must be >= 1")
-        if self.eval_every < 0 or self.eval_size < 1:
-            problems.append("--eval-every must be >= 0 and --eval-size >= 1")
+        if not isinstance(self.strategy_params, dict):
+            problems.append(f"{name('strategy_params')} must be a JSON object, e.g. '{{\"eta\": 2.0}}'")
+        for count in ("ds_oversample", "ds_max_rounds", "eval_size"):
+            if getattr(self, count) < 1:
+                problems.append(f"{name(count)} must be >= 1 (got {getattr(self, count)})")
+        if self.eval_every < 0:
+            problems.append(f"{name('eval_every')} must be >= 0 (got {self.eval_every})")
+        if self.eval_max_new_tokens is not None and self.eval_max_new_tokens < 1:
+            problems.append(f"{name('eval_max_new_tokens')} must be >= 1 (got {self.eval_max_new_tokens})")
         if self.run_id is not None and not (1 <= len(self.run_id) <= 64):
-            problems.append("--run-id must be 1..64 characters (request ids add the step and rank)")
-        if problems:
-            raise ValueError("; ".join(problems))
+            problems.append(f"{name('run_id')} must be 1..64 characters (request ids add the step and rank)")
+        return problems
+
+    def validate(self, num_prompts: int | None = None) -> TrainConfig:
+        """Check the values again (fields may have been reassigned), with the batch size against the
+        dataset's ``num_prompts`` when given."""
+        _raise_if(self.problems(num_prompts))
         self.grpo.validate()
         return self
-
-
-def default_of(cls: type, name: str) -> Any:
-    """The default value of dataclass field ``name`` of ``cls`` (``KeyError`` when it has none)."""
-    for item in fields(cls):
-        if item.name == name:
-            if item.default is not MISSING:
-                return item.default
-            if item.default_factory is not MISSING:
-                return item.default_factory()
-            break
-    raise KeyError(f"{cls.__name__}.{name} has no default")

@@ -6,140 +6,20 @@ prompts (64 arithmetic prompts, B=8, K=8, 6 steps, 32 new tokens, SmolLM2-135M-I
 installed, else transformers), prints where the metrics and the plot are, and stops the service,
 also on Ctrl-C or an error.
 
-``LocalService`` (the child-process launcher) is also what tests and benchmarks use to run a real
-service.
+The service is started with ``selector_service.launcher.ServiceProcess``, the launcher the tests and
+benchmarks use too.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import os
-import re
-import signal
-import subprocess
 import sys
-import tempfile
-import threading
-import time
-from collections.abc import Mapping
 from pathlib import Path
-from types import TracebackType
 
-__all__ = ["LocalService", "ServiceStartError", "main"]
+from selector_service.launcher import ServiceProcess, ServiceStartError
 
-_READY_LINE = re.compile(r"ready at (https?://\S+)")
-
-
-class ServiceStartError(RuntimeError):
-    """The selector service child process exited or did not become ready in time."""
-
-
-class LocalService:
-    """A selector service in a child process, on a port the OS picks (no race for a "free" port).
-
-    With ``redis_url`` it uses that store; otherwise its embedded Valkey under ``data_dir``. ``env``
-    adds variables (e.g. ``SELECTOR_KEY_PREFIX``, ``SELECTOR_API_TOKEN``). The service's stderr goes to
-    ``log_path`` (a temporary file by default) and its tail is quoted if start-up fails.
-    """
-
-    def __init__(
-        self,
-        *,
-        redis_url: str | None = None,
-        data_dir: str | os.PathLike[str] | None = None,
-        env: Mapping[str, str] | None = None,
-        ready_timeout_s: float = 180.0,
-        log_path: str | os.PathLike[str] | None = None,
-    ) -> None:
-        if redis_url is None and data_dir is None:
-            raise ValueError("LocalService needs a redis_url or a data_dir for the embedded store")
-        self.redis_url, self.data_dir = redis_url, data_dir
-        self.env = dict(env or {})
-        self.ready_timeout_s = ready_timeout_s
-        self.log_path = (
-            Path(log_path) if log_path else Path(tempfile.mkstemp(prefix="selector-", suffix=".log")[1])
-        )
-        self.url: str | None = None
-        self._process: subprocess.Popen[str] | None = None
-        self._stdout_lines: list[str] = []
-
-    def command(self) -> list[str]:
-        command = [sys.executable, "-m", "selector_service", "serve", "--host", "127.0.0.1", "--port", "0"]
-        if self.redis_url is not None:
-            command += ["--redis-url", self.redis_url]
-        else:
-            command += ["--data-dir", str(self.data_dir)]
-        return command
-
-    def start(self) -> str:
-        """Start the child and return its URL once it reports ready."""
-        env = {**os.environ, **self.env}
-        if self.redis_url is None:
-            env.pop("SELECTOR_REDIS_URL", None)  # the embedded store was asked for
-        log = open(self.log_path, "w", encoding="utf-8")  # noqa: SIM115 - the child writes it until stop()
-        self._process = subprocess.Popen(
-            self.command(),
-            stdout=subprocess.PIPE,
-            stderr=log,
-            text=True,
-            env=env,
-            start_new_session=True,  # a Ctrl-C in the terminal reaches us; we stop the child in order
-        )
-        log.close()
-        ready = threading.Event()
-        threading.Thread(target=self._read_stdout, args=(ready,), daemon=True).start()
-        deadline = time.monotonic() + self.ready_timeout_s
-        while not ready.wait(0.1):
-            if self._process.poll() is not None:
-                raise ServiceStartError(
-                    f"the selector service exited with status {self._process.returncode} during start-up:\n"
-                    f"{self.log_tail()}"
-                )
-            if time.monotonic() > deadline:
-                self.stop()
-                raise ServiceStartError(
-                    f"the selector service did not report ready within {self.ready_timeout_s:.0f} s:\n{self.log_tail()}"
-                )
-        return self.url  # type: ignore[return-value]
-
-    def _read_stdout(self, ready: threading.Event) -> None:
-        assert self._process is not None and self._process.stdout is not None
-        for line in self._process.stdout:
-            self._stdout_lines.append(line.rstrip("\n"))
-            match = _READY_LINE.search(line)
-            if match and not ready.is_set():
-                self.url = match.group(1).rstrip("/")
-                ready.set()
-
-    def log_tail(self, lines: int = 30) -> str:
-        try:
-            text = self.log_path.read_text(encoding="utf-8", errors="replace")
-        except OSError:
-            text = ""
-        tail = (self._stdout_lines + text.splitlines())[-lines:]
-        return "\n".join(tail) or "(no output)"
-
-    def stop(self, timeout_s: float = 20.0) -> None:
-        """Ask the service to shut down (SIGTERM: it stops its embedded store too), then insist."""
-        process, self._process = self._process, None
-        if process is None or process.poll() is not None:
-            return
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(5)
-
-    def __enter__(self) -> LocalService:
-        self.start()
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
+__all__ = ["main"]
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -171,10 +51,15 @@ def main(argv: list[str] | None = None) -> int:
     plot = out_dir / f"{args.strategy}.png"
     backend = args.backend or ("vllm" if vllm_available() else "hf")
     dataset = f"demo-arithmetic-{args.num_prompts}"
-    service = LocalService(data_dir=out_dir / "store", log_path=out_dir / "service.log")
+    service = ServiceProcess(
+        data_dir=out_dir / "store",
+        log_path=out_dir / "service.log",
+        env={"SELECTOR_API_TOKEN": None},  # the client below sends no token
+        new_session=True,  # a Ctrl-C reaches the demo, which then stops the service in order
+    )
     print(f"starting the selector service (embedded store in {out_dir / 'store'}) ...", flush=True)
     try:
-        url = service.start()
+        url = service.start(timeout_s=180.0).url
     except ServiceStartError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return cli.EXIT_SERVICE

@@ -26,7 +26,7 @@ def _load_toy_world():
 tw = _load_toy_world()
 
 TINY_WORLD = tw.WorldConfig(n_prompts=120, n_skills=3)
-TINY_TRAIN = tw.TrainConfig(batch_size=12, rollouts_per_prompt=8, steps=15)
+TINY_TRAIN = tw.ToyRunConfig(batch_size=12, rollouts_per_prompt=8, steps=15)
 SERIES = ("accuracy", "rollouts", "groups", "mixed", "trained", "trained_mixed", "observed", "correct")
 
 
@@ -95,7 +95,7 @@ def test_effective_ratio_of_uniform_over_one_epoch_is_exactly_the_mixed_share():
     # 48 prompts, B = 16: three steps walk one epoch, every prompt once; 16 prompts are coin flips with
     # K = 64 (all-equal with probability 2^-63), the others never mixed.
     world = _exact_world(16, 16, 16)
-    train = tw.TrainConfig(batch_size=16, rollouts_per_prompt=64, steps=3)
+    train = tw.ToyRunConfig(batch_size=16, rollouts_per_prompt=64, steps=3)
     trace: list = []
     run = tw.run_strategy(TINY_WORLD, train, "uniform", seed=0, world=world, trace=trace)
     assert run.effective_ratio == pytest.approx(1 / 3, abs=0)
@@ -112,7 +112,7 @@ def test_effective_ratio_of_uniform_over_one_epoch_is_exactly_the_mixed_share():
 def test_dynamic_sampling_counts_every_rollout_and_trains_on_the_first_b_mixed_groups():
     world = _exact_world(20, 20, 20)
     k, batch, oversample = 64, 8, 2
-    train = tw.TrainConfig(batch_size=batch, rollouts_per_prompt=k, steps=12, ds_oversample=oversample)
+    train = tw.ToyRunConfig(batch_size=batch, rollouts_per_prompt=k, steps=12, ds_oversample=oversample)
     trace: list = []
     run = tw.run_strategy(TINY_WORLD, train, "dynamic_sampling", seed=1, world=world, trace=trace)
     draw = batch * oversample
@@ -135,7 +135,7 @@ def test_dynamic_sampling_counts_every_rollout_and_trains_on_the_first_b_mixed_g
 
 def test_dynamic_sampling_without_any_mixed_group_spends_every_round_and_learns_nothing():
     world = _exact_world(30, 30, 0, learning_rate=1.0)
-    train = tw.TrainConfig(batch_size=6, rollouts_per_prompt=4, steps=5, ds_oversample=2, ds_max_rounds=3)
+    train = tw.ToyRunConfig(batch_size=6, rollouts_per_prompt=4, steps=5, ds_oversample=2, ds_max_rounds=3)
     run = tw.run_strategy(TINY_WORLD, train, "dynamic_sampling", seed=0, world=world)
     assert run.rollouts.tolist() == [i * 3 * 12 * 4 for i in range(6)]
     assert run.mixed.sum() == run.trained.sum() == 0
@@ -219,7 +219,7 @@ def test_level_world_has_ordered_levels_and_a_noisy_reference_pass_rate():
 def test_metadata_lifts_insight_out_of_cold_start():
     """N >> B * steps: without metadata INSIGHT ranks almost only Beta(1, 1) priors (uniform's mixed
     share); with exact pass rates or levels its batches are mostly mixed from the first step."""
-    train = tw.TrainConfig(batch_size=16, steps=12)
+    train = tw.ToyRunConfig(batch_size=16, steps=12)
     exact = tw.WorldConfig(n_prompts=4000, n_levels=10, n_heldout=500, pass_rate_noise=0.0)
     runs = {
         name: tw.run_strategy(exact, train, name, seed=0)
@@ -233,7 +233,7 @@ def test_metadata_lifts_insight_out_of_cold_start():
 def test_speed_rl_screens_continues_mixed_prompts_and_pays_for_every_rollout():
     world = _exact_world(20, 20, 20)
     batch, oversample = 8, 2
-    train = tw.TrainConfig(batch_size=batch, steps=6, ds_oversample=oversample, speed_init=24, speed_cont=40)
+    train = tw.ToyRunConfig(batch_size=batch, steps=6, ds_oversample=oversample, speed_init=24, speed_cont=40)
     trace: list = []
     run = tw.run_strategy(TINY_WORLD, train, "speed_rl", seed=1, world=world, trace=trace)
     draw = batch * oversample
@@ -255,12 +255,12 @@ def test_speed_rl_screens_continues_mixed_prompts_and_pays_for_every_rollout():
     ("make", "message"),
     [
         (lambda: tw.WorldConfig(transfer=1.5), "transfer"),
-        (lambda: tw.TrainConfig(rollouts_per_prompt=1), "rollouts_per_prompt"),
-        (lambda: tw.TrainConfig(beta_decay=1.5), "beta_decay"),
+        (lambda: tw.ToyRunConfig(rollouts_per_prompt=1), "rollouts_per_prompt"),
+        (lambda: tw.ToyRunConfig(beta_decay=1.5), "beta_decay"),
         (
             lambda: tw.run_strategy(
                 tw.WorldConfig(n_prompts=100),
-                tw.TrainConfig(batch_size=40, steps=1),
+                tw.ToyRunConfig(batch_size=40, steps=1),
                 "dynamic_sampling",
                 seed=0,
             ),
@@ -268,7 +268,7 @@ def test_speed_rl_screens_continues_mixed_prompts_and_pays_for_every_rollout():
         ),
         (lambda: tw.run_strategy(TINY_WORLD, TINY_TRAIN, "random", seed=0), "unknown strategy"),
         (lambda: tw.WorldConfig(pass_rate_noise=2.0), "pass_rate_noise"),
-        (lambda: tw.TrainConfig(group_decay=0.0), "group_decay"),
+        (lambda: tw.ToyRunConfig(group_decay=0.0), "group_decay"),
     ],
 )
 def test_bad_settings_are_refused_with_a_message_that_names_them(make, message):

@@ -13,7 +13,7 @@ Measures, each with a warm-up call and the median of --repeats timed calls:
   (CPU seconds) against its read floor (the 12-byte prior row of every prompt). Targets: close within
   2x, select within 3x of their floors.
 - Bytes of belief state per prompt (BeliefArrays; budget <= 128): every prompt observed, 1% and 10%.
-- Cold start (METHODS 6, 7): memory measured with tracemalloc over a round at --n-cold prompts (default
+- Cold start (docs/methods.md §6, 7): memory measured with tracemalloc over a round at --n-cold prompts (default
   1e6): metadata upload (10 groups, pass rates for half), two steps of a select of every strategy, an
   observe and a close: what stays allocated afterwards (state + caches: epoch permutations, SEC's member
   index) and the largest transient of one operation on top of it, per prompt; and whole-dataset INSIGHT

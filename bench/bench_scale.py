@@ -8,7 +8,7 @@ Three parts, each optional:
 1. In-process kernels (selector_service.core), at every size of --sizes, in two regimes side by side:
    "sparse" (--observed prompts ever observed, default 10^5: a step observes B of them) and "full"
    (every prompt observed, the worst case). Per regime: close_step (the DPS update of the observed set,
-   hmm_decay 0.7) after observing a batch, a DPS select over the whole dataset (METHODS 2) and an
+   hmm_decay 0.7) after observing a batch, a DPS select over the whole dataset (docs/methods.md §2) and an
    INSIGHT select with its default candidate pool, each the median of --repeats calls after a warm-up.
    A "step" is close + DPS select. Next to each time: in the sparse regime the time of np.argpartition
    over --observed floats, timed right after every step (the step should cost a few of those, whatever

@@ -2,7 +2,7 @@
 that bench_scale.py compares the service's numba kernels against.
 
 The released sampler (github.com/maoyixiu/DPS, recipe/dps/task_sampler.py, arXiv 2603.10887) keeps the
-per-prompt hidden-Markov state of METHODS section 2 in Python dictionaries keyed by the prompt index as
+per-prompt hidden-Markov state of docs/methods.md §2 in Python dictionaries keyed by the prompt index as
 a string, with one small numpy array per prompt and entry, and updates them in a Python loop over every
 prompt, every step. This module re-implements that design (our code, written from its structure):
 
@@ -22,11 +22,11 @@ prompt, every step. This module re-implements that design (our code, written fro
   released) and applies the unobserved update. Every update builds new small numpy arrays: the expected
   transition matrix, the soft-count matrix xi, the decayed counts, the predicted belief.
 
-The update rule is METHODS section 2 exactly, in float64. Differences from the service's kernel that do
+The update rule is docs/methods.md §2 exactly, in float64. Differences from the service's kernel that do
 not change the arithmetic: the service stores float32 and pools several results of one prompt at one
 step into one state; this sampler updates once per (prompt, result) pair in the order given, so callers
 that compare the two pass distinct prompt ids per step. Ties in `select` follow np.argsort's order
-(the released code does not randomise them; the service must, METHODS 2).
+(the released code does not randomise them; the service must, docs/methods.md §2).
 
 Per prompt and step this costs tens of microseconds and several hundred bytes of Python objects, which
 is what bench_scale.py measures; tests/test_reference_sampler.py checks that it computes the same
@@ -56,7 +56,7 @@ def state_of_rate(rate: float) -> int:
 class DictHMMSampler:
     """Per-prompt Bayesian HMMs in dictionaries, updated by a Python loop over every prompt.
 
-    `decay` is METHODS 2's lam (hmm_decay); `prior_count` the value of every entry of D0 (the released
+    `decay` is docs/methods.md §2's lam (hmm_decay); `prior_count` the value of every entry of D0 (the released
     scripts use 1.0); `entropy_weight` adds w_H * entropy(prior) to the score.
     """
 
@@ -91,7 +91,7 @@ class DictHMMSampler:
     def __len__(self) -> int:
         return len(self.alphas)
 
-    # ---- the HMM arithmetic (METHODS 2) -----------------------------------------------------------
+    # ---- the HMM arithmetic (docs/methods.md §2) -----------------------------------------------------------
     @staticmethod
     def expected_transitions(alpha: np.ndarray) -> np.ndarray:
         """P(i, j) = D(i, j) / sum_i D(i, j): the probability of moving from state j to state i."""

@@ -82,7 +82,7 @@ __all__ = [  # what tests and notebooks use from this script
     "summarize",
 ]
 
-#: --scenario large: the cold-start world of METHODS 6; --quick: a small world. Only defaults change.
+#: --scenario large: the cold-start world of docs/methods.md §6; --quick: a small world. Only defaults change.
 LARGE = {
     "n_prompts": 200_000,
     "levels": 10,
@@ -250,7 +250,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--scenario",
         choices=("default", "large"),
         default="default",
-        help="default: a well-observed pool of 2000 prompts; large: the cold-start world of METHODS 6 "
+        help="default: a well-observed pool of 2000 prompts; large: the cold-start world of docs/methods.md §6 "
         "(200k prompts in 10 difficulty levels with a noisy pass rate each, 120 steps, 5 seeds; "
         "writes toy_world_large.*). Options given explicitly still win",
     )

@@ -1,4 +1,4 @@
-"""Typed HTTP client for the selector service's REST contract (shared/API.md), sync and async.
+"""Typed HTTP client for the selector service's REST contract (docs/api.md), sync and async.
 
 Every trainer-side component talks to the service through this module only.
 
@@ -188,7 +188,7 @@ class DatasetInfo:
     observations: int | None = None
     rollouts: int | None = None
     prompts_observed: int | None = None
-    #: Metadata coverage (METHODS 6): prompts with a pass rate, with a group, and distinct groups.
+    #: Metadata coverage (docs/methods.md §6): prompts with a pass rate, with a group, and distinct groups.
     prompts_with_pass_rate: int | None = None
     prompts_with_group: int | None = None
     groups: int | None = None
@@ -465,7 +465,7 @@ def _metadata_calls(
     offset: int,
     raw: bool | None,
 ) -> list[_Call[MetadataAck]]:
-    """The requests of one metadata upload (API.md `PUT /datasets/{name}/metadata`), in order."""
+    """The requests of one metadata upload (docs/api.md `PUT /datasets/{name}/metadata`), in order."""
     if pass_rate is None and group is None:
         raise ValueError("upload_metadata needs pass_rate, group or both")
     if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
@@ -670,7 +670,7 @@ class SelectorClient(_Base):
     ) -> DatasetInfo:
         """Create a dataset (or confirm an identical one); ``Conflict`` if the name has another spec.
         ``max_lag``: accept results up to this many steps late (asynchronous trainers).
-        ``prior_strength`` / ``group_decay``: METHODS 6 (None: the service's defaults, 2.0 and 0.9)."""
+        ``prior_strength`` / ``group_decay``: docs/methods.md §6 (None: the service's defaults, 2.0 and 0.9)."""
         return self._run(
             _create_dataset_call(
                 name,
@@ -698,7 +698,7 @@ class SelectorClient(_Base):
         raw: bool | None = None,
     ) -> MetadataAck:
         """Upload per-prompt prior pass rates (None/NaN = unknown) and/or groups (0..65535, -1 = none) for
-        prompts ``offset .. offset + len - 1`` (METHODS 6). Large uploads go in several requests, JSON
+        prompts ``offset .. offset + len - 1`` (docs/methods.md §6). Large uploads go in several requests, JSON
         or (``raw``, default above 100k prompts) little-endian float32 / int32 bodies. Each request is
         applied whole or not at all and re-sending the same values changes nothing, so a failed upload
         is repaired by sending it again. Returns the last request's answer (coverage after all)."""

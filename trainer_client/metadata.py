@@ -1,4 +1,4 @@
-"""What a task knows about its prompts, for the selector service's cold start (METHODS 6).
+"""What a task knows about its prompts, for the selector service's cold start (docs/methods.md §6).
 
 `task_metadata(task)` reads, per prompt id:
 

@@ -10,13 +10,13 @@ One step, top to bottom (``Trainer.run_step``):
 5. update   one GRPO update on the batch (trainer_client.grpo).
 6. sync     the new weights are pushed into the rollout engine before the next step samples.
 
-``--strategy dynamic_sampling`` (DAPO's filter, the oracle baseline of METHODS 4) runs in the
+``--strategy dynamic_sampling`` (DAPO's filter, the oracle baseline of docs/methods.md §4) runs in the
 trainer instead: it over-samples ``ds_oversample x B`` prompts uniformly (its own seeded epoch walk, a
 shuffled data loader), rolls them all out, keeps groups whose rewards are not all equal, and repeats
 (round r reports under ``{run_id}-s{step}-r{rank}-d{r}``) until it has B kept groups or ``ds_max_rounds``
 rounds. Every rollout it generates is reported to ``/observe`` (real evidence) and counted as cost.
 
-``--strategy speed_rl`` (SPEED-RL, METHODS 7) runs in the trainer too, over the same walk and rounds:
+``--strategy speed_rl`` (SPEED-RL, docs/methods.md §7) runs in the trainer too, over the same walk and rounds:
 each round screens its prompts with ``SPEED_INIT`` = 4 rollouts, gives those with 0 < S < 4 successes
 ``SPEED_CONT`` = 12 more (one group of 16), and fills the batch with them first in, first out. The round
 reports every prompt it screened (with all 4 or 16 rewards) under ``-d{r}``: every rollout is evidence
@@ -79,7 +79,7 @@ DYNAMIC_SAMPLING = "dynamic_sampling"
 SPEED_RL = "speed_rl"
 #: Strategies the trainer runs itself (everything else is a service strategy).
 TRAINER_STRATEGIES = (DYNAMIC_SAMPLING, SPEED_RL)
-#: SPEED-RL's screening rollouts and the rollouts added to a prompt the screen found mixed (METHODS 7).
+#: SPEED-RL's screening rollouts and the rollouts added to a prompt the screen found mixed (docs/methods.md §7).
 SPEED_INIT, SPEED_CONT = 4, 12
 
 

@@ -25,7 +25,7 @@ from selector_service.core.strategies import select, validate_params
 @dataclasses.dataclass(frozen=True)
 class Variant:
     """How a strategy of this benchmark runs: the core strategy that picks prompts, the metadata its
-    dataset gets (METHODS 6: "groups", "pass_rate", "both" or none) and the trainer-side procedure
+    dataset gets (docs/methods.md §6: "groups", "pass_rate", "both" or none) and the trainer-side procedure
     around the selection ("dynamic_sampling", "speed_rl" or none)."""
 
     source: str
@@ -116,7 +116,7 @@ class Trainer:
             group_decay=cfg.group_decay,
         )
         self.generation_round = 0  # Dynamic Sampling's / SPEED-RL's position in their uniform stream
-        if variant.metadata:  # what the dataset ships, uploaded before training (METHODS 6)
+        if variant.metadata:  # what the dataset ships, uploaded before training (docs/methods.md §6)
             rate = world.reference_pass_rate if variant.metadata in ("pass_rate", "both") else None
             groups = world.pool.groups if variant.metadata in ("groups", "both") else None
             apply_metadata(self.beliefs, 0, rate, groups)
@@ -186,7 +186,7 @@ def dynamic_sampling_step(run: Trainer, step: int) -> StepOutcome:
 
 
 def speed_rl_step(run: Trainer, step: int) -> StepOutcome:
-    """METHODS 7: screen with speed_init rollouts; prompts with 0 < S < speed_init get speed_cont more (one
+    """docs/methods.md §7: screen with speed_init rollouts; prompts with 0 < S < speed_init get speed_cont more (one
     group); the batch fills first-in first-out. Every rollout is reported and paid for."""
     cfg, world = run.cfg, run.world
     n_init, n_cont = cfg.speed_init, cfg.speed_cont

@@ -46,11 +46,11 @@ class WorldConfig:
     #: Difficulty levels (0: continuous difficulty). With L > 0 each prompt gets a level 0..L-1 at
     #: random and its difficulty is the level's centre (the Normal(difficulty_mean, difficulty_std)
     #: quantile at (l + 0.5) / L) plus Normal(0, level_jitter): a MATH-style level that predicts the
-    #: pass rate well but not exactly. The prompts' group (METHODS 6) is their level; without levels
+    #: pass rate well but not exactly. The prompts' group (docs/methods.md §6) is their level; without levels
     #: it is their skill.
     n_levels: int = 0
     level_jitter: float = 0.5
-    #: The pass rate a dataset ships per prompt (METHODS 6): the initial policy's true rate plus
+    #: The pass rate a dataset ships per prompt (docs/methods.md §6): the initial policy's true rate plus
     #: Uniform(-noise, +noise), clipped to [0, 1] (a reference model's measurement).
     pass_rate_noise: float = 0.15
 
@@ -72,24 +72,24 @@ class WorldConfig:
 
 @dataclasses.dataclass(frozen=True)
 class ToyRunConfig:
-    """The training loop and the dataset settings the service would hold (METHODS sections 1-4)."""
+    """The training loop and the dataset settings the service would hold (docs/methods.md §1-4)."""
 
     batch_size: int = 64
     rollouts_per_prompt: int = 8
     steps: int = 200
     alpha0: float = 1.0
     beta0: float = 1.0
-    #: The service's dataset defaults (API.md): no Beta forgetting (INSIGHT), HMM decay 0.7 (DPS, math).
+    #: The service's dataset defaults (docs/api.md): no Beta forgetting (INSIGHT), HMM decay 0.7 (DPS, math).
     beta_decay: float = 1.0
     hmm_decay: float = 0.7
-    #: METHODS 6 dataset settings: weight of a prior pass rate, forgetting of group rates per step.
+    #: docs/methods.md §6 dataset settings: weight of a prior pass rate, forgetting of group rates per step.
     prior_strength: float = 2.0
     group_decay: float = 0.9
     #: Dynamic Sampling and SPEED-RL: each generation round draws `ds_oversample * batch_size` uniform
     #: prompts, at most `ds_max_rounds` rounds per step.
     ds_oversample: int = 3
     ds_max_rounds: int = 10
-    #: SPEED-RL (METHODS 7): screening rollouts, and more rollouts for prompts the screen found mixed.
+    #: SPEED-RL (docs/methods.md §7): screening rollouts, and more rollouts for prompts the screen found mixed.
     speed_init: int = 4
     speed_cont: int = 12
 
@@ -128,7 +128,7 @@ class PromptSet:
 
     @property
     def groups(self) -> np.ndarray:
-        """The METHODS 6 group of each prompt (int32): its difficulty level, else its skill."""
+        """The docs/methods.md §6 group of each prompt (int32): its difficulty level, else its skill."""
         return np.asarray(self.skill_of if self.level is None else self.level, dtype=np.int32)
 
     def __post_init__(self) -> None:
@@ -197,7 +197,7 @@ class ToyWorld:
         self.learning_rate = float(learning_rate)
         self.transfer = float(transfer)
         self.memorization = float(memorization)
-        #: The pass rate the dataset ships per prompt (METHODS 6); default: the initial rates, exactly.
+        #: The pass rate the dataset ships per prompt (docs/methods.md §6); default: the initial rates, exactly.
         if reference_pass_rate is None:
             reference_pass_rate = self.success_rates()
         self.reference_pass_rate = np.asarray(reference_pass_rate, dtype=np.float64)

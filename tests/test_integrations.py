@@ -138,11 +138,11 @@ def test_verl_sampler_configuration_errors(
         verl_adapter.SelectorCurriculumSampler(verl_rows(ids), config)
 
 
-def test_verl_settings_from_environment_and_unknown_keys(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_verl_options_from_environment_and_unknown_keys(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SELECTOR_URL", "http://selector:8000")
     monkeypatch.setenv("SELECTOR_DATASET", "from-env")
     monkeypatch.setenv("SELECTOR_SEED", "7")
-    settings = verl_adapter.SelectorSettings.resolve({"strategy": "dps"}, __import__("os").environ)
+    settings = verl_adapter.resolve_options({"strategy": "dps"}, __import__("os").environ)
     assert (settings.url, settings.dataset, settings.strategy, settings.seed) == (
         "http://selector:8000",
         "from-env",
@@ -150,9 +150,9 @@ def test_verl_settings_from_environment_and_unknown_keys(monkeypatch: pytest.Mon
         7,
     )
     with pytest.raises(ValueError, match="unknown key"):
-        verl_adapter.SelectorSettings.resolve({"url": "u", "dataset": "d", "stratgey": "dps"}, {})
+        verl_adapter.resolve_options({"url": "u", "dataset": "d", "stratgey": "dps"}, {})
     with pytest.raises(ValueError, match=r"data.sampler.selector.url \(or env SELECTOR_URL\)"):
-        verl_adapter.SelectorSettings.resolve({"dataset": "d"}, {})
+        verl_adapter.resolve_options({"dataset": "d"}, {})
 
 
 def test_verl_version_gate(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -16,7 +16,9 @@ without CUDA: small stand-in packages provide the names OpenRLHF imports from th
 (``SamplingParams``, ``TokensPrompt``, ``random_uuid``; flash-attn's padding helpers, never called).
 
 Run 1 is preempted in its third PPO update (after the third step's rollouts were reported); run 2
-loads the checkpoint of step 2 (``--ckpt.load_enable``) and finishes the 4-step epoch.
+loads the checkpoint of step 2 (``--ckpt.load_enable``) and finishes the 4-step epoch. With
+``--filtering`` (``--algo.dynamic_filtering_enable``, only groups with mixed rewards train) the epoch
+has 36 prompts, run 1 is preempted in its second update and run 2 resumes from the first.
 
 Usage: python drive_openrlhf.py --url URL --dataset NAME --workdir DIR [--filtering]
 Prints ``DRIVER-REPORT {json}`` last.

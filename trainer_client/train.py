@@ -60,6 +60,7 @@ import numpy as np
 from trainer_client.client import DatasetInfo, Result, SelectorClient
 from trainer_client.config import TrainConfig
 from trainer_client.grpo import GRPOLearner, UpdateStats, build_samples
+from trainer_client.integrations import first_step as first_step_for  # one rule for every trainer
 from trainer_client.model import render_prompt
 from trainer_client.rollout import PromptRollouts, RolloutEngine
 
@@ -135,17 +136,6 @@ class EpochWalk:
                 seen.add(candidate)
                 taken.append(candidate)
         return taken
-
-
-def first_step_for(info: DatasetInfo, start_step: int | None = None) -> int:
-    """The step a run starts at: ``start_step`` when given; 0 on a fresh dataset; on a dataset with
-    observations, the step after its open step (that step may hold an earlier run's results, and
-    continuing it would mix two runs' request ids and batches)."""
-    if start_step is not None:
-        return start_step
-    if not info.observations:
-        return info.open_step or 0
-    return (info.open_step or 0) + 1
 
 
 class Trainer:

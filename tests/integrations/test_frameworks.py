@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
 def run_driver(venv: str, script: str, args: list[str], timeout: float = 900) -> dict[str, Any]:
     try:
-        python, _ = venvs.ensure(venv)
+        python, _ = venvs.ensure_locked(venv)
     except venvs.VenvError as exc:
         pytest.fail(f"the {venv} venv could not be built:\n{exc}")
     env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
@@ -170,4 +170,81 @@ def test_areal_async_rollout_reports_every_group_late_or_not(
     # dispatcher may have pulled part of step 2 before it; those rows keep their step), never from 0.
     assert min(step for step, _, _ in resumed["reported"]) >= 2
     assert resumed["next_step"] > first["next_step"]
+    assert_beliefs_match(service.url, dsname, report["fed"], n)
+
+
+# --------------------------------------------------------------------------------------------------
+# OpenRLHF (through the selector's train_ppo_ray entry point)
+# --------------------------------------------------------------------------------------------------
+
+
+def group_norm_advantages(scores: list[float], n: int) -> list[float]:
+    """OpenRLHF's ``group_norm`` advantage: (r - mean) / (std + 1e-9) within each run of ``n`` samples
+    (a prompt's group; the same prompt may come twice in one batch, selected at two steps)."""
+    out = []
+    for start in range(0, len(scores), n):
+        values = scores[start : start + n]
+        mean = sum(values) / n
+        std = (sum((v - mean) ** 2 for v in values) / (n - 1)) ** 0.5
+        out.extend((v - mean) / (std + 1e-9) for v in values)
+    return out
+
+
+@pytest.mark.parametrize("filtering", [False, True], ids=["grpo", "dynamic-filtering"])
+def test_openrlhf_trainer_reports_every_group_and_resumes(
+    service: Any, dsname: str, tmp_path: Path, filtering: bool
+) -> None:
+    report = run_driver(
+        "openrlhf",
+        "drive_openrlhf.py",
+        ["--url", service.url, "--dataset", dsname, "--workdir", str(tmp_path)]
+        + (["--filtering"] if filtering else []),
+    )
+    n, batch = 4, 3
+    first, resumed = report["runs"]
+    assert first["preempted"] and not resumed["preempted"]
+    earned: dict[int, list[float]] = defaultdict(list)
+    for prompt_id, reward in report["fed"]:
+        earned[int(prompt_id)].append(reward)
+    trained: dict[int, list[float]] = defaultdict(list)
+    for run in report["runs"]:
+        for update in run["updates"]:
+            ids = [row["prompt_id"] for row in update]
+            scores = [row["score"] for row in update]
+            # One prompt per group of n consecutive samples.
+            assert len(ids) % n == 0 and all(len(set(ids[i : i + n])) == 1 for i in range(0, len(ids), n))
+            groups = [scores[i : i + n] for i in range(0, len(ids), n)]
+            # OpenRLHF's group_norm advantages, computed from the rewards its reward_func gave.
+            assert [row["advantage"] for row in update] == pytest.approx(
+                group_norm_advantages(scores, n), abs=1e-4
+            )
+            if filtering:
+                # Dynamic filtering kept only groups with mixed rewards (at most a batch per update).
+                assert 1 <= len(groups) <= batch
+                assert all(0 < sum(group) < n for group in groups)
+            else:
+                assert len(set(ids)) == len(groups) == batch
+            for pid, score in zip(ids, scores, strict=True):
+                trained[pid].append(score)
+    # The reward_func scored each sample as the fake policy aimed for: what trained is what was earned
+    # (all of it without filtering; a part of it with).
+    for pid, scores in trained.items():
+        assert not Counter(scores) - Counter(earned[pid]), f"prompt {pid}"
+    if not filtering:
+        assert {p: sorted(v) for p, v in trained.items()} == {p: sorted(v) for p, v in earned.items()}
+    if filtering:
+        # Groups dynamic filtering dropped were rolled out and reported too, not only the trained ones.
+        trained_samples = sum(len(update) for run in report["runs"] for update in run["updates"])
+        assert len(report["fed"]) > trained_samples
+        # Preempted in the PPO update of step 2 (its batch was handed over), resumed from the checkpoint
+        # of step 1: the resumed run trains on.
+        assert len(first["updates"]) == 2 and len(resumed["updates"]) >= 1
+        assert resumed["open_step"] > first["open_step"]
+    else:
+        # Run 1 handed three steps' batches to the actors and was preempted in the PPO update of
+        # step 3, after its rollouts were reported (service steps 0, 1, 2). Run 2 resumed from the
+        # checkpoint of step 2 in the middle of the 4-step epoch: it trains the epoch's last two steps,
+        # selected as service steps 3 and 4 (never step 2 again), and stops.
+        assert len(first["updates"]) == 3 and len(resumed["updates"]) == 2
+        assert first["open_step"] == 2 and resumed["open_step"] == 4
     assert_beliefs_match(service.url, dsname, report["fed"], n)

@@ -3,7 +3,7 @@
 TRL is tested with its real classes (``RepeatSampler`` for the index pattern, ``GRPOTrainer`` for real
 training steps on a tiny random model). The verl, AReaL and OpenRLHF adapters run inside those
 frameworks' own training code in tests/integrations/test_frameworks.py; here only the verl sampler's refusals of
-bad input, which need no verl.
+bad input, which need no verl, and the OpenRLHF adapter's sampler, reporter and command line.
 """
 
 from __future__ import annotations
@@ -140,11 +140,11 @@ def test_verl_sampler_configuration_errors(
         verl_adapter.SelectorCurriculumSampler(verl_rows(ids), config)
 
 
-def test_verl_settings_from_environment_and_unknown_keys(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_verl_options_from_environment_and_unknown_keys(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SELECTOR_URL", "http://selector:8000")
     monkeypatch.setenv("SELECTOR_DATASET", "from-env")
     monkeypatch.setenv("SELECTOR_SEED", "7")
-    settings = verl_adapter.SelectorSettings.resolve({"strategy": "dps"}, __import__("os").environ)
+    settings = verl_adapter.resolve_options({"strategy": "dps"}, __import__("os").environ)
     assert (settings.url, settings.dataset, settings.strategy, settings.seed) == (
         "http://selector:8000",
         "from-env",
@@ -152,9 +152,9 @@ def test_verl_settings_from_environment_and_unknown_keys(monkeypatch: pytest.Mon
         7,
     )
     with pytest.raises(ValueError, match="unknown key"):
-        verl_adapter.SelectorSettings.resolve({"url": "u", "dataset": "d", "stratgey": "dps"}, {})
+        verl_adapter.resolve_options({"url": "u", "dataset": "d", "stratgey": "dps"}, {})
     with pytest.raises(ValueError, match=r"data.sampler.selector.url \(or env SELECTOR_URL\)"):
-        verl_adapter.SelectorSettings.resolve({"dataset": "d"}, {})
+        verl_adapter.resolve_options({"dataset": "d"}, {})
 
 
 def test_verl_version_gate(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -375,3 +375,135 @@ def test_observing_reward_refuses_prompts_that_were_not_selected(
     assert ok(prompts=ids, completions=["x"] * len(ids), prompt_id=ids) == [1.0, None] * len(picked)
     (step, _, results), *_ = client.observed
     assert step == 0 and Counter(len(r.rewards) for r in results) == {1: len(picked)}
+
+
+# --------------------------------------------------------------------------------------------------
+# Shared options and the OpenRLHF adapter's pieces (OpenRLHF itself: tests/integrations/test_frameworks.py)
+# --------------------------------------------------------------------------------------------------
+
+
+def test_selector_options_need_a_dataset_and_a_way_to_reach_the_service() -> None:
+    from trainer_client.integrations import SelectorOptions
+
+    with pytest.raises(ValueError, match="dataset name"):
+        SelectorOptions(url="http://selector:8000")
+    with pytest.raises(ValueError, match="url"):
+        SelectorOptions(dataset="d")
+    options = SelectorOptions.resolve(
+        {"dataset": "d", "seed": "3"}, {"SELECTOR_URL": "http://s:1"}, "--selector"
+    )
+    assert (options.url, options.dataset, options.seed, options.params) == ("http://s:1", "d", 3, {})
+    with pytest.raises(ValueError, match=r"--selector\.dataset \(or env SELECTOR_DATASET\)"):
+        SelectorOptions.resolve({}, {"SELECTOR_URL": "http://s:1"}, "--selector")
+
+
+def test_openrlhf_command_line_splits_selector_options_from_openrlhf_arguments() -> None:
+    from trainer_client.integrations import openrlhf as adapter
+
+    values, rest = adapter.split_selector_args(
+        [
+            "--selector.url=http://s:1",
+            "--actor.model_name_or_path",
+            "m",
+            "--selector.params",
+            '{"temperature": 0.5}',
+            "--selector.seed",
+            "4",
+            "--selector.create",
+            "false",
+            "--data.apply_chat_template",
+        ]
+    )
+    assert values == {"url": "http://s:1", "params": {"temperature": 0.5}, "seed": 4, "create": False}
+    assert rest == ["--actor.model_name_or_path", "m", "--data.apply_chat_template"]
+    with pytest.raises(ValueError, match=r"unknown option --selector\.stratgey"):
+        adapter.split_selector_args(["--selector.stratgey", "dps"])
+    with pytest.raises(ValueError, match="JSON object"):
+        adapter.split_selector_args(["--selector.params", "[1]"])
+    with pytest.raises(ValueError, match="needs a value"):
+        adapter.split_selector_args(["--selector.url"])
+    # The options travel to the Ray trainer actor as one JSON variable.
+    options = adapter.SelectorOptions(url="http://s:1", dataset="d", params={"k": 1}, max_lag=3)
+    env = {adapter.OPTIONS_ENV: adapter._options_json(options)}
+    assert adapter.options_from_env(env) == options
+
+
+def test_openrlhf_sampler_and_reporter_report_each_group_for_the_step_it_was_selected_at(
+    service: Any, dsname: str
+) -> None:
+    from trainer_client.integrations import SelectorOptions, ensure_dataset
+    from trainer_client.integrations import openrlhf as adapter
+
+    size, batch, n = 6, 2, 3
+    prompts = [f"prompt {i}" for i in range(size)]
+    ids = [4, 0, 5, 1, 3, 2]  # row r holds service prompt ids[r]
+    with SelectorClient(service.url) as client:
+        options = SelectorOptions(client=client, dataset=dsname, seed=1)
+        start = ensure_dataset(client, options, size, n, max_lag=2)
+        sampler = adapter.SelectorPromptSampler(
+            prompts, ids, batch, client=client, options=options, start_step=start, run_id="r1"
+        )
+        reporter = adapter.GroupReporter(sampler, client=client, dataset=dsname, group_size=n)
+        rows = iter(sampler)
+        step0 = [next(rows), next(rows)]
+        # Dynamic filtering pulls a replacement before step 0's groups are in: it opens step 1.
+        step1_first = next(rows)
+        assert sampler.next_step == 2
+        fed: dict[int, list[float]] = {}
+        for row, reward in ((step0[1], 1.0), (step1_first, 0.0), (step0[0], 1.0)):
+            for k in range(n):
+                value = reward if k else 1.0 - reward
+                fed.setdefault(ids[row], []).append(value)
+                reporter.add({"prompt": prompts[row], "scores": torch.tensor([value]), "reward": None})
+        assert [(s, p) for s, p, _ in reporter.reported] == [
+            (0, ids[step0[1]]),
+            (1, ids[step1_first]),
+            (0, ids[step0[0]]),
+        ]
+        assert [lag for *_, lag in reporter.reported] == [1, 0, 1]  # step 0's groups came after step 1 opened
+        assert reporter.lost == [] and reporter.partial == {}
+        beliefs = {b.prompt_id: (b.alpha, b.beta) for b in client.beliefs(dsname, sorted(fed)).beliefs}
+        for pid, values in fed.items():
+            wins = sum(v >= 1.0 for v in values)
+            assert beliefs[pid] == pytest.approx((1.0 + wins, 1.0 + len(values) - wins))
+        # A response for a prompt the selector never handed out, or without a reward, is refused.
+        with pytest.raises(RuntimeError, match="never handed out"):
+            for _ in range(n):
+                reporter.add({"prompt": prompts[step0[0]], "scores": 1.0})
+        with pytest.raises(RuntimeError, match=r"--reward\.remote_url"):
+            reporter.add({"prompt": prompts[0], "scores": None, "reward": None})
+
+
+def test_openrlhf_resumed_sampler_drops_rows_of_a_step_selected_before_the_checkpoint(
+    service: Any, dsname: str
+) -> None:
+    from trainer_client.integrations import SelectorOptions, ensure_dataset
+    from trainer_client.integrations import openrlhf as adapter
+
+    prompts = [f"p{i}" for i in range(4)]
+    with SelectorClient(service.url) as client:
+        options = SelectorOptions(client=client, dataset=dsname)
+        start = ensure_dataset(client, options, 4, 2)
+        first = adapter.SelectorPromptSampler(
+            prompts, [0, 1, 2, 3], 2, client=client, options=options, start_step=start, run_id="r"
+        )
+        rows = iter(first)
+        next(rows)  # checkpoint taken here, one row of step 0 still to come
+        saved_iter, saved = rows.state_dict(), first.state_dict()
+        client.observe(dsname, 0, [Result(prompt_id=first.id_of_row[0], rewards=[1.0, 0.0])], request_id="x")
+        resumed = adapter.SelectorPromptSampler(
+            prompts,
+            [0, 1, 2, 3],
+            2,
+            client=client,
+            options=options,
+            start_step=first_step(client.get_dataset(dsname)),
+            run_id="r2",
+        )
+        resumed.load_state_dict(saved)
+        assert resumed.run_id == "r" and resumed.next_step == 1
+        again = iter(resumed)
+        again.load_state_dict(saved_iter)
+        next(again)
+        # Not step 0's leftover row: a fresh selection at step 1.
+        assert again.step == 1 and resumed.next_step == 2

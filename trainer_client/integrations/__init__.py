@@ -1,32 +1,177 @@
 """Adapters that let trainers people already use ask the selector service which prompts to train on.
 
-- `trainer_client.integrations.verl`: a curriculum sampler for verl's PPO/GRPO trainer (0.5 to 0.7).
+- `trainer_client.integrations.verl` (+ `verl_main` for verl >= 0.8): a curriculum sampler for verl's
+  PPO/GRPO trainer.
 - `trainer_client.integrations.trl`: a `RepeatSampler`-shaped sampler, a reward-function wrapper and a
   `GRPOTrainer` subclass for TRL.
+- `trainer_client.integrations.areal`: a sampler, dataset and workflow wrapper for AReaL's asynchronous
+  rollout.
+- `trainer_client.integrations.openrlhf`: OpenRLHF's ``train_ppo_ray`` entry point with the prompt
+  loader and rollout collection of the selector.
+- `trainer_client.integrations.slime`: a data source and rollout hook for slime.
 
-Both speak to the service only through `trainer_client.client.SelectorClient`, and both follow the same
-rules as our own loop: a service prompt id is a stable integer per prompt (a dataset column, never a
-row position that filtering can shift), each training step selects once, and every group of rollouts
-is reported to ``/observe`` with a request id that makes a retried report count once.
+All speak to the service only through `trainer_client.client.SelectorClient`, take their settings as one
+`SelectorOptions`, and follow the same rules as our own loop: a service prompt id is a stable integer per
+prompt (a dataset column, never a row position that filtering can shift), each training step selects
+once, and every group of rollouts is reported to ``/observe`` with a request id that makes a retried
+report count once.
 
-This package imports neither verl nor TRL; each submodule imports its library when it is imported.
+This package imports no trainer framework; each submodule imports its framework when it is imported.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any
 
-from trainer_client.client import DatasetInfo, Result
+from trainer_client.client import DatasetInfo, NotFound, Result, SelectorClient
 
-__all__ = ["check_permutation", "first_step", "group_results"]
+__all__ = [
+    "SelectorOptions",
+    "check_permutation",
+    "ensure_dataset",
+    "first_step",
+    "group_results",
+]
+
+logger = logging.getLogger(__name__)
+
+#: Environment variables an adapter reads when a setting is not given explicitly.
+ENV = {
+    "url": "SELECTOR_URL",
+    "dataset": "SELECTOR_DATASET",
+    "strategy": "SELECTOR_STRATEGY",
+    "seed": "SELECTOR_SEED",
+    "token": "SELECTOR_API_TOKEN",
+}
 
 
-def first_step(info: DatasetInfo) -> int:
-    """The step an adapter starts at: the open step of a dataset nobody has reported to yet, else the
-    step after it (that step may hold another run's results; continuing it would mix two runs)."""
+@dataclass
+class SelectorOptions:
+    """Where the service is, which dataset and strategy, and how the dataset is created if missing.
+
+    ``client`` is an already built `SelectorClient` (then ``url``/``token``/``timeout``/``retries`` are
+    not used). ``rollouts_per_prompt`` and ``max_lag`` are None to take them from the trainer's own
+    config where the adapter can (group size; staleness of asynchronous rollout). ``reward_key`` names
+    the trainer field whose value is reported (None: the adapter's default). ``id_column`` is the
+    dataset column holding the service prompt id (verl reads ``extra_info.index`` instead).
+    """
+
+    url: str | None = None
+    dataset: str = ""
+    strategy: str = "insight"
+    params: dict[str, Any] = field(default_factory=dict)
+    seed: int = 0
+    token: str | None = None
+    timeout: float = 30.0
+    retries: int = 5
+    client: SelectorClient | None = field(default=None, repr=False, compare=False)
+    id_column: str = "prompt_id"
+    run_id: str | None = None
+    create: bool = True
+    rollouts_per_prompt: int | None = None
+    max_lag: int | None = None
+    success_threshold: float = 1.0
+    beta_decay: float = 1.0
+    hmm_decay: float = 0.7
+    reward_key: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.dataset:
+            raise ValueError("SelectorOptions needs the service dataset name (dataset=...)")
+        if not self.url and self.client is None:
+            raise ValueError("SelectorOptions needs the service url (url=...) or a client")
+        self.seed = int(self.seed)
+        self.params = dict(self.params or {})
+
+    @classmethod
+    def resolve(
+        cls, values: Mapping[str, Any] | None, environ: Mapping[str, str], where: str = "selector"
+    ) -> SelectorOptions:
+        """Options from a config section (``where`` names it in errors) with the ``SELECTOR_*``
+        environment variables filling what the section leaves out (the section wins)."""
+        values = dict(values or {})
+        known = {f.name for f in fields(cls)} - {"client"}
+        unknown = set(values) - known
+        if unknown:
+            raise ValueError(f"unknown key(s) {sorted(unknown)} under {where}; known: {sorted(known)}")
+        for key, variable in ENV.items():
+            if values.get(key) is None and environ.get(variable):
+                values[key] = environ[variable]
+        missing = [key for key in ("url", "dataset") if not values.get(key)]
+        if missing:
+            raise ValueError(
+                "the selector needs " + " and ".join(f"{where}.{key} (or env {ENV[key]})" for key in missing)
+            )
+        return cls(**values)
+
+    def connect(self) -> SelectorClient:
+        """The client to use: the given one, or a new one for ``url``."""
+        if self.client is not None:
+            return self.client
+        assert self.url is not None  # __post_init__
+        return SelectorClient(self.url, token=self.token, timeout=self.timeout, retries=self.retries)
+
+
+def first_step(info: DatasetInfo, start_step: int | None = None) -> int:
+    """The step a run starts at: ``start_step`` when given; the open step of a dataset nobody has
+    reported to yet; else the step after it (that step may hold another run's results, and continuing
+    it would mix two runs' request ids and batches)."""
+    if start_step is not None:
+        return start_step
     if not info.observations:
         return info.open_step or 0
     return (info.open_step or 0) + 1
+
+
+def ensure_dataset(
+    client: SelectorClient,
+    options: SelectorOptions,
+    size: int,
+    rollouts_per_prompt: int,
+    *,
+    max_lag: int = 0,
+    what: str = "the train dataset",
+) -> int:
+    """Create the service dataset when it is missing (and ``options.create``), check it fits the
+    trainer's, and return the step this run starts at.
+
+    ``max_lag`` is how many steps late this trainer may report; a dataset created here accepts that,
+    and an existing one that accepts less is warned about (its late groups will be refused)."""
+    try:
+        info = client.get_dataset(options.dataset)
+    except NotFound:
+        if not options.create:
+            raise ValueError(
+                f"dataset {options.dataset!r} does not exist in the selector service; create it with size "
+                f"{size} or let the adapter create it (create=True)"
+            ) from None
+        client.create_dataset(
+            options.dataset,
+            size,
+            rollouts_per_prompt=rollouts_per_prompt,
+            success_threshold=options.success_threshold,
+            beta_decay=options.beta_decay,
+            hmm_decay=options.hmm_decay,
+            max_lag=max_lag,
+        )
+        info = client.get_dataset(options.dataset)
+    if info.size != size:
+        raise ValueError(
+            f"dataset {options.dataset!r} in the selector service has {info.size} prompts but {what} has "
+            f"{size} rows; use another dataset name or the matching data"
+        )
+    if info.max_lag < max_lag:
+        logger.warning(
+            "dataset %r accepts results up to %d steps late but this trainer may report %d steps late; "
+            "late groups will be refused (409) and counted as lost",
+            options.dataset,
+            info.max_lag,
+            max_lag,
+        )
+    return first_step(info)
 
 
 def group_results(prompt_ids: Iterable[int], rewards: Iterable[float]) -> list[Result]:

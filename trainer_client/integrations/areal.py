@@ -58,19 +58,12 @@ import logging
 import threading
 import uuid
 from collections.abc import Iterator, Mapping, Sequence, Sized
-from dataclasses import dataclass, field
 from typing import Any
 
 from torch.utils.data import Dataset, Sampler
 
-from trainer_client.client import (
-    AsyncSelectorClient,
-    Conflict,
-    NotFound,
-    Result,
-    SelectorClient,
-)
-from trainer_client.integrations import check_permutation, first_step
+from trainer_client.client import AsyncSelectorClient, Conflict, Result, SelectorClient
+from trainer_client.integrations import SelectorOptions, check_permutation, ensure_dataset
 
 try:
     from areal.api.workflow_api import RolloutWorkflow as _WorkflowBase
@@ -89,64 +82,6 @@ logger = logging.getLogger(__name__)
 
 STEP_KEY = "selector_step"
 PROMPT_KEY = "selector_prompt_id"
-
-
-@dataclass
-class SelectorOptions:
-    """Where the service is, which dataset and strategy; ``max_lag`` None derives it from the trainer's
-    ``rollout.max_head_offpolicyness``."""
-
-    url: str
-    dataset: str
-    strategy: str = "insight"
-    params: dict[str, Any] = field(default_factory=dict)
-    seed: int = 0
-    token: str | None = None
-    id_column: str = "prompt_id"
-    run_id: str | None = None
-    create: bool = True
-    max_lag: int | None = None
-    success_threshold: float = 1.0
-    beta_decay: float = 1.0
-    hmm_decay: float = 0.7
-    timeout: float = 30.0
-    retries: int = 5
-
-
-def ensure_dataset(
-    client: SelectorClient, options: SelectorOptions, size: int, group_size: int, max_lag: int
-) -> int:
-    """Create the service dataset if needed (with ``max_lag``); the step this run starts at."""
-    try:
-        info = client.get_dataset(options.dataset)
-    except NotFound:
-        if not options.create:
-            raise
-        client.create_dataset(
-            options.dataset,
-            size,
-            rollouts_per_prompt=group_size,
-            success_threshold=options.success_threshold,
-            beta_decay=options.beta_decay,
-            hmm_decay=options.hmm_decay,
-            max_lag=max_lag,
-        )
-        info = client.get_dataset(options.dataset)
-    if info.size != size:
-        raise ValueError(
-            f"dataset {options.dataset!r} in the selector service has {info.size} prompts but the train dataset "
-            f"has {size} rows; use another dataset name"
-        )
-    spec_lag = info.max_lag
-    if spec_lag < max_lag:
-        logger.warning(
-            "dataset %r accepts results up to %d steps late but this trainer may report %d steps late; "
-            "late groups will be refused (409) and counted as lost",
-            options.dataset,
-            spec_lag,
-            max_lag,
-        )
-    return first_step(info)
 
 
 class _Steps(Iterator[int]):
@@ -445,9 +380,9 @@ def _trainer_class() -> type:
 
         def __init__(self, config: Any, *args: Any, selector: SelectorOptions, **kwargs: Any) -> None:
             self.selector = selector
-            self.selector_client = SelectorClient(
-                selector.url, token=selector.token, timeout=selector.timeout, retries=selector.retries
-            )
+            if not selector.url:
+                raise ValueError("SelectorOptions.url is needed: the rollout workflow opens its own clients")
+            self.selector_client = selector.connect()
             self.selector_client.check_server()
             rollout = getattr(config, "rollout", None)
             staleness = int(getattr(rollout, "max_head_offpolicyness", 0) or 0)
@@ -459,7 +394,7 @@ def _trainer_class() -> type:
                 return super()._create_dataloader(dataset, dataset_config, rank, world_size)
             group_size = int(self.config.gconfig.n_samples)
             start = ensure_dataset(
-                self.selector_client, self.selector, len(dataset), group_size, self.selector_max_lag
+                self.selector_client, self.selector, len(dataset), group_size, max_lag=self.selector_max_lag
             )
             return selector_dataloader(
                 dataset,

@@ -41,8 +41,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from trainer_client.client import NotFound, SelectorClient
-from trainer_client.integrations import check_permutation, first_step, group_results
+from trainer_client.client import SelectorClient
+from trainer_client.integrations import SelectorOptions, check_permutation, ensure_dataset, group_results
 
 __all__ = ["SelectorDataSource", "report_all_samples", "sample_reward"]
 
@@ -100,20 +100,17 @@ class SelectorDataSource:
         return row if value is None else value
 
     def _ensure_dataset(self) -> int:
-        n = int(self.args.n_samples_per_prompt)
-        try:
-            info = self.client.get_dataset(self.dataset)
-        except NotFound:
-            self.client.create_dataset(
-                self.dataset, len(self.prompts), rollouts_per_prompt=n, max_lag=self.max_lag
-            )
-            info = self.client.get_dataset(self.dataset)
-        if info.size != len(self.prompts):
-            raise ValueError(
-                f"dataset {self.dataset!r} in the selector service has {info.size} prompts but --prompt-data has "
-                f"{len(self.prompts)}; use another SELECTOR_DATASET"
-            )
-        return first_step(info)
+        options = SelectorOptions(
+            dataset=self.dataset, client=self.client, strategy=self.strategy, seed=self.seed
+        )
+        return ensure_dataset(
+            self.client,
+            options,
+            len(self.prompts),
+            int(self.args.n_samples_per_prompt),
+            max_lag=self.max_lag,
+            what="--prompt-data",
+        )
 
     def __len__(self) -> int:
         return len(self.prompts)

@@ -37,7 +37,7 @@ The train dataset needs an integer column (default ``prompt_id``) holding a perm
 not supported: a sampler cannot be attached to them.
 
 Tested against the real TRL classes (trl 1.16, installed alongside this project's pins):
-``tests/test_integrations.py`` compares the sampler's shape with ``trl.trainer.utils.RepeatSampler``
+``tests/integrations/test_integrations.py`` compares the sampler's shape with ``trl.trainer.utils.RepeatSampler``
 and runs ``SelectorGRPOTrainer`` for real training steps on a tiny model against a real service.
 """
 
@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence, Sized
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -54,8 +53,8 @@ from accelerate.utils import broadcast_object_list, gather_object
 from torch.utils.data import Sampler
 from trl import GRPOTrainer
 
-from trainer_client.client import NotFound, SelectorClient
-from trainer_client.integrations import check_permutation, first_step, group_results
+from trainer_client.client import SelectorClient
+from trainer_client.integrations import SelectorOptions, check_permutation, ensure_dataset, group_results
 
 __all__ = ["ObservingReward", "SelectorGRPOTrainer", "SelectorOptions", "SelectorRepeatSampler"]
 
@@ -209,23 +208,6 @@ class ObservingReward:
         self.reports += 1
 
 
-@dataclass
-class SelectorOptions:
-    """How `SelectorGRPOTrainer` talks to the service."""
-
-    client: SelectorClient
-    dataset: str
-    strategy: str = "insight"
-    params: dict[str, Any] = field(default_factory=dict)
-    seed: int = 0
-    id_column: str = "prompt_id"
-    run_id: str | None = None
-    create: bool = True
-    success_threshold: float = 1.0
-    beta_decay: float = 1.0
-    hmm_decay: float = 0.7
-
-
 class SelectorGRPOTrainer(GRPOTrainer):
     """``trl.GRPOTrainer`` whose training prompts are chosen by the selector service.
 
@@ -250,13 +232,14 @@ class SelectorGRPOTrainer(GRPOTrainer):
                 "SelectorGRPOTrainer needs a map-style train_dataset (a sampler cannot drive a stream)"
             )
         self.selector = selector
+        self.selector_client = selector.connect()
         column = _column(train_dataset, selector.id_column)
         self._row_of = check_permutation(column, f"train_dataset[{selector.id_column!r}]")
         funcs = list(reward_funcs) if isinstance(reward_funcs, list | tuple) else [reward_funcs]
         position = _reward_position(funcs, observe_reward)
         self.observing_reward = ObservingReward(
             funcs[position],
-            client=selector.client,
+            client=self.selector_client,
             dataset=selector.dataset,
             id_column=selector.id_column,
             run_id=selector.run_id,
@@ -272,27 +255,14 @@ class SelectorGRPOTrainer(GRPOTrainer):
 
     def _ensure_dataset(self) -> int:
         """Create the service dataset if needed; the step this run starts at."""
-        options, size = self.selector, len(self.train_dataset)
-        try:
-            info = options.client.get_dataset(options.dataset)
-        except NotFound:
-            if not options.create:
-                raise
-            options.client.create_dataset(
-                options.dataset,
-                size,
-                rollouts_per_prompt=self.num_generations,
-                success_threshold=options.success_threshold,
-                beta_decay=options.beta_decay,
-                hmm_decay=options.hmm_decay,
-            )
-            info = options.client.get_dataset(options.dataset)
-        if info.size != size:
-            raise ValueError(
-                f"dataset {options.dataset!r} in the selector service has {info.size} prompts but train_dataset "
-                f"has {size} rows; use another dataset name"
-            )
-        return first_step(info)
+        return ensure_dataset(
+            self.selector_client,
+            self.selector,
+            len(self.train_dataset),
+            self.num_generations,
+            max_lag=self.selector.max_lag or 0,
+            what="train_dataset",
+        )
 
     def _get_train_sampler(self, dataset: Any = None) -> Sampler[int]:
         if self._selector_sampler is not None:
@@ -306,7 +276,7 @@ class SelectorGRPOTrainer(GRPOTrainer):
             mini_repeat_count=self.num_generations,
             batch_size=self.args.generation_batch_size // self.num_generations,
             repeat_count=self.num_iterations * self.args.steps_per_generation,
-            client=options.client,
+            client=self.selector_client,
             dataset=options.dataset,
             strategy=options.strategy,
             params=options.params,

@@ -33,7 +33,7 @@ Not supported, and refused with a message: group filtering that hands ``update``
 were selected (the DAPO recipe's ``algorithm.filter_groups``), since the dropped groups are evidence
 the service must see.
 
-Tests: ``tests/test_frameworks.py`` runs verl's own ``RayPPOTrainer.fit()`` (0.6.1 async rollout,
+Tests: ``tests/integrations/test_frameworks.py`` runs verl's own ``RayPPOTrainer.fit()`` (0.6.1 async rollout,
 0.7.1 default GRPO, 0.9.1 through ``verl_main``) in a venv per verl version, generation faked.
 """
 
@@ -43,76 +43,32 @@ import logging
 import os
 import uuid
 from collections.abc import Iterator, Mapping, Sized
-from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
 
 from torch.utils.data import Sampler
 
-from trainer_client.client import NotFound, SelectorClient
-from trainer_client.integrations import check_permutation, first_step, group_results
+from trainer_client.client import SelectorClient
+from trainer_client.integrations import SelectorOptions, check_permutation, ensure_dataset, group_results
 
 try:  # verl 0.5 - 0.7
     from verl.experimental.dataset.sampler import AbstractCurriculumSampler as _SamplerBase
 except ImportError:  # verl absent or >= 0.8: the same methods on torch's Sampler
     _SamplerBase = Sampler  # type: ignore[assignment,misc]
 
-__all__ = ["SUPPORTED_VERL", "SelectorCurriculumSampler", "SelectorSettings", "batch_prompt_ids"]
+__all__ = ["SUPPORTED_VERL", "SelectorCurriculumSampler", "batch_prompt_ids", "resolve_options"]
 
 logger = logging.getLogger(__name__)
 
 SUPPORTED_VERL = ">=0.5"
-_ENV = {
-    "url": "SELECTOR_URL",
-    "dataset": "SELECTOR_DATASET",
-    "strategy": "SELECTOR_STRATEGY",
-    "seed": "SELECTOR_SEED",
-    "token": "SELECTOR_API_TOKEN",
-}
+SAMPLER_SECTION = "data.sampler.selector"
+DEFAULT_ROLLOUTS = 8
+DEFAULT_REWARD_KEY = "token_level_scores"
 
 
-@dataclass(frozen=True)
-class SelectorSettings:
-    """Where the service is and how to select; read from ``data.sampler.selector`` and the environment."""
-
-    url: str
-    dataset: str
-    strategy: str = "insight"
-    params: dict[str, Any] = field(default_factory=dict)
-    seed: int = 0
-    token: str | None = None
-    timeout: float = 30.0
-    retries: int = 5
-    run_id: str | None = None
-    create: bool = True
-    rollouts_per_prompt: int = 8
-    success_threshold: float = 1.0
-    beta_decay: float = 1.0
-    hmm_decay: float = 0.7
-    reward_key: str = "token_level_scores"
-
-    @classmethod
-    def resolve(cls, section: Mapping[str, Any] | None, environ: Mapping[str, str]) -> SelectorSettings:
-        values = _plain(section) if section is not None else {}
-        unknown = set(values) - set(cls.__dataclass_fields__)
-        if unknown:
-            raise ValueError(
-                f"unknown key(s) {sorted(unknown)} under data.sampler.selector; "
-                f"known: {sorted(cls.__dataclass_fields__)}"
-            )
-        for key, variable in _ENV.items():
-            if values.get(key) is None and environ.get(variable):
-                values[key] = environ[variable]
-        missing = [key for key in ("url", "dataset") if not values.get(key)]
-        if missing:
-            raise ValueError(
-                "the selector sampler needs "
-                + " and ".join(f"data.sampler.selector.{key} (or env {_ENV[key]})" for key in missing)
-            )
-        if "seed" in values:
-            values["seed"] = int(values["seed"])
-        values["params"] = dict(values.get("params") or {})
-        return cls(**values)
+def resolve_options(section: Mapping[str, Any] | None, environ: Mapping[str, str]) -> SelectorOptions:
+    """`SelectorOptions` from ``data.sampler.selector`` (OmegaConf or plain) and the environment."""
+    return SelectorOptions.resolve(_plain(section) if section is not None else {}, environ, SAMPLER_SECTION)
 
 
 def _plain(value: Any) -> Any:
@@ -248,7 +204,7 @@ class SelectorCurriculumSampler(_SamplerBase):  # type: ignore[misc,valid-type]
     ) -> None:
         _check_verl_version(trainer_reports)
         sampler_config = _config_get(data_config, "sampler")
-        self.settings = SelectorSettings.resolve(_config_get(sampler_config, "selector"), os.environ)
+        self.settings = resolve_options(_config_get(sampler_config, "selector"), os.environ)
         workers = _config_get(data_config, "dataloader_num_workers", 0)
         if workers:
             raise ValueError(
@@ -268,44 +224,18 @@ class SelectorCurriculumSampler(_SamplerBase):  # type: ignore[misc,valid-type]
             )
         self._row_of = check_permutation(_row_prompt_ids(data_source), "verl train dataset extra_info.index")
 
-        self.client = client or SelectorClient(
-            self.settings.url,
-            token=self.settings.token,
-            timeout=self.settings.timeout,
-            retries=self.settings.retries,
-        )
+        self.client = client or self.settings.connect()
         self.client.check_server()
-        info = self._ensure_dataset()
         self.run_id = self.settings.run_id or f"verl-{uuid.uuid4().hex[:10]}"
-        self.next_step = first_step(info)
+        self.next_step = ensure_dataset(
+            self.client,
+            self.settings,
+            self.num_rows,
+            self.settings.rollouts_per_prompt or DEFAULT_ROLLOUTS,
+            max_lag=self.settings.max_lag or 0,
+        )
         self.open_step: int | None = None
         self.open_ids: list[int] = []
-
-    def _ensure_dataset(self) -> Any:
-        s = self.settings
-        try:
-            info = self.client.get_dataset(s.dataset)
-        except NotFound:
-            if not s.create:
-                raise ValueError(
-                    f"dataset {s.dataset!r} does not exist in the selector service; create it with size "
-                    f"{self.num_rows} or set data.sampler.selector.create=true"
-                ) from None
-            info = self.client.create_dataset(
-                s.dataset,
-                self.num_rows,
-                rollouts_per_prompt=s.rollouts_per_prompt,
-                success_threshold=s.success_threshold,
-                beta_decay=s.beta_decay,
-                hmm_decay=s.hmm_decay,
-            )
-            info = self.client.get_dataset(s.dataset)
-        if info.size != self.num_rows:
-            raise ValueError(
-                f"dataset {s.dataset!r} in the selector service has {info.size} prompts but the train dataset "
-                f"has {self.num_rows} rows; use another dataset name or the matching data files"
-            )
-        return info
 
     # --- torch Sampler -------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -336,7 +266,7 @@ class SelectorCurriculumSampler(_SamplerBase):  # type: ignore[misc,valid-type]
                 "update() was called without a selected step: the sampler selected nothing yet"
             )
         ids = batch_prompt_ids(batch)
-        key = self.settings.reward_key
+        key = self.settings.reward_key or DEFAULT_REWARD_KEY
         # TensorDict refuses `key in td`; membership has to go through keys().
         if key not in batch.batch.keys():  # noqa: SIM118
             raise KeyError(f"the batch has no {key!r} tensor; set data.sampler.selector.reward_key")

@@ -474,6 +474,35 @@ def test_openrlhf_sampler_and_reporter_report_each_group_for_the_step_it_was_sel
             reporter.add({"prompt": prompts[0], "scores": None, "reward": None})
 
 
+def test_openrlhf_reporter_keeps_a_group_refused_as_too_late_and_goes_on(
+    service: Any, dsname: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A group older than the dataset's max_lag is refused by the service (409): the reporter logs what
+    to change, records it in `lost`, applies nothing and keeps reporting the later groups."""
+    from trainer_client.integrations import SelectorOptions, ensure_dataset
+    from trainer_client.integrations import openrlhf as adapter
+
+    prompts = [f"q{i}" for i in range(4)]
+    with SelectorClient(service.url) as client:
+        options = SelectorOptions(client=client, dataset=dsname)
+        start = ensure_dataset(client, options, 4, 2, max_lag=0)
+        sampler = adapter.SelectorPromptSampler(
+            prompts, [0, 1, 2, 3], 1, client=client, options=options, start_step=start, run_id="late"
+        )
+        reporter = adapter.GroupReporter(sampler, client=client, dataset=dsname, group_size=2)
+        rows = iter(sampler)
+        first, second = next(rows), next(rows)  # step 0, then step 1: with max_lag 0, step 0 is too late
+        for _ in range(2):
+            reporter.add({"prompt": prompts[first], "scores": 1.0})
+        assert reporter.lost == [(start, first)] and reporter.reported == []
+        assert "too late" in caplog.text and "--selector.max_lag" in caplog.text
+        assert client.beliefs(dsname, [first]).beliefs[0].observations == 0
+        for _ in range(2):
+            reporter.add({"prompt": prompts[second], "scores": 0.0})
+        assert reporter.lost == [(start, first)]
+        assert [(s, pid) for s, pid, _ in reporter.reported] == [(start + 1, second)]
+
+
 def test_openrlhf_resumed_sampler_drops_rows_of_a_step_selected_before_the_checkpoint(
     service: Any, dsname: str
 ) -> None:

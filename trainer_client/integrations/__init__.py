@@ -194,6 +194,23 @@ def group_results(prompt_ids: Iterable[int], rewards: Iterable[float]) -> list[R
     return [Result(prompt_id=pid, rewards=group) for pid, group in grouped.items()]
 
 
+def one_group(run_id: str, step: int, prompt_id: int, rewards: list[float]) -> tuple[list[Result], str]:
+    """The report of one prompt's group, made by adapters that report each group as it finishes: its
+    results and its request id ``{run_id}-s{step}-p{prompt_id}`` (a resent report is a duplicate)."""
+    return [Result(prompt_id=prompt_id, rewards=rewards)], f"{run_id}-s{step}-p{prompt_id}"
+
+
+def log_too_late(prompt_id: int, step: int, detail: str, remedy: str) -> None:
+    """Logs a group the service refused as older than the dataset's max_lag (409), with what to change."""
+    logger.error(
+        "the selector refused the rewards of prompt %d at step %d as too late (%s); %s",
+        prompt_id,
+        step,
+        detail,
+        remedy,
+    )
+
+
 def check_permutation(ids: Sequence[int], where: str) -> dict[int, int]:
     """Map prompt id -> row for a dataset whose id column must be a permutation of ``0..len-1``.
 

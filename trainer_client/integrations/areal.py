@@ -62,8 +62,14 @@ from typing import Any
 
 from torch.utils.data import Dataset, Sampler
 
-from trainer_client.client import AsyncSelectorClient, Conflict, Result, SelectorClient
-from trainer_client.integrations import SelectorOptions, check_permutation, ensure_dataset
+from trainer_client.client import AsyncSelectorClient, Conflict, SelectorClient
+from trainer_client.integrations import (
+    SelectorOptions,
+    check_permutation,
+    ensure_dataset,
+    log_too_late,
+    one_group,
+)
 
 try:
     from areal.api.workflow_api import RolloutWorkflow as _WorkflowBase
@@ -332,20 +338,15 @@ class SelectorWorkflow(_WorkflowBase):  # type: ignore[misc,valid-type]
                 self.samples_finished += 1
 
     async def _report(self, step: int, prompt_id: int, values: list[float]) -> None:
+        results, request_id = one_group(self.run_id, step, prompt_id, values)
         try:
-            ack = await self._client().observe(
-                self.dataset,
-                step,
-                [Result(prompt_id=prompt_id, rewards=values)],
-                request_id=f"{self.run_id}-s{step}-p{prompt_id}",
-            )
+            ack = await self._client().observe(self.dataset, step, results, request_id=request_id)
         except Conflict as exc:
-            logger.error(
-                "the selector refused the rewards of prompt %d at step %d as too late (%s); raise the "
-                "dataset's max_lag above rollout.max_head_offpolicyness + 1",
+            log_too_late(
                 prompt_id,
                 step,
                 exc.detail,
+                "raise the dataset's max_lag above rollout.max_head_offpolicyness + 1",
             )
             self.lost.append((step, prompt_id))
             return

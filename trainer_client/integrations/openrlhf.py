@@ -68,8 +68,14 @@ from typing import Any
 
 from torch.utils.data import Sampler
 
-from trainer_client.client import Conflict, Result, SelectorClient
-from trainer_client.integrations import SelectorOptions, check_permutation, ensure_dataset
+from trainer_client.client import Conflict, SelectorClient
+from trainer_client.integrations import (
+    SelectorOptions,
+    check_permutation,
+    ensure_dataset,
+    log_too_late,
+    one_group,
+)
 
 __all__ = [  # and SelectorPPOTrainer / SelectorSamplesGenerator, built on first access
     "OPTIONS_ENV",
@@ -293,21 +299,11 @@ class GroupReporter:
         self._report(step, prompt_id, values)
 
     def _report(self, step: int, prompt_id: int, values: list[float]) -> None:
+        results, request_id = one_group(self.sampler.run_id, step, prompt_id, values)
         try:
-            ack = self.client.observe(
-                self.dataset,
-                step,
-                [Result(prompt_id=prompt_id, rewards=values)],
-                request_id=f"{self.sampler.run_id}-s{step}-p{prompt_id}",
-            )
+            ack = self.client.observe(self.dataset, step, results, request_id=request_id)
         except Conflict as exc:
-            logger.error(
-                "the selector refused the rewards of prompt %d at step %d as too late (%s); create the "
-                "dataset with a larger max_lag (--selector.max_lag)",
-                prompt_id,
-                step,
-                exc.detail,
-            )
+            log_too_late(prompt_id, step, exc.detail, "create the dataset with a larger --selector.max_lag")
             self.lost.append((step, prompt_id))
             return
         self.reported.append((step, prompt_id, ack.lag))

@@ -69,15 +69,17 @@ def venv_dir(name: str) -> Path:
 
 @cache
 def uv_binary() -> str | None:
-    """The uv executable: the ``uv`` package's, else one on PATH; None when neither (pip is used)."""
+    """The uv executable: the one the ``uv`` package put beside this Python, else one on PATH; None when
+    neither (pip is used).
+
+    Not `uv.find_uv_bin()`: it reads `sysconfig`, whose first initialisation is not thread-safe, and the
+    venvs are built from several threads at once (a concurrent first call saw EXE as None)."""
     if os.environ.get("RLVR_VENVS_NO_UV"):
         return None
-    try:
-        import uv  # type: ignore[import-not-found]
-
-        return str(uv.find_uv_bin())
-    except (ImportError, FileNotFoundError):
-        return shutil.which("uv")
+    beside = Path(sys.executable).parent / "uv"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    return shutil.which("uv")
 
 
 @cache
@@ -198,6 +200,7 @@ def ensure_all(names: list[str] | None = None) -> dict[str, tuple[Path, float] |
         except VenvError as exc:
             out[name] = exc
 
+    uv_binary()  # resolved once, before the threads
     with ThreadPoolExecutor(max_workers=max(1, len(names))) as pool:
         list(pool.map(build, names))
     return {name: out[name] for name in names}

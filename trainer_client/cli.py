@@ -262,9 +262,9 @@ def _train(args: argparse.Namespace) -> int:
         if config.strategy not in TRAINER_STRATEGIES:
             # The first step's own request (selection is deterministic, so repeating it later is
             # harmless): a bad strategy name or parameter fails here with the service's message.
-            from trainer_client.train import first_step_for
+            from trainer_client.client import first_step as first_step_of
 
-            first_step = first_step_for(info, config.start_step)
+            first_step = first_step_of(info, config.start_step)
             client.select(
                 info.name, first_step, config.batch_size, config.strategy, config.strategy_params, config.seed
             )

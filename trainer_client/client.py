@@ -228,6 +228,17 @@ class DatasetInfo:
         )
 
 
+def first_step(info: DatasetInfo, start_step: int | None = None) -> int:
+    """The step a run starts at: ``start_step`` when given; the open step of a dataset nobody has
+    reported to yet; else the step after it (that step may hold another run's results, and continuing
+    it would mix two runs' request ids and batches)."""
+    if start_step is not None:
+        return start_step
+    if not info.observations:
+        return info.open_step or 0
+    return (info.open_step or 0) + 1
+
+
 @dataclass(frozen=True)
 class Selection:
     """The answer of ``/select``: the prompts to train on at ``step`` (and their scores if asked)."""

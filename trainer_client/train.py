@@ -57,10 +57,9 @@ from typing import Any, Protocol, TextIO
 
 import numpy as np
 
-from trainer_client.client import DatasetInfo, Result, SelectorClient
+from trainer_client.client import DatasetInfo, Result, SelectorClient, first_step
 from trainer_client.config import TrainConfig
 from trainer_client.grpo import GRPOLearner, UpdateStats, build_samples
-from trainer_client.integrations import first_step as first_step_for  # one rule for every trainer
 from trainer_client.model import render_prompt
 from trainer_client.rollout import PromptRollouts, RolloutEngine
 
@@ -72,7 +71,6 @@ __all__ = [
     "Group",
     "TrainConfig",
     "Trainer",
-    "first_step_for",
     "format_summary",
 ]
 
@@ -163,7 +161,7 @@ class Trainer:
         self.tokenizer, self.engine, self.learner, self.rank = tokenizer, engine, learner, rank
         self.threshold = dataset_info.success_threshold
         self.run_id = config.run_id or f"{config.strategy}-{config.seed}-{uuid.uuid4().hex[:8]}"
-        self.start_step = first_step_for(dataset_info, config.start_step)
+        self.start_step = first_step(dataset_info, config.start_step)
         self.total_rollouts = 0
         self._prompt_cache: dict[int, tuple[int, ...]] = {}
         self._walk = EpochWalk(len(task.problems), config.seed)

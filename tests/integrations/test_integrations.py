@@ -62,7 +62,8 @@ def _info(open_step: int | None, observations: int | None) -> DatasetInfo:
 def test_first_step_continues_after_an_earlier_run() -> None:
     assert first_step(_info(None, None)) == 0
     assert first_step(_info(3, 0)) == 3
-    assert first_step(_info(3, 5)) == 4
+    assert first_step(_info(3, 5)) == 4  # continue after a used step
+    assert first_step(_info(3, 5), 9) == 9  # an explicit start wins
 
 
 # --------------------------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ import pytest
 from trainer_client import cli
 from trainer_client.client import DatasetInfo
 from trainer_client.config import GRPOConfig
-from trainer_client.train import EpochWalk, TrainConfig, first_step_for, format_summary
+from trainer_client.train import EpochWalk, TrainConfig, format_summary
 
 ROOT = Path(__file__).resolve().parents[2]
 REQUIRED_KEYS = {
@@ -61,13 +61,6 @@ def test_epoch_walk_draw_across_an_epoch_boundary_stays_distinct() -> None:
     walk.take(3)
     crossing = walk.take(5)
     assert len(set(crossing)) == 5
-
-
-def test_first_step_for() -> None:
-    assert first_step_for(_info(observations=0)) == 0
-    assert first_step_for(_info(open_step=4, observations=0)) == 4
-    assert first_step_for(_info(open_step=4, observations=12)) == 5  # continue after a used step
-    assert first_step_for(_info(open_step=4, observations=12), 9) == 9
 
 
 def test_train_config_validation_says_what_to_fix() -> None:

@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from trainer_client.client import DatasetInfo, NotFound, Result, SelectorClient
+from trainer_client.client import NotFound, Result, SelectorClient, first_step
 
 __all__ = [
     "SelectorOptions",
@@ -113,17 +113,6 @@ class SelectorOptions:
             return self.client
         assert self.url is not None  # __post_init__
         return SelectorClient(self.url, token=self.token, timeout=self.timeout, retries=self.retries)
-
-
-def first_step(info: DatasetInfo, start_step: int | None = None) -> int:
-    """The step a run starts at: ``start_step`` when given; the open step of a dataset nobody has
-    reported to yet; else the step after it (that step may hold another run's results, and continuing
-    it would mix two runs' request ids and batches)."""
-    if start_step is not None:
-        return start_step
-    if not info.observations:
-        return info.open_step or 0
-    return (info.open_step or 0) + 1
 
 
 def ensure_dataset(

@@ -114,8 +114,9 @@ class GRPOConfig:
     precision: str = field(
         default="fp32",
         metadata={
-            "help": "bf16: the transformer body under bfloat16 autocast (about 2-3x faster on CPUs with "
-            "AVX512-BF16); the output head, softmax, weights and optimizer state stay float32",
+            "help": "bf16: the transformer body under bfloat16 autocast (can be faster where the CPU has "
+            "AVX512-BF16 and free cores: measure; a 135M-model update on a shared 2-core machine took 2x "
+            "longer than fp32); the output head, softmax, weights and optimizer state stay float32",
             "choices": PRECISIONS,
         },
     )

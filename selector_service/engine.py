@@ -193,14 +193,46 @@ class Engine:
             raise NotFound(f"dataset {name!r} does not exist")
 
     async def spec(self, name: str) -> DatasetSpec:
-        """The dataset's spec, from memory when this process has it (specs never change)."""
+        """The dataset's spec, from memory when this process has it.
+
+        An incarnation's spec never changes, but a name can get a new incarnation (deleted and created
+        again, or imported with replace) through another process: requests that check against this
+        spec go through `_with_spec`, which re-reads the stored one when the check or the store refuses.
+        """
         state = self._states.get(name)
         if state is not None:
             return state.spec
-        doc = await self._io(self.store.get_spec(name))
-        if doc is None:
+        stored = await self._stored_spec(name)
+        if stored is None:
             raise NotFound(f"dataset {name!r} does not exist; create it with POST /datasets")
-        return DatasetSpec.from_doc(doc)
+        return stored
+
+    async def _stored_spec(self, name: str) -> DatasetSpec | None:
+        doc = await self._io(self.store.get_spec(name))
+        return None if doc is None else DatasetSpec.from_doc(doc)
+
+    async def _with_spec(self, name: str, attempt: Callable[[DatasetSpec], Awaitable[T]]) -> T:
+        """`attempt(spec)` with this process's spec of `name`; when it is refused in a way an outdated
+        spec explains (an InvalidRequest from a check against the spec, or the store answering that
+        the incarnation is gone) and the stored spec belongs to another incarnation, the state of the
+        old one is dropped and `attempt` runs once more with the stored spec. A refused attempt applies
+        nothing, so running it again is safe."""
+        spec = await self.spec(name)
+        try:
+            return await attempt(spec)
+        except (InvalidRequest, _Gone) as exc:
+            stored = await self._stored_spec(name)
+            if stored is None or stored.uid == spec.uid:
+                if isinstance(exc, _Gone):
+                    self._states.pop(name, None)
+                    raise NotFound(f"dataset {name!r} does not exist (it may have been deleted)") from None
+                raise
+            self._states.pop(name, None)
+        try:
+            return await attempt(stored)
+        except _Gone:
+            self._states.pop(name, None)
+            raise NotFound(f"dataset {name!r} was deleted or recreated while this request ran") from None
 
     # ---- catching up with the log ---------------------------------------------------------------
     async def sync(self, name: str) -> DatasetState:
@@ -449,25 +481,25 @@ class Engine:
     async def select(
         self, name: str, *, step: int, batch_size: int, strategy: str, params: dict[str, Any], seed: int
     ) -> tuple[np.ndarray, np.ndarray | None, int]:
-        spec = await self.spec(name)
-        if batch_size > spec.size:
-            raise InvalidRequest(
-                f"batch_size {batch_size} is larger than dataset {name!r} ({spec.size} prompts)"
-            )
-        merged = self.resolve_params(spec, strategy, params)
-        if strategy == "sec":  # refused before the step moves: a request that fails applies nothing
-            grouped = await self.read(name, lambda st: st.arrays.shared.grouped)
-            _check_sec(name, grouped, batch_size)
-        res = await self._io(self.store.advance(name, spec.uid, step))
-        if res.status == "gone":
-            self._states.pop(name, None)
-            raise NotFound(f"dataset {name!r} does not exist")
-        if res.status == "behind":
-            raise Conflict(f"step {step} of dataset {name!r} is closed; the open step is {res.open_step}")
-        if res.status == "ahead":
-            raise self._too_far_ahead(name, step, res.open_step)
+        async def attempt(spec: DatasetSpec) -> dict[str, Any]:
+            _check_batch_size(name, batch_size, spec)
+            merged = self.resolve_params(spec, strategy, params)
+            if strategy == "sec":  # refused before the step moves: a request that fails applies nothing
+                grouped = await self.read(name, lambda st: st.arrays.shared.grouped)
+                _check_sec(name, grouped, batch_size)
+            res = await self._io(self.store.advance(name, spec.uid, step))
+            if res.status == "gone":
+                raise _Gone
+            if res.status == "behind":
+                raise Conflict(f"step {step} of dataset {name!r} is closed; the open step is {res.open_step}")
+            if res.status == "ahead":
+                raise self._too_far_ahead(name, step, res.open_step)
+            return merged
+
+        merged = await self._with_spec(name, attempt)
 
         def run(state: DatasetState):
+            _check_batch_size(name, batch_size, state.spec)
             if state.open_step != step:
                 raise Conflict(
                     f"step {step} of dataset {name!r} is closed; the open step is {state.open_step}"
@@ -483,25 +515,31 @@ class Engine:
     async def score(
         self, name: str, *, strategy: str, params: dict[str, Any], ids: np.ndarray, seed: int
     ) -> tuple[np.ndarray, int]:
-        spec = await self.spec(name)
-        check_ids(ids, spec.size)
-        merged = self.resolve_params(spec, strategy, params)
-        if not strategies.STRATEGIES[strategy].scored:
-            raise InvalidRequest(
-                f"strategy {strategy!r} walks a permutation and has no per-prompt scores; "
-                "score with a scored strategy (e.g. insight, dps, mopps)"
-            )
-        return await self.read(name, lambda st: (st.score(strategy, merged, ids, seed), st.open_step))
+        async def attempt(spec: DatasetSpec) -> tuple[np.ndarray, int]:
+            check_ids(ids, spec.size)
+            merged = self.resolve_params(spec, strategy, params)
+            if not strategies.STRATEGIES[strategy].scored:
+                raise InvalidRequest(
+                    f"strategy {strategy!r} walks a permutation and has no per-prompt scores; "
+                    "score with a scored strategy (e.g. insight, dps, mopps)"
+                )
+
+            def run(state: DatasetState) -> tuple[np.ndarray, int]:
+                check_ids(ids, state.spec.size)  # the incarnation caught up with, not the one checked
+                return state.score(strategy, merged, ids, seed), state.open_step
+
+            return await self.read(name, run)
+
+        return await self._with_spec(name, attempt)
 
     async def beliefs(self, name: str, ids: np.ndarray) -> tuple[int, list[Belief]]:
         """The open step and one Belief per id, in the order asked (ids checked against the size).
 
         A never-observed prompt reports its cold prior (docs/methods.md §6) and an HMM prior of (1/3, 1/3, 1/3).
         """
-        spec = await self.spec(name)
-        check_ids(ids, spec.size)
 
         def rows(state: DatasetState) -> tuple[int, list[Belief]]:
+            check_ids(ids, state.spec.size)  # the incarnation caught up with, not the one checked
             a = state.arrays
             alpha, beta, rate = cold_betas(a, ids)
             hmm = a.hmm_prior_of(ids).astype(np.float64)
@@ -520,7 +558,11 @@ class Engine:
                 for i, x, y, o, p, g, r in columns
             ]
 
-        return await self.read(name, rows)
+        async def attempt(spec: DatasetSpec) -> tuple[int, list[Belief]]:
+            check_ids(ids, spec.size)
+            return await self.read(name, rows)
+
+        return await self._with_spec(name, attempt)
 
     def _too_far_ahead(self, name: str, step: int, open_step: int) -> InvalidRequest:
         return InvalidRequest(
@@ -548,22 +590,25 @@ class Engine:
     ) -> dict[str, Any]:
         """Checks a metadata upload (docs/methods.md §6) against the dataset, appends it to the log as one record,
         and answers with the prompts it covers and the dataset's coverage once it is applied."""
-        spec = await self.spec(name)
-        try:
-            offset, pass_rate, group = check_metadata(spec.size, offset, pass_rate, group)
-        except ValueError as exc:
-            raise InvalidRequest(f"{exc}; nothing was applied") from None
-        count = len(pass_rate) if pass_rate is not None else len(group)
-        if count > INLINE_RESULTS:
-            payload = await asyncio.to_thread(pack_metadata, offset, pass_rate, group)
-        else:
-            payload = pack_metadata(offset, pass_rate, group)
-        res = await self._io(self.store.append_metadata(name, spec.uid, payload))
-        if res.status == "gone":
-            self._states.pop(name, None)
-            raise NotFound(f"dataset {name!r} does not exist (it may have been deleted or recreated)")
+
+        async def attempt(spec: DatasetSpec) -> tuple[int, int]:
+            try:
+                start, rates, groups = check_metadata(spec.size, offset, pass_rate, group)
+            except ValueError as exc:
+                raise InvalidRequest(f"{exc}; nothing was applied") from None
+            count = len(rates) if rates is not None else len(groups)
+            if count > INLINE_RESULTS:
+                payload = await asyncio.to_thread(pack_metadata, start, rates, groups)
+            else:
+                payload = pack_metadata(start, rates, groups)
+            res = await self._io(self.store.append_metadata(name, spec.uid, payload))
+            if res.status == "gone":
+                raise _Gone
+            return start, count
+
+        start, count = await self._with_spec(name, attempt)
         coverage = await self.read(name, lambda st: st.coverage())
-        return {"dataset": name, "offset": offset, "count": count, "coverage": coverage}
+        return {"dataset": name, "offset": start, "count": count, "coverage": coverage}
 
     async def observe(
         self, name: str, *, step: int, request_id: str, results: Sequence[Any]
@@ -574,27 +619,30 @@ class Engine:
         (nothing applied, the first call's lag), the same id with another body or for another dataset
         is a Conflict.
         """
-        spec = await self.spec(name)
         if len(results) > self.settings.max_ids_per_request:
             raise PayloadTooLarge(
                 f"{len(results)} results in one request; the limit is {self.settings.max_ids_per_request}"
             )
-        if len(results) <= INLINE_RESULTS:
-            payload, digest = outcome_payload(spec, step, results)  # ~0.1 ms for 256 results
-        else:
-            payload, digest = await asyncio.to_thread(outcome_payload, spec, step, results)
-        owner = await self._io(self.store.claim_request(name, request_id))
-        if owner != name:
-            raise Conflict(
-                f"request_id {request_id!r} was already used for dataset {owner!r}; nothing was applied. "
-                "A request id names one request: use a new one for a new request"
+
+        async def attempt(spec: DatasetSpec) -> tuple[DatasetSpec, Any]:
+            if len(results) <= INLINE_RESULTS:
+                payload, digest = outcome_payload(spec, step, results)  # ~0.1 ms for 256 results
+            else:
+                payload, digest = await asyncio.to_thread(outcome_payload, spec, step, results)
+            owner = await self._io(self.store.claim_request(name, request_id))
+            if owner != name:
+                raise Conflict(
+                    f"request_id {request_id!r} was already used for dataset {owner!r}; nothing was applied. "
+                    "A request id names one request: use a new one for a new request"
+                )
+            res = await self._io(
+                self.store.append_observe(name, spec.uid, step, request_id, payload, digest, spec.max_lag)
             )
-        res = await self._io(
-            self.store.append_observe(name, spec.uid, step, request_id, payload, digest, spec.max_lag)
-        )
-        if res.status == "gone":
-            self._states.pop(name, None)
-            raise NotFound(f"dataset {name!r} does not exist (it may have been deleted or recreated)")
+            if res.status == "gone":
+                raise _Gone
+            return spec, res
+
+        spec, res = await self._with_spec(name, attempt)
         if res.status == "dup":
             return 0, True, res.lag
         if res.status == "conflict":
@@ -671,6 +719,15 @@ def _apply_entries(state: DatasetState, entries: list) -> tuple[int, bool]:
         except LogGap:
             return count, True
     return len(entries), False
+
+
+class _Gone(Exception):
+    """The store refused a write because the dataset's incarnation it named is gone (deleted or replaced)."""
+
+
+def _check_batch_size(name: str, batch_size: int, spec: DatasetSpec) -> None:
+    if batch_size > spec.size:
+        raise InvalidRequest(f"batch_size {batch_size} is larger than dataset {name!r} ({spec.size} prompts)")
 
 
 def check_ids(ids: np.ndarray, size: int) -> None:

@@ -629,7 +629,7 @@ class Engine:
                 payload, digest = outcome_payload(spec, step, results)  # ~0.1 ms for 256 results
             else:
                 payload, digest = await asyncio.to_thread(outcome_payload, spec, step, results)
-            owner = await self._io(self.store.claim_request(name, request_id))
+            owner, claimed = await self._io(self.store.claim_request(name, request_id))
             if owner != name:
                 raise Conflict(
                     f"request_id {request_id!r} was already used for dataset {owner!r}; nothing was applied. "
@@ -638,6 +638,8 @@ class Engine:
             res = await self._io(
                 self.store.append_observe(name, spec.uid, step, request_id, payload, digest, spec.max_lag)
             )
+            if claimed and res.status in ("gone", "closed", "ahead"):  # refused: nothing applied
+                await self._io(self.store.release_request(name, request_id))
             if res.status == "gone":
                 raise _Gone
             return spec, res

@@ -93,9 +93,15 @@ return {'ok', id, tostring(open), lag, tostring(redis.call('XLEN', KEYS[2]))}
 # ARGV[1] when this call claimed it or it was claimed for the same dataset before.
 _CLAIM = """
 local cur = redis.call('GET', KEYS[1])
-if cur then return cur end
+if cur then return {cur, '0'} end
 redis.call('SET', KEYS[1], ARGV[1], 'EX', tonumber(ARGV[2]))
-return ARGV[1]
+return {ARGV[1], '1'}
+"""
+
+# KEYS: 1 claim.  ARGV: 1 dataset.  Deletes the claim while it still names that dataset.
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
 """
 
 # KEYS: 1 meta, 2 log.  ARGV: 1 uid, 2 step, 3 max step gap.  Opens `step` (closing every earlier step)
@@ -351,6 +357,7 @@ class Store:
         self._read = client.register_script(_READ)
         self._renew = client.register_script(_RENEW_LOCK)
         self._claim = client.register_script(_CLAIM)
+        self._release = client.register_script(_RELEASE)
 
     async def close(self) -> None:
         await self.r.aclose()
@@ -424,16 +431,22 @@ class Store:
             await self.r.delete(*batch)
 
     # ---- writes ---------------------------------------------------------------------------------
-    async def claim_request(self, name: str, request_id: str) -> str:
+    async def claim_request(self, name: str, request_id: str) -> tuple[str, bool]:
         """Claims `request_id` for dataset `name`; returns the dataset it belongs to (`name` unless it was
-        first used for another dataset, within the request id TTL).
+        first used for another dataset, within the request id TTL) and whether this call made the claim.
 
         Its own step, not part of the observe script: the claim lives outside the dataset's hash slot
         (a Redis Cluster script may only touch one slot). Claiming first is safe in every interleaving:
         a claim whose observe never ran (a crash in between) only binds the id to the dataset its retry
         goes to anyway.
         """
-        return _s(await self._claim(keys=[self.keys.claim(request_id)], args=[name, self.rid_ttl]))
+        owner, created = await self._claim(keys=[self.keys.claim(request_id)], args=[name, self.rid_ttl])
+        return _s(owner), _s(created) == "1"
+
+    async def release_request(self, name: str, request_id: str) -> None:
+        """Undoes a claim this process made for an observe the dataset refused (nothing applied), so a
+        refused request leaves no trace; a claim that meanwhile names another dataset is left alone."""
+        await self._release(keys=[self.keys.claim(request_id)], args=[name])
 
     async def append_observe(
         self,

@@ -144,3 +144,28 @@ def test_a_spec_conflict_names_the_stored_spec_in_full(http, dsname):
         "/datasets", json={"name": dsname, "size": 10, "rollouts_per_prompt": 2, "success_threshold": 0.0}
     )
     assert r.status_code == 409 and '"max_lag": 2' in r.json()["detail"], r.text
+
+
+def test_a_refused_observe_leaves_its_request_id_unclaimed(http, dsname):
+    """An observe refused for its step (closed: 409, too far ahead: 422) or its dataset (deleted: 404)
+    applies nothing and binds nothing: its request id is free for any dataset afterwards."""
+    make(http, dsname)
+    other = f"{dsname}-other"
+    make(http, other)
+    assert http.post("/select", json={"dataset": dsname, "step": 2, "batch_size": 2}).status_code == 200
+    gone = f"{dsname}-gone"
+    make(http, gone)
+    assert http.delete(f"/datasets/{gone}").status_code == 204
+    result = [{"prompt_id": 1, "rewards": [1, 0]}]
+    for rid, name, step, status in [
+        (f"{dsname}-closed", dsname, 0, 409),
+        (f"{dsname}-ahead", dsname, 10**9, 422),
+        (f"{dsname}-deleted", gone, 0, 404),
+    ]:
+        r = observe(http, name, step, rid, result)
+        assert r.status_code == status, r.text
+        # the same id, now for another dataset: applied, not "already used for dataset ..."
+        r = observe(http, other, 0, rid, result)
+        assert r.json() == {"applied": 1, "duplicate": False, "lag": 0}, r.text
+    assert summary(http, dsname)["observations"] == 0
+    assert summary(http, other)["observations"] == 3

@@ -228,19 +228,38 @@ async def _check(cluster: Cluster, model: ReplicaModel, name: str, seed: int, ph
         await fresh.kill()
 
 
-async def _schedule(url: str, seed: int) -> None:
-    rng = random.Random(seed)
-    prefix = f"search{uuid.uuid4().hex[:8]}"
-    cluster = Cluster(url, prefix, rng)
-    await cluster.start()
-    name = f"s{seed}"
-    spec = DatasetSpec(
+def _random_spec(name: str, rng: random.Random) -> DatasetSpec:
+    return DatasetSpec(
         name=name,
         size=rng.choice([4, 7, 12]),
         rollouts_per_prompt=rng.choice([1, 2, 4]),
         hmm_decay=rng.choice([0.5, 0.7, 1.0]),
         max_lag=rng.choice([0, 0, 1, 2]),
     )
+
+
+async def _reincarnate(replica: Replica, model: ReplicaModel, name: str, rng: random.Random) -> ReplicaModel:
+    """Deletes and creates the dataset again with a new random spec (the model starts over), or restores
+    its own export over it with import?replace (same beliefs and open step, a new uid and log). Between
+    phases, so no client request straddles it; the other replicas learn of it from their next request."""
+    if rng.random() < 0.5:
+        await replica.engine.delete_dataset(name)
+        created, spec = await replica.engine.create_dataset(_random_spec(name, rng))
+        assert created
+        return ReplicaModel(spec)
+    blob = await replica.engine.export_dataset(name)
+    spec = await replica.engine.import_dataset(name, blob, replace=True)
+    model.spec = spec  # the same history under the new uid: the batches follow the new incarnation
+    return model
+
+
+async def _schedule(url: str, seed: int) -> None:
+    rng = random.Random(seed)
+    prefix = f"search{uuid.uuid4().hex[:8]}"
+    cluster = Cluster(url, prefix, rng)
+    await cluster.start()
+    name = f"s{seed}"
+    spec = _random_spec(name, rng)
     try:
         created, spec = await cluster.replicas[0].engine.create_dataset(spec)
         assert created
@@ -254,6 +273,8 @@ async def _schedule(url: str, seed: int) -> None:
             ]
             await asyncio.gather(*clients)
             await _check(cluster, model, name, seed, phase)
+            if rng.random() < 0.3:  # a new incarnation through one replica, the others still warm
+                model = await _reincarnate(cluster.pick(), model, name, rng)
     finally:
         await cluster.close()
         client = await connect(url, 5.0)

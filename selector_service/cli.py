@@ -148,8 +148,9 @@ def _run_uvicorn(settings: Settings) -> int:
             # Workers write their request metrics here; /metrics aggregates every worker's files.
             mp_dir = tempfile.mkdtemp(prefix="selector-metrics-")
             os.environ["PROMETHEUS_MULTIPROC_DIR"] = mp_dir
+            # The workers' app factory makes each worker die with this process (lifetime.py).
             uvicorn.run(
-                "selector_service.app:create_app",
+                "selector_service.lifetime:worker_app",
                 factory=True,
                 fd=sock.fileno(),
                 workers=settings.workers,

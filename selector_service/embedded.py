@@ -12,7 +12,6 @@ service process, persisting with an append-only file under the data directory.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import fcntl
 import os
 import secrets
@@ -24,6 +23,7 @@ from pathlib import Path
 import redis
 
 from selector_service.launcher import free_port
+from selector_service.lifetime import die_with_parent
 
 
 class EmbeddedStoreError(RuntimeError):
@@ -44,8 +44,7 @@ def _valkey_binary() -> str:
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    die_with_parent(signal.SIGTERM)
     os.setsid()  # not in the service's process group: a Ctrl-C reaches the service, which stops it cleanly
 
 

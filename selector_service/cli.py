@@ -21,10 +21,14 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
 from selector_service.settings import Settings
+
+if TYPE_CHECKING:
+    from selector_service.embedded import EmbeddedValkey
 
 EXIT_STORE = 2
 EXIT_CONFIG = 3
@@ -99,6 +103,7 @@ def serve(args: argparse.Namespace) -> int:
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     embedded = None
+    lost = threading.Event()  # set when the embedded store died under the running service
     if settings.redis_url is None:
         from selector_service.embedded import EmbeddedStoreError, EmbeddedValkey
 
@@ -110,15 +115,42 @@ def serve(args: argparse.Namespace) -> int:
             return EXIT_STORE
         settings = settings.model_copy(update={"redis_url": url})
         print(f"selector-service: embedded Valkey store in {settings.data_dir.resolve()}", flush=True)
+        embedded.watch(lambda code: _store_lost(embedded, code, lost))
+    status = EXIT_STORE
     try:
         problem = _check_store(settings.redis_url, settings.store_timeout_s)
         if problem:
             print(f"selector-service: {problem}", file=sys.stderr)
             return EXIT_STORE
-        return _run_uvicorn(settings)
+        status = _run_uvicorn(settings)
+    except KeyboardInterrupt:
+        if not lost.is_set():
+            raise
     finally:
         if embedded is not None:
             embedded.stop()
+    return EXIT_STORE if lost.is_set() else status
+
+
+def _store_lost(embedded: EmbeddedValkey, code: int, lost: threading.Event) -> None:
+    """The embedded Valkey died under the running service: say so once and stop (exit 2). A service
+    without its store would answer 503 forever; a restarted one reopens the same append-only file."""
+    if code < 0:
+        try:
+            how = f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            how = f"was killed by signal {-code}"
+    else:
+        how = f"exited with code {code}"
+    print(
+        f"selector-service: the embedded Valkey store {how}; stopping (exit {EXIT_STORE}) so that a "
+        f"supervisor restarts the service on {embedded.data_dir}, where every acknowledged write is kept "
+        f"(Valkey's own log: {embedded.data_dir / 'valkey.log'})",
+        file=sys.stderr,
+        flush=True,
+    )
+    lost.set()
+    os.kill(os.getpid(), signal.SIGTERM)  # stops uvicorn (and its workers) like any SIGTERM
 
 
 def _run_uvicorn(settings: Settings) -> int:

@@ -158,3 +158,30 @@ def test_a_worker_whose_parent_died_before_it_started_exits_at_once():
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == [str(lifetime.EXIT_ORPHANED)], (result.stdout, result.stderr)
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_serve_exits_when_its_embedded_store_dies_and_a_restart_keeps_every_write(tmp_path, dsname, workers):
+    data = tmp_path / "store"
+    svc = ServiceProcess(data_dir=str(data), extra_args=["--workers", workers]).start()
+    restarted = None
+    children = descendants(svc.proc.pid)
+    try:
+        sent = observe_some(svc.url, dsname, steps=4)
+        (valkey,) = [p for p in children if "valkey-server" in command_line(p)]
+        os.kill(valkey, signal.SIGKILL)
+        svc.proc.wait(timeout=15)  # a service without its store would answer 503 forever
+        assert svc.proc.returncode == 2, svc.log_tail()
+        lines = [line for line in svc.lines if "the embedded Valkey store was killed by SIGKILL" in line]
+        assert len(lines) == 1 and str(data) in lines[0], svc.log_tail()
+        assert "Traceback" not in svc.output(), svc.log_tail()
+        assert wait_gone(children, timeout_s=10) == []
+        restarted = ServiceProcess(data_dir=str(data), prefix=svc.prefix).start()
+        assert_all_there(restarted.url, dsname, sent)
+    finally:
+        svc.kill()
+        if restarted is not None:
+            restarted.stop()
+        for pid in wait_gone(children, timeout_s=0):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)

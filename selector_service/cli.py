@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
-from selector_service.settings import Settings
+from selector_service.settings import LOG_LEVELS, Settings
 
 if TYPE_CHECKING:
     from selector_service.embedded import EmbeddedValkey
@@ -45,9 +45,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--data-dir", type=Path, help="embedded store directory (default ./.selector-data)")
     s.add_argument("--workers", type=int, help="worker processes (default 1; env SELECTOR_WORKERS)")
-    s.add_argument(
-        "--log-level", choices=["debug", "info", "warning", "error"], help="log level (default info)"
-    )
+    s.add_argument("--log-level", choices=LOG_LEVELS, help="log level (default info)")
     return p
 
 
@@ -88,16 +86,18 @@ def _announce_when_ready(url: str, stop: threading.Event) -> None:
 
 def serve(args: argparse.Namespace) -> int:
     overrides = {k: v for k, v in vars(args).items() if k != "command" and v is not None}
+
+    def source(field: str) -> str:  # where a setting came from, as the user would set it
+        env = f"SELECTOR_{field.upper()}"
+        return f"--{field.replace('_', '-')} / {env}" if field in overrides else env
+
     try:
         settings = Settings(**overrides)
     except ValidationError as exc:
         for err in exc.errors(include_url=False):
             field = ".".join(str(p) for p in err["loc"])
-            flag = f"--{field.replace('_', '-')}"
-            env = f"SELECTOR_{field.upper()}"
-            source = f"{flag} / {env}" if field in overrides else env
             message = err["msg"].removeprefix("Value error, ")
-            print(f"selector-service: bad configuration: {source}: {message}", file=sys.stderr)
+            print(f"selector-service: bad configuration: {source(field)}: {message}", file=sys.stderr)
         return EXIT_CONFIG
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -105,11 +105,14 @@ def serve(args: argparse.Namespace) -> int:
     embedded = None
     lost = threading.Event()  # set when the embedded store died under the running service
     if settings.redis_url is None:
-        from selector_service.embedded import EmbeddedStoreError, EmbeddedValkey
+        from selector_service.embedded import DataDirError, EmbeddedStoreError, EmbeddedValkey
 
         embedded = EmbeddedValkey(settings.data_dir, settings.embedded_fsync)
         try:
             url = embedded.start()
+        except DataDirError as exc:
+            print(f"selector-service: bad configuration: {source('data_dir')}: {exc}", file=sys.stderr)
+            return EXIT_CONFIG
         except EmbeddedStoreError as exc:
             print(f"selector-service: cannot start the embedded store: {exc}", file=sys.stderr)
             return EXIT_STORE

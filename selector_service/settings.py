@@ -18,6 +18,9 @@ from pathlib import Path
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+#: The log levels the service takes (`serve --log-level` offers the same).
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="SELECTOR_", extra="ignore")
@@ -112,6 +115,7 @@ class Settings(BaseSettings):
     request_id_ttl_s: int = Field(
         30 * 86400,
         ge=60,
+        le=3650 * 86400,
         description="How long a request id is remembered for deduplication (seconds): a retry within that "
         "time is answered as a duplicate, after it the same id is applied again. Each remembered id costs "
         "about 300 bytes of store memory (about 300 MB per million observe requests within the TTL).",
@@ -138,17 +142,21 @@ class Settings(BaseSettings):
     store_timeout_s: float = Field(
         5.0,
         gt=0,
+        le=3600,
+        allow_inf_nan=False,
         description="Timeout of one store operation (seconds). A frozen store is reported (503) after this "
         "long per call; requests for one dataset queue behind each other, so the n-th waits up to n times it.",
     )
     metrics_wait_s: float = Field(
         1.0,
         gt=0,
+        le=3600,
+        allow_inf_nan=False,
         description="Longest a /metrics scrape waits for the datasets' gauges to catch up with the store "
         "(seconds); a slower catch-up goes on in the background and the scrape reports the last figures.",
     )
     log_level: str = Field(
-        "info", description="Log level of uvicorn and the app: debug, info, warning, error."
+        "info", description="Log level of uvicorn and the app: debug, info, warning or error."
     )
 
     @field_validator("embedded_fsync")
@@ -157,6 +165,14 @@ class Settings(BaseSettings):
         if value not in ("always", "everysec"):
             raise ValueError("SELECTOR_EMBEDDED_FSYNC must be 'always' or 'everysec'")
         return value
+
+    @field_validator("log_level")
+    @classmethod
+    def _log_level(cls, value: str) -> str:
+        level = value.strip().lower()
+        if level not in LOG_LEVELS:
+            raise ValueError(f"log level must be one of {', '.join(LOG_LEVELS)} (got {value!r})")
+        return level
 
     @field_validator("redis_url")
     @classmethod

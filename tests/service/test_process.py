@@ -185,3 +185,53 @@ def test_serve_exits_when_its_embedded_store_dies_and_a_restart_keeps_every_writ
         for pid in wait_gone(children, timeout_s=0):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+def _serve(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("SELECTOR_")}
+    root = Path(__file__).resolve().parents[2]
+    return subprocess.run(
+        [sys.executable, "-m", "selector_service", "serve", "--port", "0", *args],
+        env={**environment, **(env or {})},
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+# Nothing listens there: a service that let a bad setting through would fail on the store (exit 2) or crash.
+_NO_STORE = ("--redis-url", "redis://127.0.0.1:9/0")
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "named"),
+    [
+        (_NO_STORE, {"SELECTOR_STORE_TIMEOUT_S": "inf"}, "SELECTOR_STORE_TIMEOUT_S"),
+        (_NO_STORE, {"SELECTOR_STORE_TIMEOUT_S": "1e300"}, "SELECTOR_STORE_TIMEOUT_S"),
+        (_NO_STORE, {"SELECTOR_METRICS_WAIT_S": "nan"}, "SELECTOR_METRICS_WAIT_S"),
+        (_NO_STORE, {"SELECTOR_REQUEST_ID_TTL_S": str(10**20)}, "SELECTOR_REQUEST_ID_TTL_S"),
+        (_NO_STORE, {"SELECTOR_LOG_LEVEL": "loud"}, "SELECTOR_LOG_LEVEL"),
+        (("--data-dir", "/proc/nope"), {}, "--data-dir / SELECTOR_DATA_DIR"),
+        (("--data-dir", "{file}"), {}, "--data-dir / SELECTOR_DATA_DIR"),
+        (("--data-dir", "{file}/below"), {}, "--data-dir / SELECTOR_DATA_DIR"),
+        ((), {"SELECTOR_DATA_DIR": "{file}"}, "SELECTOR_DATA_DIR"),
+    ],
+)
+def test_a_bad_setting_exits_3_with_one_line_naming_it(tmp_path, args, env, named):
+    file = tmp_path / "a-file"
+    file.write_text("not a directory\n")
+    args = tuple(a.format(file=file) for a in args)
+    env = {k: v.format(file=file) for k, v in env.items()}
+    result = _serve(*args, env=env)
+    assert result.returncode == 3, (result.returncode, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"selector-service: bad configuration: {named}: "), lines
+    assert not file.is_dir() and not Path("/proc/nope").exists()
+
+
+def test_log_levels_are_taken_in_any_case_and_passed_on_in_lower_case():
+    from selector_service.settings import Settings
+
+    assert Settings(log_level="WARNING").log_level == "warning"
+    assert Settings(log_level=" Debug ").log_level == "debug"

@@ -58,7 +58,8 @@ class Settings(BaseSettings):
     api_token: SecretStr | None = Field(
         None,
         description="When set, every endpoint except /healthz, /readyz and /metrics requires "
-        "`Authorization: Bearer <token>` (401 without, 403 with a wrong one). At least 8 characters.",
+        "`Authorization: Bearer <token>` (401 without, 403 with a wrong one). At least 8 characters, all "
+        "visible ASCII (letters, digits, punctuation: no spaces, no accents), as it travels in an HTTP header.",
     )
     require_token: bool = Field(
         False,
@@ -188,7 +189,17 @@ class Settings(BaseSettings):
     def _token(cls, value: SecretStr | None) -> SecretStr | None:
         if value is None or value.get_secret_value() == "":
             return None
-        if len(value.get_secret_value()) < 8:
+        token = value.get_secret_value()
+        bad = next((i for i, ch in enumerate(token) if not "!" <= ch <= "~"), None)
+        if bad is not None:  # never echo the secret itself: say where and what kind of character
+            kind = "a non-ASCII character" if ord(token[bad]) > 127 else "a control character"
+            if token[bad].isspace():
+                kind = "a space"
+            raise ValueError(
+                f"SELECTOR_API_TOKEN has {kind} at position {bad + 1}: use visible ASCII only (letters, "
+                "digits, punctuation; no spaces or accents), as clients send it in an HTTP header"
+            )
+        if len(token) < 8:
             raise ValueError(
                 "SELECTOR_API_TOKEN is too short: use at least 8 characters (32 random is better)"
             )

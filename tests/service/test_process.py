@@ -216,6 +216,12 @@ _NO_STORE = ("--redis-url", "redis://127.0.0.1:9/0")
         (("--data-dir", "{file}"), {}, "--data-dir / SELECTOR_DATA_DIR"),
         (("--data-dir", "{file}/below"), {}, "--data-dir / SELECTOR_DATA_DIR"),
         ((), {"SELECTOR_DATA_DIR": "{file}"}, "SELECTOR_DATA_DIR"),
+        # A bearer token travels in an HTTP header: ASCII, and stripped of surrounding whitespace.
+        (_NO_STORE, {"SELECTOR_API_TOKEN": " " * 12}, "SELECTOR_API_TOKEN"),
+        (_NO_STORE, {"SELECTOR_API_TOKEN": " padded-token-1234 "}, "SELECTOR_API_TOKEN"),
+        (_NO_STORE, {"SELECTOR_API_TOKEN": "two words-token"}, "SELECTOR_API_TOKEN"),
+        (_NO_STORE, {"SELECTOR_API_TOKEN": "tökén-tökén-tökén"}, "SELECTOR_API_TOKEN"),
+        (_NO_STORE, {"SELECTOR_API_TOKEN": "tab\tinside-token"}, "SELECTOR_API_TOKEN"),
     ],
 )
 def test_a_bad_setting_exits_3_with_one_line_naming_it(tmp_path, args, env, named):
@@ -228,6 +234,15 @@ def test_a_bad_setting_exits_3_with_one_line_naming_it(tmp_path, args, env, name
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"selector-service: bad configuration: {named}: "), lines
     assert not file.is_dir() and not Path("/proc/nope").exists()
+    if env.get("SELECTOR_API_TOKEN", "").strip():
+        assert env["SELECTOR_API_TOKEN"].strip() not in result.stderr  # a token is never echoed
+
+
+def test_a_visible_ascii_token_is_taken():
+    from selector_service.settings import Settings
+
+    token = "".join(chr(c) for c in range(0x21, 0x7F))  # every visible ASCII character
+    assert Settings(api_token=token).api_token.get_secret_value() == token
 
 
 def test_log_levels_are_taken_in_any_case_and_passed_on_in_lower_case():

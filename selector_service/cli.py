@@ -97,7 +97,10 @@ def serve(args: argparse.Namespace) -> int:
         for err in exc.errors(include_url=False):
             field = ".".join(str(p) for p in err["loc"])
             message = err["msg"].removeprefix("Value error, ")
-            print(f"selector-service: bad configuration: {source(field)}: {message}", file=sys.stderr)
+            # A check of several settings together has no field; messages of ours name their variable.
+            if field and not message.startswith(f"SELECTOR_{field.upper()} "):
+                message = f"{source(field)}: {message}"
+            print(f"selector-service: bad configuration: {message}", file=sys.stderr)
         return EXIT_CONFIG
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"

@@ -222,6 +222,12 @@ _NO_STORE = ("--redis-url", "redis://127.0.0.1:9/0")
         (_NO_STORE, {"SELECTOR_API_TOKEN": "two words-token"}, "SELECTOR_API_TOKEN"),
         (_NO_STORE, {"SELECTOR_API_TOKEN": "tökén-tökén-tökén"}, "SELECTOR_API_TOKEN"),
         (_NO_STORE, {"SELECTOR_API_TOKEN": "tab\tinside-token"}, "SELECTOR_API_TOKEN"),
+        (_NO_STORE, {"SELECTOR_API_TOKEN": "k3y-7ch"}, "SELECTOR_API_TOKEN is too short"),
+        (
+            _NO_STORE,
+            {"SELECTOR_REQUIRE_TOKEN": "1"},
+            "SELECTOR_API_TOKEN is not set and SELECTOR_REQUIRE_TOKEN",
+        ),
     ],
 )
 def test_a_bad_setting_exits_3_with_one_line_naming_it(tmp_path, args, env, named):
@@ -232,7 +238,8 @@ def test_a_bad_setting_exits_3_with_one_line_naming_it(tmp_path, args, env, name
     result = _serve(*args, env=env)
     assert result.returncode == 3, (result.returncode, result.stderr)
     lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"selector-service: bad configuration: {named}: "), lines
+    assert len(lines) == 1 and lines[0].startswith(f"selector-service: bad configuration: {named}"), lines
+    assert f"{named}: {named}" not in lines[0]  # the variable is named once
     assert not file.is_dir() and not Path("/proc/nope").exists()
     if env.get("SELECTOR_API_TOKEN", "").strip():
         assert env["SELECTOR_API_TOKEN"].strip() not in result.stderr  # a token is never echoed

@@ -21,10 +21,14 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
-from selector_service.settings import Settings
+from selector_service.settings import LOG_LEVELS, Settings
+
+if TYPE_CHECKING:
+    from selector_service.embedded import EmbeddedValkey
 
 EXIT_STORE = 2
 EXIT_CONFIG = 3
@@ -41,9 +45,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--data-dir", type=Path, help="embedded store directory (default ./.selector-data)")
     s.add_argument("--workers", type=int, help="worker processes (default 1; env SELECTOR_WORKERS)")
-    s.add_argument(
-        "--log-level", choices=["debug", "info", "warning", "error"], help="log level (default info)"
-    )
+    s.add_argument("--log-level", choices=LOG_LEVELS, help="log level (default info)")
     return p
 
 
@@ -84,41 +86,77 @@ def _announce_when_ready(url: str, stop: threading.Event) -> None:
 
 def serve(args: argparse.Namespace) -> int:
     overrides = {k: v for k, v in vars(args).items() if k != "command" and v is not None}
+
+    def source(field: str) -> str:  # where a setting came from, as the user would set it
+        env = f"SELECTOR_{field.upper()}"
+        return f"--{field.replace('_', '-')} / {env}" if field in overrides else env
+
     try:
         settings = Settings(**overrides)
     except ValidationError as exc:
         for err in exc.errors(include_url=False):
             field = ".".join(str(p) for p in err["loc"])
-            flag = f"--{field.replace('_', '-')}"
-            env = f"SELECTOR_{field.upper()}"
-            source = f"{flag} / {env}" if field in overrides else env
             message = err["msg"].removeprefix("Value error, ")
-            print(f"selector-service: bad configuration: {source}: {message}", file=sys.stderr)
+            # A check of several settings together has no field; messages of ours name their variable.
+            if field and not message.startswith(f"SELECTOR_{field.upper()} "):
+                message = f"{source(field)}: {message}"
+            print(f"selector-service: bad configuration: {message}", file=sys.stderr)
         return EXIT_CONFIG
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     embedded = None
+    lost = threading.Event()  # set when the embedded store died under the running service
     if settings.redis_url is None:
-        from selector_service.embedded import EmbeddedStoreError, EmbeddedValkey
+        from selector_service.embedded import DataDirError, EmbeddedStoreError, EmbeddedValkey
 
         embedded = EmbeddedValkey(settings.data_dir, settings.embedded_fsync)
         try:
             url = embedded.start()
+        except DataDirError as exc:
+            print(f"selector-service: bad configuration: {source('data_dir')}: {exc}", file=sys.stderr)
+            return EXIT_CONFIG
         except EmbeddedStoreError as exc:
             print(f"selector-service: cannot start the embedded store: {exc}", file=sys.stderr)
             return EXIT_STORE
         settings = settings.model_copy(update={"redis_url": url})
         print(f"selector-service: embedded Valkey store in {settings.data_dir.resolve()}", flush=True)
+        embedded.watch(lambda code: _store_lost(embedded, code, lost))
+    status = EXIT_STORE
     try:
         problem = _check_store(settings.redis_url, settings.store_timeout_s)
         if problem:
             print(f"selector-service: {problem}", file=sys.stderr)
             return EXIT_STORE
-        return _run_uvicorn(settings)
+        status = _run_uvicorn(settings)
+    except KeyboardInterrupt:
+        if not lost.is_set():
+            raise
     finally:
         if embedded is not None:
             embedded.stop()
+    return EXIT_STORE if lost.is_set() else status
+
+
+def _store_lost(embedded: EmbeddedValkey, code: int, lost: threading.Event) -> None:
+    """The embedded Valkey died under the running service: say so once and stop (exit 2). A service
+    without its store would answer 503 forever; a restarted one reopens the same append-only file."""
+    if code < 0:
+        try:
+            how = f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            how = f"was killed by signal {-code}"
+    else:
+        how = f"exited with code {code}"
+    print(
+        f"selector-service: the embedded Valkey store {how}; stopping (exit {EXIT_STORE}) so that a "
+        f"supervisor restarts the service on {embedded.data_dir}, where every acknowledged write is kept "
+        f"(Valkey's own log: {embedded.data_dir / 'valkey.log'})",
+        file=sys.stderr,
+        flush=True,
+    )
+    lost.set()
+    os.kill(os.getpid(), signal.SIGTERM)  # stops uvicorn (and its workers) like any SIGTERM
 
 
 def _run_uvicorn(settings: Settings) -> int:
@@ -148,8 +186,9 @@ def _run_uvicorn(settings: Settings) -> int:
             # Workers write their request metrics here; /metrics aggregates every worker's files.
             mp_dir = tempfile.mkdtemp(prefix="selector-metrics-")
             os.environ["PROMETHEUS_MULTIPROC_DIR"] = mp_dir
+            # The workers' app factory makes each worker die with this process (lifetime.py).
             uvicorn.run(
-                "selector_service.app:create_app",
+                "selector_service.lifetime:worker_app",
                 factory=True,
                 fd=sock.fileno(),
                 workers=settings.workers,

@@ -6,28 +6,36 @@ service process, persisting with an append-only file under the data directory.
   observation survives a crash of the service, of Valkey, or of the machine.
 - It dies with the service (PR_SET_PDEATHSIG): a `kill -9` of the service makes Valkey shut down
   cleanly, and the next start waits for it before reopening the same files.
+- If Valkey dies while the service runs, `watch` tells the service, which stops (a service without its
+  store would answer 503 forever) so that its supervisor restarts it on the same files.
 - One service per data directory (an exclusive lock file); a second one is refused with a clear message.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import fcntl
 import os
 import secrets
 import signal
 import subprocess
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import redis
 
 from selector_service.launcher import free_port
+from selector_service.lifetime import die_with_parent
 
 
 class EmbeddedStoreError(RuntimeError):
     pass
+
+
+class DataDirError(EmbeddedStoreError):
+    """The data directory cannot be made or used (a file, a read-only or missing parent, ...)."""
 
 
 def _valkey_binary() -> str:
@@ -44,8 +52,7 @@ def _valkey_binary() -> str:
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    die_with_parent(signal.SIGTERM)
     os.setsid()  # not in the service's process group: a Ctrl-C reaches the service, which stops it cleanly
 
 
@@ -57,6 +64,7 @@ class EmbeddedValkey:
         self.fsync = fsync
         self.proc: subprocess.Popen | None = None
         self._lock_fd: int | None = None
+        self._stopping = threading.Event()
         self.url = ""
 
     def __enter__(self) -> EmbeddedValkey:
@@ -67,8 +75,16 @@ class EmbeddedValkey:
         self.stop()
 
     def start(self, timeout_s: float = 20.0) -> str:
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        self._take_lock()
+        self._stopping = threading.Event()
+        if self.data_dir.exists() and not self.data_dir.is_dir():
+            raise DataDirError(f"cannot use {self.data_dir} as the data directory: it is not a directory")
+        try:
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+            self._take_lock()
+        except OSError as exc:
+            reason = exc.strerror or str(exc)
+            where = f" ({exc.filename})" if exc.filename and str(exc.filename) != str(self.data_dir) else ""
+            raise DataDirError(f"cannot use {self.data_dir} as the data directory: {reason}{where}") from exc
         self._wait_for_previous()
         binary = _valkey_binary()
         port = free_port()
@@ -119,7 +135,24 @@ class EmbeddedValkey:
         finally:
             client.close()
 
+    def watch(self, on_exit: Callable[[int], None], interval_s: float = 0.2) -> None:
+        """Call `on_exit(returncode)` from a daemon thread if Valkey exits before `stop()` is called."""
+        proc, stopping = self.proc, self._stopping
+        if proc is None:
+            raise EmbeddedStoreError("the embedded Valkey is not running: start() it first")
+
+        def run() -> None:
+            while not stopping.wait(interval_s):
+                code = proc.poll()
+                if code is not None:
+                    if not stopping.is_set():
+                        on_exit(code)
+                    return
+
+        threading.Thread(target=run, name="embedded-valkey-watchdog", daemon=True).start()
+
     def stop(self, timeout_s: float = 30.0) -> None:
+        self._stopping.set()
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)  # Valkey flushes the AOF and exits
             try:

@@ -18,6 +18,9 @@ from pathlib import Path
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+#: The log levels the service takes (`serve --log-level` offers the same).
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="SELECTOR_", extra="ignore")
@@ -55,7 +58,8 @@ class Settings(BaseSettings):
     api_token: SecretStr | None = Field(
         None,
         description="When set, every endpoint except /healthz, /readyz and /metrics requires "
-        "`Authorization: Bearer <token>` (401 without, 403 with a wrong one). At least 8 characters.",
+        "`Authorization: Bearer <token>` (401 without, 403 with a wrong one). At least 8 characters, all "
+        "visible ASCII (letters, digits, punctuation: no spaces, no accents), as it travels in an HTTP header.",
     )
     require_token: bool = Field(
         False,
@@ -112,6 +116,7 @@ class Settings(BaseSettings):
     request_id_ttl_s: int = Field(
         30 * 86400,
         ge=60,
+        le=3650 * 86400,
         description="How long a request id is remembered for deduplication (seconds): a retry within that "
         "time is answered as a duplicate, after it the same id is applied again. Each remembered id costs "
         "about 300 bytes of store memory (about 300 MB per million observe requests within the TTL).",
@@ -138,17 +143,21 @@ class Settings(BaseSettings):
     store_timeout_s: float = Field(
         5.0,
         gt=0,
+        le=3600,
+        allow_inf_nan=False,
         description="Timeout of one store operation (seconds). A frozen store is reported (503) after this "
         "long per call; requests for one dataset queue behind each other, so the n-th waits up to n times it.",
     )
     metrics_wait_s: float = Field(
         1.0,
         gt=0,
+        le=3600,
+        allow_inf_nan=False,
         description="Longest a /metrics scrape waits for the datasets' gauges to catch up with the store "
         "(seconds); a slower catch-up goes on in the background and the scrape reports the last figures.",
     )
     log_level: str = Field(
-        "info", description="Log level of uvicorn and the app: debug, info, warning, error."
+        "info", description="Log level of uvicorn and the app: debug, info, warning or error."
     )
 
     @field_validator("embedded_fsync")
@@ -157,6 +166,14 @@ class Settings(BaseSettings):
         if value not in ("always", "everysec"):
             raise ValueError("SELECTOR_EMBEDDED_FSYNC must be 'always' or 'everysec'")
         return value
+
+    @field_validator("log_level")
+    @classmethod
+    def _log_level(cls, value: str) -> str:
+        level = value.strip().lower()
+        if level not in LOG_LEVELS:
+            raise ValueError(f"log level must be one of {', '.join(LOG_LEVELS)} (got {value!r})")
+        return level
 
     @field_validator("redis_url")
     @classmethod
@@ -172,7 +189,17 @@ class Settings(BaseSettings):
     def _token(cls, value: SecretStr | None) -> SecretStr | None:
         if value is None or value.get_secret_value() == "":
             return None
-        if len(value.get_secret_value()) < 8:
+        token = value.get_secret_value()
+        bad = next((i for i, ch in enumerate(token) if not "!" <= ch <= "~"), None)
+        if bad is not None:  # never echo the secret itself: say where and what kind of character
+            kind = "a non-ASCII character" if ord(token[bad]) > 127 else "a control character"
+            if token[bad].isspace():
+                kind = "a space"
+            raise ValueError(
+                f"SELECTOR_API_TOKEN has {kind} at position {bad + 1}: use visible ASCII only (letters, "
+                "digits, punctuation; no spaces or accents), as clients send it in an HTTP header"
+            )
+        if len(token) < 8:
             raise ValueError(
                 "SELECTOR_API_TOKEN is too short: use at least 8 characters (32 random is better)"
             )

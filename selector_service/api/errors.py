@@ -68,7 +68,16 @@ def validation_message(exc: RequestValidationError) -> str:
         if err.get("type") == "extra_forbidden":
             msg = "unknown field (check the spelling against /openapi.json)"
         elif err.get("type") == "json_invalid":
-            reason = (err.get("ctx") or {}).get("error", "")
+            # Pydantic's own parser puts "at line L column C" in its reason; FastAPI's (for bodies that are
+            # not one model) gives the offset of the error in the body as the last part of `loc`.
+            reason = (err.get("ctx") or {}).get("error", "") or "cannot parse"
+            reason = (
+                reason[:1].lower() + reason[1:]
+            )  # "Expecting value" reads like pydantic's "expected value"
+            offset = loc.rpartition(".")[2]
+            if offset.isdigit():
+                reason = f"{reason} at character {int(offset) + 1}"
+            loc = ""
             msg = f"body is not valid JSON ({reason}): send UTF-8 JSON; NaN and Infinity are not allowed"
         parts.append(f"{loc}: {msg}" if loc else msg)
     return "; ".join(parts[:10]) + (f" (and {len(parts) - 10} more)" if len(parts) > 10 else "")

@@ -406,6 +406,24 @@ def test_undecodable_body_is_422_not_400(http, raw):
     assert "not valid JSON" in r.json()["detail"]
 
 
+@pytest.mark.parametrize(
+    ("path", "raw", "where"),
+    [
+        ("/datasets", b'{"name": x}', "(expecting value at character 10)"),
+        (
+            "/select",
+            b'{"dataset": "d",}',
+            "(expecting property name enclosed in double quotes at character 17)",
+        ),
+        ("/observe", b'{"dataset": x}', "(expected value at line 1 column 13)"),
+    ],
+)
+def test_invalid_json_says_where_in_words(http, path, raw, where):
+    r = http.post(path, content=raw, headers={"content-type": "application/json"})
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"].startswith(f"body is not valid JSON {where}: "), r.json()
+
+
 @pytest.fixture(scope="module")
 def secured(private_redis):
     proc = ServiceProcess(redis_url=private_redis.url, env={"SELECTOR_API_TOKEN": TOKEN}).start()

@@ -48,15 +48,28 @@ POSITION_MAX = 2**62
 _ROUNDING = 1e-9
 #: How far a float32 probability row may sum from 1 (three values rounded to float32 once each).
 _ROW_SUM_TOLERANCE = 1e-4
+_BLOCK = 4096
 
 
 @numba.njit(nogil=True, cache=True)
 def _first_outside(values, lo, hi, allow_nan):
-    """Index of the first value not in [lo, hi] (NaN counts as outside unless allow_nan), or -1."""
-    for i in range(values.size):
-        x = values[i]
-        if not (x >= lo and x <= hi) and not (allow_nan and x != x):
-            return i
+    """Index of the first value not in [lo, hi] (NaN counts as outside unless allow_nan), or -1.
+
+    Blocks of _BLOCK values are counted without branches (the loop vectorizes); only a block with a bad
+    value is walked again to find it.
+    """
+    n = values.size
+    for start in range(0, n, _BLOCK):
+        stop = min(start + _BLOCK, n)
+        bad = 0
+        for i in range(start, stop):
+            x = values[i]
+            bad += np.int32(not ((x >= lo) & (x <= hi) | (allow_nan & (x != x))))
+        if bad:
+            for i in range(start, stop):
+                x = values[i]
+                if not ((x >= lo) & (x <= hi) | (allow_nan & (x != x))):
+                    return i
     return -1
 
 
@@ -83,7 +96,8 @@ def _first_unpaired(n_obs, last_state, streak, slot):
 
 def _range(name: str, values: np.ndarray, lo: float, hi: float, *, allow_nan: bool = False) -> None:
     flat = values.reshape(-1)
-    i = int(_first_outside(flat, float(lo), float(hi), allow_nan))
+    kind = values.dtype.type  # bounds in the array's own type: compared without conversions
+    i = int(_first_outside(flat, kind(lo), kind(hi), allow_nan))
     if i >= 0:
         where = ", ".join(map(str, np.unravel_index(i, values.shape)))
         extra = " or NaN (unknown)" if allow_nan else ""

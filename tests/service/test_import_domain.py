@@ -285,3 +285,38 @@ def test_a_never_observed_dataset_round_trips():
                                                                           beta_prior=(1e-3, 1e6))):  # fmt: skip
         state = DatasetState(spec)
         assert deserialize_snapshot(serialize_snapshot(*state.copy_for_snapshot())).arrays.observed == 0
+
+
+def test_the_engine_reports_a_store_snapshot_out_of_domain_as_unreadable(redis_url):
+    """A snapshot in the store whose digests are valid but whose values are not: every replica that loads
+    it refuses it (503, naming the field) instead of serving from it or falling back to the priors."""
+    import asyncio
+    import uuid
+
+    from selector_service.errors import Unavailable
+    from tests.service.test_snapshots import _drop_prefix, _engine, _observe_steps
+
+    prefix = f"test-dom-{uuid.uuid4().hex[:8]}"
+
+    async def scenario() -> None:
+        writer, store = await _engine(redis_url, prefix, snapshot_chunk_bytes=2**24)
+        try:
+            await writer.create_dataset(DatasetSpec(name="ds", size=500))
+            await _observe_steps(writer, "ds", range(4), seed=5)
+            await writer.snapshot_now("ds")
+            meta = await store.read_meta("ds")
+            assert int(meta["snap_chunks"]) == 1
+            key = store.keys.snap_chunk("ds", meta["snap"], 0)
+            header, arrays = decode(await store.r.get(key))
+            arrays["alpha"][int(arrays["obs_ids"][0])] = math.nan
+            await store.r.set(key, encode(header, arrays))
+            reader, other = await _engine(redis_url, prefix)
+            try:
+                with pytest.raises(Unavailable, match=r"cannot be read.*'alpha'"):
+                    await reader.read("ds", lambda st: st)
+            finally:
+                await other.close()
+        finally:
+            await _drop_prefix(store, prefix)
+
+    asyncio.run(scenario())

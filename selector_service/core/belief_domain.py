@@ -74,13 +74,39 @@ def _first_outside(values, lo, hi, allow_nan):
 
 
 @numba.njit(nogil=True, cache=True)
-def _first_bad_row_sum(rows, tolerance):
-    """Index of the first row of `rows` (m x 3) whose sum is not within `tolerance` of 1, or -1."""
-    for i in range(rows.shape[0]):
-        s = np.float64(rows[i, 0]) + np.float64(rows[i, 1]) + np.float64(rows[i, 2])
-        if not abs(s - 1.0) <= tolerance:
-            return i
+def _row_is_bad(rows, i, tolerance):
+    a, b, c = rows[i, 0], rows[i, 1], rows[i, 2]
+    inside = (a >= 0) & (a <= 1) & (b >= 0) & (b <= 1) & (c >= 0) & (c <= 1)
+    total = np.float64(a) + np.float64(b) + np.float64(c)
+    return not (inside & (abs(total - 1.0) <= tolerance))
+
+
+@numba.njit(nogil=True, cache=True)
+def _first_bad_row(rows, tolerance):
+    """Index of the first row of `rows` (m x 3) that is not a probability vector (each value in [0, 1],
+    the sum within `tolerance` of 1; NaN fails both), or -1. Blocks counted branch-free first."""
+    m = rows.shape[0]
+    for start in range(0, m, _BLOCK):
+        stop = min(start + _BLOCK, m)
+        bad = 0
+        for i in range(start, stop):
+            bad += np.int32(_row_is_bad(rows, i, tolerance))
+        if bad:
+            for i in range(start, stop):
+                if _row_is_bad(rows, i, tolerance):
+                    return i
     return -1
+
+
+@numba.njit(nogil=True, cache=True)
+def _group_counts(group, n_groups):
+    """Prompts per group (int64[n_groups]); `group` already checked to lie in -1..n_groups-1."""
+    counts = np.zeros(n_groups, dtype=np.int64)
+    for i in range(group.size):
+        g = group[i]
+        if g >= 0:
+            counts[g] += 1
+    return counts
 
 
 @numba.njit(nogil=True, cache=True)
@@ -126,12 +152,11 @@ def _check_observed(ba: BeliefArrays) -> None:
     view = ba.observed_view()
     _range("belief array 'obs_d'", view["obs_d"], np.finfo(np.float32).tiny, np.finfo(np.float32).max)
     for name in ("obs_prior", "obs_prev"):
-        _range(f"belief array {name!r}", view[name], 0.0, 1.0)
-        i = int(_first_bad_row_sum(view[name], _ROW_SUM_TOLERANCE))
+        i = int(_first_bad_row(view[name], _ROW_SUM_TOLERANCE))
         if i >= 0:
             raise ValueError(
-                f"belief array {name!r}[{i}] = {view[name][i].tolist()} does not sum to 1 "
-                f"(a DPS belief over three states)"
+                f"belief array {name!r}[{i}] = {view[name][i].tolist()} is not a DPS belief over three "
+                "states (each in [0, 1], summing to 1)"
             )
     _range("belief array 'obs_state'", view["obs_state"], UNOBSERVED, SOLVED)
 
@@ -161,12 +186,12 @@ def _check_shared(ba: BeliefArrays) -> None:
             f"shared state 'step_counts' = {counts.tolist()}: all-solved and all-failed results must "
             "not exceed the results, nor successes the trials"
         )
-    grouped = ba.group[ba.group >= 0] if sh.n_groups else ba.group[:0]
-    if sh.grouped != grouped.size:
-        raise ValueError(f"shared state 'grouped' = {sh.grouped}, but {grouped.size} prompts have a group")
+    sizes = _group_counts(ba.group, sh.n_groups)
+    grouped = int(sizes.sum())
+    if sh.grouped != grouped:
+        raise ValueError(f"shared state 'grouped' = {sh.grouped}, but {grouped} prompts have a group")
     if not sh.n_groups:
         return
-    sizes = np.bincount(grouped, minlength=sh.n_groups)
     bad = np.flatnonzero(sizes != sh.group_size)
     if bad.size:
         g = int(bad[0])

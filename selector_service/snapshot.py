@@ -17,6 +17,7 @@ import hashlib
 import io
 import json
 import math
+import re
 import struct
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -24,9 +25,11 @@ from typing import Any
 import numpy as np
 import zstandard
 
+from selector_service.core.belief_domain import check_beliefs
 from selector_service.core.beliefs import BeliefArrays, CloseStats
 from selector_service.core.coldstart import MAX_GROUPS, SharedState
-from selector_service.state import SHARED_PREFIX, DatasetSpec, DatasetState
+from selector_service.core.domain import BELIEF_MAX
+from selector_service.state import LAG_LABELS, SHARED_PREFIX, DatasetSpec, DatasetState
 
 SNAPSHOT_MAGIC = b"RLVRSNAP"
 #: 2: DPS state only for prompts ever observed (core/beliefs.py). 3: a digest of the header follows it.
@@ -40,6 +43,9 @@ _COMPRESS_FEED_BYTES = 4 * 2**20  # input slice handed to the compressor at a ti
 _EXPORT_PIECE_BYTES = 16 * 2**20  # how much serialize_snapshot copies into its buffer at a time
 _ZSTD_FRAME_HEADER_MAX = 18  # bytes; enough for frame_content_size
 _INFLATE_STEP_BYTES = 32 * 2**20  # about how much one decompression call may produce (see _inflate_into)
+STEP_MAX = 10**12  # the largest training step the API accepts (schemas.Step)
+_COUNTER_MAX = 2**63 - 1  # record numbers and result counts
+_CURSOR = re.compile(r"|[0-9]{1,20}-[0-9]{1,20}")  # "" (no record applied) or a log record id
 
 
 def _snapshot_prefix(header: dict[str, Any], arrays: dict[str, np.ndarray]) -> bytes:
@@ -228,21 +234,74 @@ def _beliefs_from(spec: DatasetSpec, header: dict[str, Any], arrays: dict[str, n
     return BeliefArrays.from_arrays(prompt_arrays, shared=shared)
 
 
+def _count(header: dict[str, Any], key: str, high: int, default: Any = None, field: str = "") -> int:
+    """Header field `key` (named `field` in errors, default `key`) as an int in [0, high]; ValueError
+    naming it otherwise (a float, a bool, a string or an out-of-range number is refused, never truncated)."""
+    value = header.get(key, default) if default is not None else header[key]
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= high:
+        raise ValueError(
+            f"snapshot header field {field or repr(key)} = {value!r} is not an integer in [0, {high}]"
+        )
+    return value
+
+
 def _state_from(spec: DatasetSpec, header: dict[str, Any], arrays: dict[str, np.ndarray]) -> DatasetState:
-    state = DatasetState(spec, _beliefs_from(spec, header, arrays))
+    problem = spec.problems()
+    if problem:  # before the beliefs: their domain depends on the spec (its Beta prior, its size)
+        raise ValueError(f"the snapshot's dataset spec is invalid: {problem}")
+    beliefs = _beliefs_from(spec, header, arrays)
+    # The checksums only say these are the bytes the writer wrote: an export made with this codec can
+    # carry any values. Every field must be one this service could have produced (core/belief_domain.py).
+    check_beliefs(beliefs)
+    state = DatasetState(spec, beliefs)
     try:
-        state.open_step = int(header["open_step"])
-        state.cursor = str(header["cursor"])
+        state.open_step = _count(header, "open_step", STEP_MAX)
+        state.steps_closed = _count(header, "steps_closed", STEP_MAX)
+        cursor = header["cursor"]
+        if not isinstance(cursor, str) or not _CURSOR.fullmatch(cursor):
+            raise ValueError(f"snapshot header field 'cursor' = {cursor!r} is not a log position")
+        state.cursor = cursor
         # Snapshots from before records were numbered have no seq: they cover unnumbered records only.
-        state.seq = int(header.get("seq", 0))
-        state.results = int(header["results"])
+        state.seq = _count(header, "seq", _COUNTER_MAX, 0)
+        state.results = _count(header, "results", _COUNTER_MAX)
         lags = header.get("results_by_lag", {"0": state.results})
-        state.results_by_lag = {int(k): int(v) for k, v in lags.items()}
-        state.rollouts = float(header["rollouts"])
-        state.steps_closed = int(header["steps_closed"])
-        state.last_close = CloseStats(*header["last_close"]) if header["last_close"] else None
-    except (KeyError, TypeError, ValueError) as exc:
+        if not isinstance(lags, dict):
+            raise ValueError(f"snapshot header field 'results_by_lag' = {lags!r} is not an object")
+        state.results_by_lag = {
+            int(k): _count(lags, k, state.results, field=f"'results_by_lag'[{k!r}]") for k in lags
+        }
+        if any(not 0 <= lag <= LAG_LABELS for lag in state.results_by_lag) or (
+            sum(state.results_by_lag.values()) > state.results
+        ):
+            raise ValueError(
+                f"snapshot header field 'results_by_lag' = {lags!r}: lags 0..{LAG_LABELS}, "
+                f"counting at most the {state.results} results"
+            )
+        rollouts = header["rollouts"]
+        if (
+            isinstance(rollouts, bool)
+            or not isinstance(rollouts, int | float)
+            or not (0 <= rollouts <= BELIEF_MAX)
+        ):
+            raise ValueError(f"snapshot header field 'rollouts' = {rollouts!r} is not finite and >= 0")
+        state.rollouts = float(rollouts)
+        last = header["last_close"]
+        if last:
+            if not isinstance(last, list) or len(last) != len(CloseStats._fields):
+                raise ValueError(f"snapshot header field 'last_close' = {last!r} is not a list of 6 counts")
+            named = dict(zip(CloseStats._fields, last, strict=True))
+            close = CloseStats(
+                *(_count(named, f, spec.size, field=f"'last_close'.{f}") for f in CloseStats._fields)
+            )
+            if close.partial > close.observed or close.correct > close.observed:
+                raise ValueError(f"snapshot header field 'last_close' = {last!r} counts more than observed")
+            state.last_close = close
+        else:
+            state.last_close = None
+    except (KeyError, TypeError) as exc:
         raise ValueError(f"snapshot header is incomplete or malformed: {exc!r}") from exc
+    except ValueError as exc:
+        raise ValueError(f"snapshot header is incomplete or malformed: {exc}") from exc
     return state
 
 

@@ -52,6 +52,7 @@ Why these bounds, and what they make reachable:
 from __future__ import annotations
 
 __all__ = [
+    "BELIEF_MAX",
     "ENTROPY_WEIGHT_MAX",
     "K_MAX",
     "PRIOR_MAX",
@@ -74,6 +75,9 @@ TRIALS_MAX = 10**9
 ENTROPY_WEIGHT_MAX = 1e6
 #: Largest prior_strength (docs/methods.md §6): a pass rate worth a million rollouts at most.
 PRIOR_STRENGTH_MAX = 1e6
+#: Largest alpha or beta (and group sum, step count) a loaded state may hold: no log of realistic length
+#: reaches it (see "Beta beliefs" above), and alpha + beta of two such values is still finite.
+BELIEF_MAX = 1e300
 
 
 def prior_problem(prior) -> str | None:

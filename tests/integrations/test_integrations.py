@@ -439,7 +439,9 @@ def test_openrlhf_sampler_and_reporter_report_each_group_for_the_step_it_was_sel
     prompts = [f"prompt {i}" for i in range(size)]
     ids = [4, 0, 5, 1, 3, 2]  # row r holds service prompt ids[r]
     with SelectorClient(service.url) as client:
-        options = SelectorOptions(client=client, dataset=dsname, seed=1)
+        # uniform walks one permutation per epoch: steps 0 and 1 never share a prompt, so each group's
+        # step is unambiguous (a prompt in flight twice may have its groups credited to either step)
+        options = SelectorOptions(client=client, dataset=dsname, seed=1, strategy="uniform")
         start = ensure_dataset(client, options, size, n, max_lag=2)
         sampler = adapter.SelectorPromptSampler(
             prompts, ids, batch, client=client, options=options, start_step=start, run_id="r1"

@@ -40,6 +40,7 @@ from numba import prange
 
 from ._parallel import CHUNK, PARALLEL_LOCK, PARALLEL_MIN
 from .domain import PRIOR_STRENGTH_MAX
+from .mi import _check_ids
 
 __all__ = [
     "MAX_GROUPS",
@@ -370,15 +371,8 @@ def _beta_parallel(src, rates, ids, use_all, a0, b0, s, out_a, out_b, out_p0):
 
 
 def _ids(ids: np.ndarray | None, n: int) -> tuple[np.ndarray, bool]:
-    if ids is None:
-        return np.empty(0, dtype=np.int64), True
-    ids = np.ascontiguousarray(ids)
-    if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer):
-        raise ValueError(f"ids must be a 1-d integer array, got dtype {ids.dtype} and shape {ids.shape}")
-    ids = ids.astype(np.int64, copy=False)
-    if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= n):
-        raise ValueError(f"ids must lie in [0, {n}); got values in [{int(ids.min())}, {int(ids.max())}]")
-    return ids, False
+    """The checked ids (mi._check_ids) and whether every prompt is meant (ids None)."""
+    return _check_ids(ids, n), ids is None
 
 
 def _beta_prior_arrays(ba, ids: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -45,7 +45,7 @@ import numpy as np
 from .coldstart import beta_for, beta_scores
 from .curricula import adarft_scores, learnability_scores
 from .domain import ENTROPY_WEIGHT_MAX, K_MAX
-from .mi import wmi_scores
+from .mi import _check_ids, wmi_scores
 from .rng import stream
 from .scores import dps_scores, expected_difficulty_scores, inverse_evidence_scores, thompson_scores
 from .select import candidate_pool, dps_select, history_batch, topk_random_ties, uniform_batch
@@ -294,23 +294,13 @@ def _insight_k(params: dict[str, Any], dataset_k: int) -> int:
 def _dps_scores(ba, ids: np.ndarray | None, weight: float) -> np.ndarray:
     """DPS scores of `ids` (None: every prompt; never-observed ones score their uniform prior)."""
     if ids is not None:
-        ids = _check_prompt_ids(ids, ba.n)
+        ids = _check_ids(ids, ba.n)
         return dps_scores(ba.hmm_prior_of(ids), None, weight)
     uniform = np.full((1, 3), np.float32(1.0 / 3.0), dtype=np.float32)
     out = np.full(ba.n, dps_scores(uniform, None, weight)[0])
     m = ba.observed
     out[ba.obs_ids[:m]] = dps_scores(ba.obs_prior[:m], None, weight)
     return out
-
-
-def _check_prompt_ids(ids, n: int) -> np.ndarray:
-    ids = np.asarray(ids)
-    if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer):
-        raise ValueError(f"ids must be a 1-d integer array, got dtype {ids.dtype} and shape {ids.shape}")
-    ids = ids.astype(np.int64, copy=False)
-    if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= n):
-        raise ValueError(f"ids must lie in [0, {n}); got values in [{int(ids.min())}, {int(ids.max())}]")
-    return ids
 
 
 def _into(out: np.ndarray | None, scores: np.ndarray) -> np.ndarray:

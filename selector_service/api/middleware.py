@@ -32,7 +32,6 @@ class BodyLimit:
                 await send_json(send, 413, f"request body over {limit} bytes; send smaller requests")
                 return
         seen = 0
-        started = False
 
         async def limited_receive() -> Message:
             nonlocal seen
@@ -43,15 +42,11 @@ class BodyLimit:
                     raise PayloadTooLarge(f"request body over {limit} bytes; send smaller requests")
             return message
 
-        async def tracking_send(message: Message) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-
+        tracked = _TrackedSend(send)
         try:
-            await self.app(scope, limited_receive, tracking_send)
+            await self.app(scope, limited_receive, tracked)
         except PayloadTooLarge as exc:
-            if not started:
+            if not tracked.started:
                 await send_json(send, 413, exc.detail)
 
 
@@ -70,17 +65,11 @@ class InternalErrors:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        started = False
-
-        async def tracking_send(message: Message) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-
+        tracked = _TrackedSend(send)
         try:
-            await self.app(scope, receive, tracking_send)
+            await self.app(scope, receive, tracked)
         except Exception as exc:
-            if started:
+            if tracked.started:
                 raise
             log.exception("unhandled error")
             await send_json(send, 500, f"internal error ({type(exc).__name__}); see the service log")
@@ -112,6 +101,19 @@ class RequestMetrics:
             method = scope.get("method", "")
             metrics.REQUESTS.labels(endpoint, method, str(status["code"])).inc()
             metrics.LATENCY.labels(endpoint, method).observe(time.perf_counter() - t0)
+
+
+class _TrackedSend:
+    """Passes every message on to `send` and remembers whether the response has started (after which a
+    middleware can no longer answer with a response of its own)."""
+
+    def __init__(self, send: Send) -> None:
+        self.send = send
+        self.started = False
+
+    async def __call__(self, message: Message) -> None:
+        self.started = self.started or message["type"] == "http.response.start"
+        await self.send(message)
 
 
 async def send_json(send: Send, status: int, detail: str) -> None:

@@ -18,8 +18,8 @@ from selector_service.core import (
     apply_results,
     close_open_step,
     outcomes_from_counts,
-    select,
 )
+from tests.core.test_golden_batches import batch  # the same selection call as the other golden table
 
 N = 200
 CASES = [
@@ -48,13 +48,6 @@ def beliefs() -> BeliefArrays:
         apply_results(ba, observed, successes, trials, outcomes_from_counts(successes, trials), 0.8, 1.0, 1.0)
         close_open_step(ba, hmm_decay=0.7, key="golden")
     return ba
-
-
-def batch(ba: BeliefArrays, strategy: str, params: dict, step: int, seed: int) -> list[int]:
-    ids, _ = select(
-        ba, strategy=strategy, params=params, batch_size=12, step=step, seed=seed, key="golden", dataset_k=8
-    )
-    return ids.tolist()
 
 
 GOLDEN: dict[tuple[int, tuple[int, int]], list[int]] = {

@@ -12,6 +12,7 @@ nothing is downloaded (``HF_HUB_OFFLINE=1`` is set before transformers is import
 
 from __future__ import annotations
 
+import fcntl
 import importlib.util
 import os
 import shutil
@@ -117,8 +118,14 @@ def resolve_model(name_or_path: str) -> Path:
     if name_or_path in BUILTIN_MODELS:
         target = cache_root() / name_or_path
         if not (target / _READY_MARKER).exists():
-            package, pattern = BUILTIN_MODELS[name_or_path]
-            _materialize_from_gguf(_find_gguf(package, pattern), target)
+            # Several trainers started at once (one per seed or strategy) materialize it once: the first
+            # holds the lock and writes it, the others wait and then find it complete.
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with open(target.parent / f".{target.name}.lock", "w") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                if not (target / _READY_MARKER).exists():
+                    package, pattern = BUILTIN_MODELS[name_or_path]
+                    _materialize_from_gguf(_find_gguf(package, pattern), target)
         return target
     path = Path(name_or_path).expanduser()
     if not (path / "config.json").is_file():

@@ -7,7 +7,7 @@ Every belief family is kept at once, from one observation stream. Arrays over al
                             observed prompt holds Beta(alpha0, beta0); its cold prior is computed when
                             scored, coldstart.beta_for)
     last_state    i8[N]     state of the latest result (history resampling; 0 = none yet)
-    n_obs         i32[N]    results received
+    n_obs         i32[N]    results received, saturating at N_OBS_MAX = 2^31 - 1 (never wraps)
     hmm_slot      i32[N]    the prompt's row in the observed set below, -1 = never observed
     pass_rate     f32[N]    metadata: a reference pass rate, NaN = unknown (docs/methods.md §6)
     group         i32[N]    metadata: group 0..65535, -1 = none (docs/methods.md §6)
@@ -94,6 +94,8 @@ FIELDS: dict[str, tuple[np.dtype, tuple[int, ...]]] = {
 METADATA_FIELDS: dict[str, float] = {"pass_rate": math.nan, "group": -1, "prior_p0": math.nan, "streak": 0}
 #: Saturation of the streak counter.
 STREAK_MAX = 32_767
+#: n_obs stops here instead of wrapping to a negative count (which would read as "never observed").
+N_OBS_MAX = 2**31 - 1
 
 #: name -> (dtype, shape after the slot axis) of every array over the observed set, in snapshot order.
 OBSERVED_FIELDS: dict[str, tuple[np.dtype, tuple[int, ...]]] = {
@@ -491,7 +493,8 @@ def _apply_kernel(
         st = states[r]
         obs_state[slot] = combine_state(obs_state[slot], st)
         last_state[p] = st
-        n_obs[p] += 1
+        if n_obs[p] < N_OBS_MAX:
+            n_obs[p] += 1
         z = streak[p]
         if st == SOLVED:
             streak[p] = min(max(z, 0) + 1, STREAK_MAX)

@@ -115,7 +115,7 @@ def apply_results(alpha, beta, step_state, last_state, n_obs, ids, successes, tr
         beta[p] = lam * beta[p] + (1 - lam) * b0 + (t - s)
         step_state[p] = combine_state(int(step_state[p]), int(st))
         last_state[p] = st
-        n_obs[p] += 1
+        n_obs[p] = min(int(n_obs[p]) + 1, 2**31 - 1)
 
 
 # ---------------------------------------------------------------- DPS (docs/methods.md §2)
@@ -246,7 +246,7 @@ def apply_results_cold(arr: dict, sh: dict, ids, successes, trials, states, lam,
         arr["beta"][p] = lam * arr["beta"][p] + (1 - lam) * b_i + (t - s)
         arr["step_state"][p] = combine_state(int(arr["step_state"][p]), st)
         arr["last_state"][p] = st
-        arr["n_obs"][p] += 1
+        arr["n_obs"][p] = min(int(arr["n_obs"][p]) + 1, 2**31 - 1)
         z = int(arr["streak"][p])
         if st == 3:
             arr["streak"][p] = min(max(z, 0) + 1, 32767)

@@ -242,3 +242,26 @@ def test_predicted_state_counts_share_ties_equally():
     counts = ba.predicted_state_counts()
     assert counts.sum() == pytest.approx(9.0)
     np.testing.assert_allclose(counts, [7 / 3, 7 / 3 + 1, 7 / 3 + 1])  # partial -> state 2; solved -> state 3
+
+
+def test_the_result_count_saturates_instead_of_wrapping():
+    # A prompt at the top of n_obs's range keeps its evidence: the count stops at 2^31 - 1 rather than
+    # wrapping to a negative number, which every reader takes for "never observed".
+    from selector_service.core.belief_domain import check_beliefs
+    from selector_service.core.beliefs import N_OBS_MAX
+
+    ba = BeliefArrays.new(3)
+    one = (np.array([0]), np.array([1.0]), np.array([2.0]), np.array([PARTIAL], np.int8))
+    apply_results(ba, *one, 1.0, 1.0, 1.0)
+    ba.n_obs[0] = N_OBS_MAX - 2
+    ids, successes, trials, states = (np.repeat(a, 5) for a in one)
+    apply_results(ba, ids, successes, trials, states, 1.0, 1.0, 1.0)
+    assert int(ba.n_obs[0]) == N_OBS_MAX
+    assert (ba.alpha[0], ba.beta[0]) == (1.0 + 6, 1.0 + 6)  # every result counted in the posterior
+    check_beliefs(ba)  # still a valid state: it snapshots, exports and imports
+    n_obs = np.array([N_OBS_MAX - 1, 0], dtype=np.int32)
+    naive.apply_results(
+        np.ones(2), np.ones(2), np.zeros(2, np.int8), np.zeros(2, np.int8), n_obs,
+        np.array([0, 0, 0]), np.ones(3), np.full(3, 2.0), np.full(3, PARTIAL), 1.0, 1.0, 1.0,
+    )  # fmt: skip
+    assert n_obs.tolist() == [N_OBS_MAX, 0]

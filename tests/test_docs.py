@@ -169,3 +169,49 @@ def test_the_link_check_sees_links(tmp_path):
     assert relative_links(page) == ["missing.md", "img.png"]
     page.write_text("# The `api`: a, b & c\n## SELECTOR_MAX_BODY_BYTES\n")
     assert anchors(page) == {"the-api-a-b--c", "selector_max_body_bytes"}
+
+
+NUMERICS_DOC = ROOT / "docs" / "numerics.md"
+
+
+def range_rows(text: str) -> list[str]:
+    """First cells of the accepted-values table of docs/numerics.md."""
+    table = text[text.index("| field | accepted |") :].split("\n\n")[0]
+    return [line.split("|")[1] for line in table.splitlines()[2:]]
+
+
+def undocumented_ranges(text: str) -> list[str]:
+    """Bounded inputs the accepted-values table does not list: every dataset field (but the name and the
+    per-strategy defaults, which are strategy parameters) and every strategy parameter. A parameter's row
+    must name its strategy, or no strategy at all when the range is shared."""
+    from selector_service.core.strategies import STRATEGIES
+    from selector_service.schemas import DatasetCreate
+
+    rows = range_rows(text)
+    missing = [f"dataset field {name}" for name in DatasetCreate.model_fields if name not in ("name", "defaults")
+               and not any(f"`{name}`" in row for row in rows)]  # fmt: skip
+    names = set(STRATEGIES)
+    for strategy, spec in STRATEGIES.items():
+        for param in spec.params:
+            ok = any(
+                f"`{param}`" in row
+                and (strategy in row.lower() or not any(other in row.lower() for other in names))
+                for row in rows
+            )
+            if not ok:
+                missing.append(f"{strategy} {param}")
+    return missing
+
+
+def test_every_accepted_range_is_documented():
+    missing = undocumented_ranges(NUMERICS_DOC.read_text())
+    assert not missing, f"docs/numerics.md's table of accepted values lacks: {missing}"
+
+
+def test_the_range_check_can_fail():
+    text = NUMERICS_DOC.read_text()
+    assert (
+        undocumented_ranges(text.replace("| SEC `tau` |", "| `tau` of SEC |")) == []
+    )  # generic row: allowed
+    assert undocumented_ranges(text.replace("| AdaRFT `alpha` |", "| MoPPS `alpha` |")) == ["adarft alpha"]
+    assert undocumented_ranges(text.replace("| `max_lag` |", "| max lag |")) == ["dataset field max_lag"]

@@ -114,12 +114,19 @@ def _k(v: Any) -> int | None:
     return v
 
 
+#: Largest candidate_ratio: any pool this large is already the whole dataset (size <= 2^31 - 1 would
+#: need a batch of 3); the bound keeps the product with batch_size an ordinary integer.
+RATIO_MAX = 10**9
+
+
 def _ratio(v: Any) -> int | None:
     if v is None:
         return None
     v = _integer("candidate_ratio", v)
-    if v < 1:
-        raise ParamError(f"candidate_ratio must be an integer >= 1, or null for the whole dataset, got {v}")
+    if not 1 <= v <= RATIO_MAX:
+        raise ParamError(
+            f"candidate_ratio must be an integer in [1, {RATIO_MAX:.0e}], or null for the whole dataset, got {v}"
+        )
     return v
 
 

@@ -126,6 +126,7 @@ def test_validation_normalises_and_is_idempotent():
         ("insight", {"k": 1025}, r"\[1, 1024\]"),
         ("insight", {"k": 2.5}, "k must be an integer"),
         ("insight", {"candidate_ratio": 0}, "candidate_ratio"),
+        ("insight", {"candidate_ratio": 2**64}, r"candidate_ratio must be an integer in \[1, 1e\+09\]"),
         ("mopps", {"mode": "best"}, "mode must be 'topk' or 'threshold'"),
         ("mopps", {"target": -0.1}, "target"),
         ("dps", {"entropy_weight": float("nan")}, "entropy_weight must be finite"),

@@ -59,7 +59,8 @@ class Settings(BaseSettings):
         None,
         description="When set, every endpoint except /healthz, /readyz and /metrics requires "
         "`Authorization: Bearer <token>` (401 without, 403 with a wrong one). At least 8 characters, all "
-        "visible ASCII (letters, digits, punctuation: no spaces, no accents), as it travels in an HTTP header.",
+        "visible ASCII (letters, digits, punctuation: no spaces, no accents), as it travels in an HTTP header. "
+        "Set but empty is refused (unset it to run without a token).",
     )
     require_token: bool = Field(
         False,
@@ -188,7 +189,7 @@ class Settings(BaseSettings):
     @classmethod
     def _token(cls, value: SecretStr | None) -> SecretStr | None:
         if value is None or value.get_secret_value() == "":
-            return None
+            return value  # None, or set but empty: _token_required says which is wrong
         token = value.get_secret_value()
         bad = next((i for i, ch in enumerate(token) if not "!" <= ch <= "~"), None)
         if bad is not None:  # never echo the secret itself: say where and what kind of character
@@ -207,7 +208,15 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _token_required(self) -> Settings:
-        if self.require_token and self.api_token is None:
+        empty = self.api_token is not None and self.api_token.get_secret_value() == ""
+        if empty and not self.require_token:
+            # An empty secret is almost always a variable that did not expand (`${TOKEN}` unset):
+            # serving without authentication then would be a silent surprise.
+            raise ValueError(
+                "SELECTOR_API_TOKEN is set but empty: set a token of 8 characters or more (e.g. `export "
+                "SELECTOR_API_TOKEN=$(openssl rand -hex 16)`), or unset it to run without authentication"
+            )
+        if self.require_token and (self.api_token is None or empty):
             raise ValueError(
                 "SELECTOR_API_TOKEN is not set and SELECTOR_REQUIRE_TOKEN is on: set a token of 8 characters "
                 "or more (e.g. `export SELECTOR_API_TOKEN=$(openssl rand -hex 16)`) and start again"

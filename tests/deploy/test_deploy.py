@@ -533,6 +533,9 @@ def test_require_token_setting() -> None:
         Settings(require_token=True, api_token="")
     assert Settings(require_token=True, api_token="a-long-enough-token").api_token is not None
     assert Settings(require_token=False, api_token=None).api_token is None
+    # Set but empty (an unexpanded `${TOKEN}`) never means "no authentication".
+    with pytest.raises(ValidationError, match="SELECTOR_API_TOKEN is set but empty"):
+        Settings(require_token=False, api_token="")
     assert Settings().require_token is False, "a service on loopback may still run without a token"
 
 

@@ -223,6 +223,7 @@ _NO_STORE = ("--redis-url", "redis://127.0.0.1:9/0")
         (_NO_STORE, {"SELECTOR_API_TOKEN": "tökén-tökén-tökén"}, "SELECTOR_API_TOKEN"),
         (_NO_STORE, {"SELECTOR_API_TOKEN": "tab\tinside-token"}, "SELECTOR_API_TOKEN"),
         (_NO_STORE, {"SELECTOR_API_TOKEN": "k3y-7ch"}, "SELECTOR_API_TOKEN is too short"),
+        (_NO_STORE, {"SELECTOR_API_TOKEN": ""}, "SELECTOR_API_TOKEN is set but empty"),
         (
             _NO_STORE,
             {"SELECTOR_REQUIRE_TOKEN": "1"},

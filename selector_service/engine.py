@@ -629,17 +629,28 @@ class Engine:
                 payload, digest = outcome_payload(spec, step, results)  # ~0.1 ms for 256 results
             else:
                 payload, digest = await asyncio.to_thread(outcome_payload, spec, step, results)
-            owner, claimed = await self._io(self.store.claim_request(name, request_id))
+            owner, owner_uid, claimed = await self._io(self.store.claim_request(name, spec.uid, request_id))
             if owner != name:
                 raise Conflict(
                     f"request_id {request_id!r} was already used for dataset {owner!r}; nothing was applied. "
                     "A request id names one request: use a new one for a new request"
                 )
+            if owner_uid and owner_uid != spec.uid:
+                stored = await self._stored_spec(name)
+                if stored is None or stored.uid != spec.uid:
+                    raise _Gone  # this process's spec is outdated: _with_spec looks again
+                # The id was used for an earlier incarnation (deleted and created again, or replaced by an
+                # import): its results went to data that no longer exists; never credit them to this one.
+                raise Conflict(
+                    f"request_id {request_id!r} was used for an earlier incarnation of dataset {name!r} "
+                    "(deleted and created again, or replaced by an import); nothing was applied. Use a new "
+                    "request id for results of the dataset as it is now"
+                )
             res = await self._io(
                 self.store.append_observe(name, spec.uid, step, request_id, payload, digest, spec.max_lag)
             )
             if claimed and res.status in ("gone", "closed", "ahead"):  # refused: nothing applied
-                await self._io(self.store.release_request(name, request_id))
+                await self._io(self.store.release_request(name, spec.uid, request_id))
             if res.status == "gone":
                 raise _Gone
             return spec, res

@@ -13,7 +13,8 @@ Keys (``P`` = settings.key_prefix, ``v1`` = layout version, ``N`` = dataset name
                              snap_chunks, snap_step
     P:v1:{N}:log             stream: one entry per accepted write, in the order every replica applies them
     P:v1:{N}:rid:U:<id>      request id -> "<log id> <body digest> <lag>" (expires after request_id_ttl_s)
-    P:v1:{rid:<id>}          request id -> dataset name it was first used for (expires likewise); in a
+    P:v1:{rid:<id>}          request id -> "<dataset name> <uid>" of the dataset incarnation it was first
+                             used for (expires likewise; a bare name was written before uids were); in a
                              slot of its own, so it is claimed in a step of its own (see `claim_request`)
     P:v1:{N}:snap:<sid>:<i>  chunk i of snapshot sid
     P:v1:{N}:snaplock        who is writing a snapshot now (expires unless its writer renews it)
@@ -89,8 +90,8 @@ redis.call('SET', KEYS[3], id .. ' ' .. ARGV[7] .. ' ' .. lag, 'EX', tonumber(AR
 return {'ok', id, tostring(open), lag, tostring(redis.call('XLEN', KEYS[2]))}
 """
 
-# KEYS: 1 claim key.  ARGV: 1 dataset name, 2 ttl (s).  Returns the dataset the request id belongs to:
-# ARGV[1] when this call claimed it or it was claimed for the same dataset before.
+# KEYS: 1 claim key.  ARGV: 1 "<dataset name> <uid>", 2 ttl (s).  Returns the incarnation the request id
+# belongs to: ARGV[1] when this call claimed it or it was claimed for the same incarnation before.
 _CLAIM = """
 local cur = redis.call('GET', KEYS[1])
 if cur then return {cur, '0'} end
@@ -98,7 +99,7 @@ redis.call('SET', KEYS[1], ARGV[1], 'EX', tonumber(ARGV[2]))
 return {ARGV[1], '1'}
 """
 
-# KEYS: 1 claim.  ARGV: 1 dataset.  Deletes the claim while it still names that dataset.
+# KEYS: 1 claim.  ARGV: 1 "<dataset name> <uid>".  Deletes the claim while it still names that incarnation.
 _RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
@@ -431,22 +432,27 @@ class Store:
             await self.r.delete(*batch)
 
     # ---- writes ---------------------------------------------------------------------------------
-    async def claim_request(self, name: str, request_id: str) -> tuple[str, bool]:
-        """Claims `request_id` for dataset `name`; returns the dataset it belongs to (`name` unless it was
-        first used for another dataset, within the request id TTL) and whether this call made the claim.
+    async def claim_request(self, name: str, uid: str, request_id: str) -> tuple[str, str, bool]:
+        """Claims `request_id` for incarnation `uid` of dataset `name`; returns the dataset name and uid it
+        belongs to (`name`, `uid` unless it was first used for another dataset or an earlier incarnation
+        of this one, within the request id TTL; the uid is "" for a claim written before uids were) and
+        whether this call made the claim.
 
         Its own step, not part of the observe script: the claim lives outside the dataset's hash slot
         (a Redis Cluster script may only touch one slot). Claiming first is safe in every interleaving:
         a claim whose observe never ran (a crash in between) only binds the id to the dataset its retry
         goes to anyway.
         """
-        owner, created = await self._claim(keys=[self.keys.claim(request_id)], args=[name, self.rid_ttl])
-        return _s(owner), _s(created) == "1"
+        owner, created = await self._claim(
+            keys=[self.keys.claim(request_id)], args=[f"{name} {uid}", self.rid_ttl]
+        )
+        owner_name, _, owner_uid = _s(owner).partition(" ")
+        return owner_name, owner_uid, _s(created) == "1"
 
-    async def release_request(self, name: str, request_id: str) -> None:
+    async def release_request(self, name: str, uid: str, request_id: str) -> None:
         """Undoes a claim this process made for an observe the dataset refused (nothing applied), so a
-        refused request leaves no trace; a claim that meanwhile names another dataset is left alone."""
-        await self._release(keys=[self.keys.claim(request_id)], args=[name])
+        refused request leaves no trace; a claim that meanwhile names another incarnation is left alone."""
+        await self._release(keys=[self.keys.claim(request_id)], args=[f"{name} {uid}"])
 
     async def append_observe(
         self,

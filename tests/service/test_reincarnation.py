@@ -114,3 +114,34 @@ def test_other_replica_serves_the_new_incarnation(replicas, old_size, new_size, 
         if other != kind and (other != "beliefs-old-id" or new_size < old_size):
             _first_request(b, name, other, old_size, new_size)
     assert a.get(f"/datasets/{name}").json()["summary"]["observations"] == 1  # B's one observe
+
+
+@pytest.mark.parametrize("how", ["delete+create", "import-replace"])
+@pytest.mark.parametrize("retry_on", ["A", "B"])
+def test_a_retry_from_an_earlier_incarnation_is_refused_and_applies_nothing(replicas, how, retry_on):
+    # A trainer's late retry after an operator reset must not credit the old run's results to the new
+    # dataset: 409, nothing applied, on the replica that made the change and on one still warm on the old.
+    a, b = replicas
+    name = f"rr-{uuid.uuid4().hex[:10]}"
+    assert a.post("/datasets", json={"name": name, "size": 10}).status_code == 201
+    _warm(b, name)
+    body = {
+        "dataset": name,
+        "step": 0,
+        "request_id": f"old-{uuid.uuid4().hex}",
+        "results": [{"prompt_id": 3, "successes": 1, "trials": 4}],
+    }
+    assert b.post("/observe", json=body).json()["applied"] == 1
+    _recreate(a, name, 10, how)
+    client = a if retry_on == "A" else b
+    r = client.post("/observe", json=body)
+    assert r.status_code == 409, r.text
+    assert "earlier incarnation" in r.json()["detail"]
+    for replica in (a, b):
+        assert replica.get(f"/datasets/{name}").json()["summary"]["observations"] == 0
+        beliefs = replica.get(f"/datasets/{name}/beliefs", params={"ids": "3"}).json()["beliefs"]
+        assert beliefs[0]["observations"] == 0
+    # A new id for the same results is applied once, and its retry is a duplicate.
+    fresh = dict(body, request_id=f"new-{uuid.uuid4().hex}")
+    assert client.post("/observe", json=fresh).json() == {"applied": 1, "duplicate": False, "lag": 0}
+    assert a.post("/observe", json=fresh).json()["duplicate"] is True

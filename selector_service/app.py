@@ -8,6 +8,7 @@ do>"}`.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -21,7 +22,9 @@ from selector_service.api.routes import datasets, docs, ops, selection
 from selector_service.engine import Engine
 from selector_service.schemas import ObserveRequest
 from selector_service.settings import Settings
-from selector_service.store import Store, connect
+from selector_service.store import Store, connect, durability_problems
+
+log = logging.getLogger("selector_service")
 
 
 @asynccontextmanager
@@ -34,6 +37,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
             "no store configured: set SELECTOR_REDIS_URL or start with `selector-service serve`"
         )
     client = await connect(settings.redis_url, settings.store_timeout_s)
+    for problem in await durability_problems(client):
+        log.warning("%s (docs/operations.md)", problem)
     store = Store(client, settings.key_prefix, settings.request_id_ttl_s, settings.max_step_gap)
     engine = Engine(store, settings)
     engine.catchup_observer = metrics.CATCHUP.observe

@@ -335,6 +335,32 @@ async def connect(url: str, timeout_s: float) -> aioredis.Redis | RedisCluster:
     return aioredis.Redis.from_url(url, health_check_interval=30, retry=retry, **kwargs)
 
 
+async def durability_problems(client: aioredis.Redis | RedisCluster) -> list[str]:
+    """What the store's own configuration says against docs/operations.md's requirements: no append-only
+    file (a restart loses acknowledged writes) or an eviction policy (an evicted request id counts a
+    retry twice, an evicted log loses observations). Empty when all is well or when the server does not
+    let us read its configuration (managed services often refuse CONFIG)."""
+    try:
+        config = await client.config_get("appendonly")
+        config.update(await client.config_get("maxmemory-policy"))
+    except Exception:  # CONFIG refused, renamed or unsupported: nothing to say
+        return []
+    values = {_s(k): _s(v) for k, v in config.items()}
+    problems = []
+    if values.get("appendonly", "yes") != "yes":
+        problems.append(
+            "the store runs without an append-only file (appendonly no): a store restart loses every "
+            "acknowledged observation since its last RDB save; run it with --appendonly yes"
+        )
+    policy = values.get("maxmemory-policy", "noeviction")
+    if policy != "noeviction":
+        problems.append(
+            f"the store may evict keys (maxmemory-policy {policy}): an evicted request id lets a retry count "
+            "twice and an evicted log loses observations; run it with --maxmemory-policy noeviction"
+        )
+    return problems
+
+
 class Store:
     """Async access to the datasets' keys. Raises StoreError when the store is unreachable."""
 

@@ -37,7 +37,7 @@ import numpy as np
 from .beliefs import STREAK_MAX, BeliefArrays
 from .coldstart import MAX_GROUPS
 from .curricula import GRESO_P_MAX, GRESO_P_MIN
-from .domain import BELIEF_MAX
+from .domain import BELIEF_MAX, plain
 from .outcomes import SOLVED, UNOBSERVED
 
 __all__ = ["POSITION_MAX", "check_beliefs"]
@@ -166,7 +166,7 @@ def _check_shared(ba: BeliefArrays) -> None:
     for name in ("pass_rate_known", "grouped", "greso_pos"):
         value = getattr(sh, name)
         if isinstance(value, bool) or not isinstance(value, int | np.integer):
-            raise ValueError(f"shared state {name!r} = {value!r} is not an integer")
+            raise ValueError(f"shared state {name!r} = {plain(value)!r} is not an integer")
     known = int(np.count_nonzero(~np.isnan(ba.pass_rate)))
     if sh.pass_rate_known != known:
         raise ValueError(
@@ -178,7 +178,7 @@ def _check_shared(ba: BeliefArrays) -> None:
                          ("adarft_t", 0.0, 100.0)):  # fmt: skip
         value = getattr(sh, name)
         if not (isinstance(value, float) and lo <= value <= hi):
-            raise ValueError(f"shared state {name!r} = {value!r} is outside [{lo:g}, {hi:g}]")
+            raise ValueError(f"shared state {name!r} = {plain(value)!r} is outside [{lo:g}, {hi:g}]")
     counts = sh.step_counts
     _range("shared state 'step_counts'", counts, 0.0, BELIEF_MAX)
     if counts[1] > counts[0] or counts[2] > counts[0] or counts[3] > counts[4]:
@@ -204,8 +204,8 @@ def _check_shared(ba: BeliefArrays) -> None:
     if bad.size:
         g = int(bad[0])
         raise ValueError(
-            f"shared state 'group_successes'[{g}] = {sh.group_successes[g]!r} exceeds its trials "
-            f"{sh.group_trials[g]!r}"
+            f"shared state 'group_successes'[{g}] = {plain(sh.group_successes[g])!r} exceeds its trials "
+            f"{plain(sh.group_trials[g])!r}"
         )
     _range("shared state 'sec_q'", sh.sec_q, 0.0, 1.0 + _ROUNDING)
     _range("shared state 'sec_pos'", sh.sec_pos, 0, POSITION_MAX)
@@ -215,7 +215,7 @@ def _check_shared(ba: BeliefArrays) -> None:
     if bad.size:
         g = int(bad[0])
         raise ValueError(
-            f"shared state 'step_adv'[{g}] = {sh.step_adv[g]!r} exceeds its {int(sh.step_adv_n[g])} results "
+            f"shared state 'step_adv'[{g}] = {plain(sh.step_adv[g])!r} exceeds its {int(sh.step_adv_n[g])} results "
             "(each adds a mean |advantage| below 1)"
         )
 

@@ -39,7 +39,7 @@ import numpy as np
 from numba import prange
 
 from ._parallel import CHUNK, PARALLEL_LOCK, PARALLEL_MIN
-from .domain import PRIOR_STRENGTH_MAX
+from .domain import PRIOR_STRENGTH_MAX, plain
 from .mi import _check_ids
 
 __all__ = [
@@ -270,7 +270,7 @@ def check_metadata(
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
             raise ValueError(
-                f"pass_rate[{i}] = {raw[i]!r}: pass rates must lie in [0, 1] (NaN/null = unknown)"
+                f"pass_rate[{i}] = {plain(raw[i])!r}: pass rates must lie in [0, 1] (NaN/null = unknown)"
             )
         length = pass_rate.size
     if group is not None:

@@ -59,10 +59,12 @@ __all__ = [
     "PRIOR_MIN",
     "PRIOR_STRENGTH_MAX",
     "TRIALS_MAX",
+    "plain",
     "prior_problem",
 ]
 
 import math
+from typing import Any
 
 #: Smallest and largest accepted alpha0 and beta0 of a dataset's Beta prior.
 PRIOR_MIN = 1e-3
@@ -94,3 +96,9 @@ def prior_problem(prior) -> str | None:
             f"e.g. [1.0, 1.0]; got {list(prior) if isinstance(prior, list | tuple) else prior!r}"
         )
     return None
+
+
+def plain(value: Any) -> Any:
+    """A numpy scalar as the Python number it holds (so messages show 1.5, not np.float32(1.5))."""
+    item = getattr(value, "item", None)
+    return item() if callable(item) and getattr(value, "shape", None) == () else value

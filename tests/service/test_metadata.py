@@ -151,7 +151,7 @@ def test_bad_uploads_are_422_and_apply_nothing(http, dsname, body, message):
 @pytest.mark.parametrize(
     ("field", "content", "offset", "message"),
     [
-        ("pass_rate", struct.pack("<2f", 0.5, 2.0), 0, "pass_rate[1]"),
+        ("pass_rate", struct.pack("<2f", 0.5, 2.0), 0, "pass_rate[1] = 2.0: pass rates"),
         ("pass_rate", struct.pack("<f", math.inf), 0, "pass_rate[0]"),
         ("group", struct.pack("<i", 70000), 0, "group[0]"),
         ("group", b"\x01\x02\x03", 0, "4 bytes per prompt"),
@@ -166,6 +166,10 @@ def test_bad_raw_uploads_are_422_and_apply_nothing(http, dsname, field, content,
     assert r.status_code == 422 and message in r.json()["detail"], r.text
     assert http.get(f"/datasets/{dsname}").json()["summary"] == before
     assert http.put(f"/datasets/{dsname}/metadata/weights", content=b"\0" * 4).status_code == 422
+    # A JSON body sent to the raw route: its bytes would read as tiny float32 pass rates inside [0, 1].
+    as_json = http.put(f"/datasets/{dsname}/metadata/pass_rate", json=[0.5, 0.25, 0.125, 1.0])
+    assert as_json.status_code == 422 and "PUT /datasets/" in as_json.json()["detail"], as_json.text
+    assert http.get(f"/datasets/{dsname}").json()["summary"] == before
     assert http.put("/datasets/nope-missing/metadata", json={"pass_rate": [0.5]}).status_code == 404
 
 

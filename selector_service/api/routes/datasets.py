@@ -171,6 +171,12 @@ async def put_metadata_raw(
 ) -> MetadataResponse:
     """The same upload as raw little-endian arrays, for very large datasets: pass_rate as float32
     (NaN = unknown), group as int32 (-1 = none); 4 bytes per prompt from `offset` on."""
+    if request.headers.get("content-type", "").split(";")[0].strip().lower() == "application/json":
+        # JSON text read as float32 is a row of tiny numbers inside [0, 1]: it would be applied as pass rates.
+        raise InvalidRequest(
+            "this route takes raw little-endian bytes (Content-Type: application/octet-stream); JSON "
+            f"metadata goes to PUT /datasets/{name}/metadata. Nothing was applied"
+        )
     raw = await request.body()
     if not raw or len(raw) % 4:
         raise InvalidRequest(

@@ -101,13 +101,19 @@ class Seed:
             if r.status_code == 200:
                 return
             assert r.status_code == 201, r.text
+            incarnation = uuid.uuid4().hex[:8]  # ids of an earlier incarnation are refused (409)
             for step in range(3):
                 sel = c.post("/select", json={"dataset": self.name, "step": step, "batch_size": 8})
                 results = [
                     {"prompt_id": p, "successes": (p + step) % 5, "trials": 4}
                     for p in sel.json()["prompt_ids"]
                 ]
-                body = {"dataset": self.name, "step": step, "request_id": f"seed-{step}", "results": results}
+                body = {
+                    "dataset": self.name,
+                    "step": step,
+                    "request_id": f"seed-{incarnation}-{step}",
+                    "results": results,
+                }
                 c.post("/observe", json=body).raise_for_status()
             self.export = c.get(f"/datasets/{self.name}/export").content
 

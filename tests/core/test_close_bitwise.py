@@ -132,7 +132,7 @@ def assert_close_equals_reference(ba: BeliefArrays, lam: float, steps: int = 3) 
         assert stats == want_stats
         for name, arr in want.items():
             got = getattr(ba, name)[: ba.observed]
-            np.testing.assert_array_equal(got.view(np.uint8), arr.view(np.uint8), err_msg=name)
+            np.testing.assert_array_equal(np.ascontiguousarray(got).view(np.uint8), arr.view(np.uint8), err_msg=name)
         # observe a random part again for the next close
         m = ba.observed
         ba.obs_state[:m] = np.where(rng.random(m) < 0.2, rng.integers(1, 4, m), 0).astype(np.int8)

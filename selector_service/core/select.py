@@ -639,6 +639,8 @@ def _column_scores(prior, slots, weight, out):
 _RANK_SAMPLE_MIN = 1024
 _RANK_SAMPLE_MAX = 16384
 _RANK_SAMPLE_EVERY = 64
+#: Sampled rows above the sampled rank of the k-th largest (x2) where the threshold is placed.
+_RANK_SAMPLE_MARGIN = 4
 
 
 @numba.njit(nogil=True, cache=True)
@@ -675,7 +677,7 @@ class _Ranked(NamedTuple):
 def _rank_observed(ba, k: int, weight: float, ref: float) -> _Ranked:
     """The observed rows scoring at or above the k-th largest observed score (all of them when k >= M),
     and the counts against `ref`. Usually one pass (_scan_columns) at a threshold placed by a sample a
-    little below the k-th largest, keeping about 2 k + 16 M / sample rows plus any block of ties at the
+    little below the k-th largest, keeping about 2 k + 4 M / sample rows plus any block of ties at the
     threshold; where the sample misled (too few or too many rows at or above it), the exact passes of
     _Source over the same scores."""
     m = ba.observed
@@ -688,10 +690,10 @@ def _rank_observed(ba, k: int, weight: float, ref: float) -> _Ranked:
         size = min(max(m // _RANK_SAMPLE_EVERY, _RANK_SAMPLE_MIN), _RANK_SAMPLE_MAX, m)
         sample = np.empty(size, dtype=np.float64)
         _sample_columns(prior, m, weight, sample)
-        sample.sort()  # NaN last: a NaN threshold keeps nothing, and the exact passes report it
-        rank = min(size, -(-2 * kk * size // m) + 16)
-        thr = float(sample[size - rank])
-        at_or_above = size - int(np.searchsorted(sample, thr, side="left"))  # ties at thr included
+        rank = min(size, -(-2 * kk * size // m) + _RANK_SAMPLE_MARGIN)
+        # NaN sorts last: a NaN threshold keeps nothing, and the exact passes report the NaN
+        thr = float(np.partition(sample, size - rank)[size - rank])
+        at_or_above = int(np.count_nonzero(sample >= thr))  # ties at thr included
         cap = min(m, 2 * (at_or_above * m // size) + 4096)
     vals = np.empty(cap + _TOP_BLOCK, dtype=np.float64)
     pos = np.empty(cap + _TOP_BLOCK, dtype=np.int64)

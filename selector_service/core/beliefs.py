@@ -26,6 +26,9 @@ slots; the step close walks the rows in slot order, one contiguous pass:
     obs_prev      f32[M,3]  DPS prev_post: the posterior of the previous step
     obs_state     i8[M]     pooled state observed at the open step (0 = not observed yet)
 
+obs_d, obs_prior and obs_prev are held column-major (COLUMN_FIELDS): same shapes and values, but each
+column is contiguous, so the close and the DPS select stream a few float32 columns and vectorize.
+
 A never-observed prompt is implicit and exact: with D0 = d0 * ones, the unobserved update leaves D at D0
 and the prior and prev at (1/3, 1/3, 1/3) (docs/methods.md §2; dps.py shows it holds bit for bit in float32), so
 it reports D0 and 1/3 (`hmm_rows`, `dense_hmm`) and costs only its 43 bytes. Memory: 43 bytes per

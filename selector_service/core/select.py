@@ -32,7 +32,7 @@ import numpy as np
 
 from .outcomes import SOLVED
 from .rng import Stream, bounded, stream
-from .scores import dps_score3, dps_score_of_row, dps_scores
+from .scores import dps_score3, dps_score_of_row
 
 __all__ = [
     "candidate_pool",

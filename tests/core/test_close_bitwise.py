@@ -121,7 +121,9 @@ def reference_close(ba: BeliefArrays, lam: float) -> tuple[dict[str, np.ndarray]
     counts = np.zeros(6, dtype=np.int64)
     row_close(d, prior, prev, state, float(lam), float(ba.d0), counts)
     counts[3] += ba.n - m
-    return {"obs_d": d, "obs_prior": prior, "obs_prev": prev, "obs_state": state}, CloseStats(*counts.tolist())
+    return {"obs_d": d, "obs_prior": prior, "obs_prev": prev, "obs_state": state}, CloseStats(
+        *counts.tolist()
+    )
 
 
 def assert_close_equals_reference(ba: BeliefArrays, lam: float, steps: int = 3) -> None:
@@ -132,7 +134,9 @@ def assert_close_equals_reference(ba: BeliefArrays, lam: float, steps: int = 3) 
         assert stats == want_stats
         for name, arr in want.items():
             got = getattr(ba, name)[: ba.observed]
-            np.testing.assert_array_equal(np.ascontiguousarray(got).view(np.uint8), arr.view(np.uint8), err_msg=name)
+            np.testing.assert_array_equal(
+                np.ascontiguousarray(got).view(np.uint8), arr.view(np.uint8), err_msg=name
+            )
         # observe a random part again for the next close
         m = ba.observed
         ba.obs_state[:m] = np.where(rng.random(m) < 0.2, rng.integers(1, 4, m), 0).astype(np.int8)

@@ -661,12 +661,17 @@ class _Ranked(NamedTuple):
     nan: int
     gt: int
     eq: int
+    floor: float  # every kept score is >= floor
 
     def top(self, r: int) -> tuple[np.ndarray, np.ndarray]:
         """Slots above the r-th largest score and slots equal to it (r <= rows kept; slot order, which
-        the callers do not depend on: they order tied prompts by id)."""
-        n = self.vals.size
-        b = np.partition(self.vals, n - r)[n - r]
+        the callers do not depend on: they order tied prompts by id). The rows kept are often a few
+        above the floor plus a large block tied at it, which np.partition handles 10x slower than
+        distinct values: the block is set aside first (if fewer than r rows lie above the floor, the
+        r-th largest is the floor itself)."""
+        higher = self.vals > self.floor
+        count = int(np.count_nonzero(higher))
+        b = np.partition(self.vals[higher], count - r)[count - r] if count >= r else self.floor
         return self.pos[self.vals > b], self.pos[self.vals == b]
 
     def at(self, value: float) -> tuple[np.ndarray, np.ndarray]:
@@ -699,14 +704,14 @@ def _rank_observed(ba, k: int, weight: float, ref: float) -> _Ranked:
     pos = np.empty(cap + _TOP_BLOCK, dtype=np.int64)
     n, nan, gt, eq, ge = _scan_columns(prior, m, weight, thr, ref, vals, pos)
     if nan:
-        return _Ranked(vals[:0], pos[:0], int(nan), int(gt), int(eq))
+        return _Ranked(vals[:0], pos[:0], int(nan), int(gt), int(eq), thr)
     if n >= 0 and ge >= kk:
-        return _Ranked(vals[:n], pos[:n], 0, int(gt), int(eq))
+        return _Ranked(vals[:n], pos[:n], 0, int(gt), int(eq), thr)
     source = _Source(m, prior=ba.obs_prior[:m], weight=weight)
     scan = source.scan(kk, order_key(ref))
     above, tied, _ = source.top(scan, kk)
     kept = np.concatenate([above, tied])
-    return _Ranked(_observed_scores(ba, kept, weight), kept, scan.nan, scan.gt, scan.eq)
+    return _Ranked(_observed_scores(ba, kept, weight), kept, scan.nan, scan.gt, scan.eq, -math.inf)
 
 
 def _observed_scores(ba, slots: np.ndarray, weight: float) -> np.ndarray:

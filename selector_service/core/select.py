@@ -726,8 +726,8 @@ def dps_select(ba, k: int, entropy_weight: float, rng: Stream) -> tuple[np.ndarr
     BeliefArrays, `rng` the select's "ties" stream.
 
     Every never-observed prompt has the same score s0 (its prior is exactly uniform), so the dataset is
-    the observed set (ranked by one pass over its prior rows, no score array; _Source) plus a block of
-    N - M copies of s0. With gt / eq the observed prompts scoring above / exactly at s0:
+    the observed set (ranked by one pass over its prior column, no score array; _rank_observed) plus a
+    block of N - M copies of s0. With gt / eq the observed prompts scoring above / exactly at s0:
 
     - gt >= k: the block is not reached; the top k of the observed set, the tie rule of the module
       docstring over its tied prompts in ascending id order.

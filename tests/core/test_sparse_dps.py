@@ -218,3 +218,18 @@ def test_a_large_observed_set_stopping_in_the_block_keeps_the_right_scores():
         np.testing.assert_array_equal(scores, np.sort(full)[::-1][:k])
         np.testing.assert_array_equal(np.sort(ids[:above]), np.flatnonzero(full > s0))
         assert np.all(full[ids[above:]] == s0)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_rank_th_largest_of_the_sample_matches_a_sort(seed):
+    """select._rank_th_largest (the threshold of the one-pass ranking) against its literal twin: the
+    rank-th entry of the descending sort, duplicates counted, NaN left out, -inf past the end."""
+    module = sys.modules[dps_select.__module__]
+    rng = np.random.default_rng(seed)
+    size = int(rng.integers(1, 3000))
+    values = rng.choice(rng.random(int(rng.integers(1, 50))), size)  # few distinct values: many ties
+    values[rng.random(size) < 0.05] = np.nan
+    finite = np.sort(values[~np.isnan(values)])[::-1]
+    for rank in (1, 2, 7, 40, size, size + 3):
+        want = finite[rank - 1] if rank <= finite.size else -np.inf
+        assert module._rank_th_largest(values, rank) == want

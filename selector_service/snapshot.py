@@ -26,7 +26,7 @@ import numpy as np
 import zstandard
 
 from selector_service.core.belief_domain import check_beliefs
-from selector_service.core.beliefs import BeliefArrays, CloseStats
+from selector_service.core.beliefs import COLUMN_FIELDS, BeliefArrays, CloseStats
 from selector_service.core.coldstart import MAX_GROUPS, SharedState
 from selector_service.core.domain import BELIEF_MAX
 from selector_service.state import LAG_LABELS, SHARED_PREFIX, DatasetSpec, DatasetState
@@ -99,11 +99,10 @@ def iter_snapshot_chunks(
     def pieces() -> Iterator[bytes]:
         yield _snapshot_prefix(header, arrays)
         for arr in arrays.values():
-            if arr.nbytes == 0:  # e.g. an empty observed set; memoryview cannot cast a zero shape
-                continue
-            view = memoryview(np.ascontiguousarray(arr)).cast("B")
-            for offset in range(0, len(view), _COMPRESS_FEED_BYTES):
-                yield compressor.compress(view[offset : offset + _COMPRESS_FEED_BYTES])
+            for block in _row_major_blocks(arr):
+                view = memoryview(block).cast("B")
+                for offset in range(0, len(view), _COMPRESS_FEED_BYTES):
+                    yield compressor.compress(view[offset : offset + _COMPRESS_FEED_BYTES])
         yield compressor.flush()
 
     chunk, fill = bytearray(chunk_bytes), 0
@@ -119,6 +118,47 @@ def iter_snapshot_chunks(
                 chunk, fill = bytearray(chunk_bytes), 0
     if fill:
         yield memoryview(chunk)[:fill]
+
+
+def _block_rows(arr: np.ndarray) -> int:
+    """Rows of `arr` per block of about _COMPRESS_FEED_BYTES (at least one)."""
+    row = arr.nbytes // arr.shape[0] if arr.shape and arr.shape[0] else arr.nbytes
+    return max(1, _COMPRESS_FEED_BYTES // max(row, 1))
+
+
+def _row_major_blocks(arr: np.ndarray) -> Iterator[np.ndarray]:
+    """`arr`'s bytes in row-major (C) order, as C-contiguous pieces: the array itself when it is
+    C-contiguous, else row blocks of about _COMPRESS_FEED_BYTES, each copied (the observed set is held
+    column-major, core/beliefs.py COLUMN_FIELDS; its snapshot bytes are row-major as always, and writing
+    them costs one block, not a copy of the array). Zero-size arrays give nothing (memoryview cannot
+    cast a zero shape)."""
+    if arr.nbytes == 0:
+        return
+    if arr.flags.c_contiguous:
+        yield arr
+        return
+    step = _block_rows(arr)
+    for lo in range(0, arr.shape[0], step):
+        yield np.ascontiguousarray(arr[lo : lo + step])
+
+
+def _fill_targets(arrays: dict[str, np.ndarray]) -> Iterator[memoryview]:
+    """The byte views a snapshot body inflates into, one after another, in `arrays`' order. A C-contiguous
+    array is filled in place; one that is not (the column-major observed set) is filled through one
+    reused row-major block of about _COMPRESS_FEED_BYTES, copied into its rows as each block completes
+    (the caller asks for the next view only once the previous one is full)."""
+    for arr in arrays.values():
+        if arr.nbytes == 0:
+            continue
+        if arr.flags.c_contiguous:
+            yield memoryview(arr).cast("B")
+            continue
+        step = _block_rows(arr)
+        block = np.empty((min(step, arr.shape[0]), *arr.shape[1:]), dtype=arr.dtype)
+        for lo in range(0, arr.shape[0], step):
+            part = block[: min(step, arr.shape[0] - lo)]
+            yield memoryview(part).cast("B")
+            arr[lo : lo + part.shape[0]] = part
 
 
 class _ChunkSource:
@@ -315,7 +355,7 @@ def deserialize_snapshot(blob: bytes, max_prompts: int | None = None) -> Dataset
     return load_snapshot_chunks((blob,), max_prompts)
 
 
-def _inflate_into(source: _ChunkSource, views: list[memoryview]) -> None:
+def _inflate_into(source: _ChunkSource, views: Iterable[memoryview]) -> None:
     """Inflates the zstd frame read from `source` into `views`, one after another, and checks that the
     frame ends exactly where the source does: complete (with its checksum verified) and nothing after it.
 
@@ -391,9 +431,12 @@ def load_snapshot_chunks(
         declared = zstandard.frame_content_size(bytes(frame_head))
         if declared != expected:
             raise ValueError(f"snapshot body declares {declared} bytes, its header implies {expected}")
-        arrays = {name: np.empty(shape, dtype=dt) for name, dt, shape in layout}
-        # An empty observed set has zero-size arrays: nothing to inflate, and memoryview cannot cast them.
-        _inflate_into(source, [memoryview(arr).cast("B") for arr in arrays.values() if arr.nbytes])
+        # The observed set's column-major fields are allocated so (BeliefArrays.from_arrays keeps them).
+        arrays = {
+            name: np.empty(shape, dtype=dt, order="F" if name in COLUMN_FIELDS else "C")
+            for name, dt, shape in layout
+        }
+        _inflate_into(source, _fill_targets(arrays))
     except zstandard.ZstdError as exc:
         raise ValueError(f"snapshot body is corrupt: {exc}") from exc
     return _state_from(spec, header, arrays)

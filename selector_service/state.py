@@ -400,4 +400,5 @@ class DatasetState:
 
     def copy_for_snapshot(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         """A consistent copy (header + arrays) that can be serialized while the live state moves on."""
-        return self.snapshot_header(), {k: v.copy() for k, v in self.snapshot_arrays().items()}
+        # order="K": the column-major observed set is copied as it is held (the writer emits row-major bytes)
+        return self.snapshot_header(), {k: v.copy(order="K") for k, v in self.snapshot_arrays().items()}

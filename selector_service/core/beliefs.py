@@ -26,6 +26,9 @@ slots; the step close walks the rows in slot order, one contiguous pass:
     obs_prev      f32[M,3]  DPS prev_post: the posterior of the previous step
     obs_state     i8[M]     pooled state observed at the open step (0 = not observed yet)
 
+obs_d, obs_prior and obs_prev are held column-major (COLUMN_FIELDS): same shapes and values, but each
+column is contiguous, so the close and the DPS select stream a few float32 columns and vectorize.
+
 A never-observed prompt is implicit and exact: with D0 = d0 * ones, the unobserved update leaves D at D0
 and the prior and prev at (1/3, 1/3, 1/3) (docs/methods.md §2; dps.py shows it holds bit for bit in float32), so
 it reports D0 and 1/3 (`hmm_rows`, `dense_hmm`) and costs only its 43 bytes. Memory: 43 bytes per
@@ -106,6 +109,12 @@ OBSERVED_FIELDS: dict[str, tuple[np.dtype, tuple[int, ...]]] = {
     "obs_state": (np.dtype(np.int8), ()),
 }
 
+#: Observed-set arrays held column-major (Fortran order): each column, e.g. D(0, 0) of every observed
+#: prompt, is contiguous, so the close and the DPS select walk a few contiguous float32 streams that
+#: their loops vectorize over. Their shape and values, and so their snapshot bytes (row-major, as
+#: np.ascontiguousarray gives them), are the same as row-major arrays would have.
+COLUMN_FIELDS = ("obs_d", "obs_prior", "obs_prev")
+
 #: The arrays of the previous snapshot layout (every prompt's DPS state stored), still read.
 LEGACY_FIELDS = ("alpha", "beta", "hmm_d", "hmm_prior", "hmm_prev", "step_state", "last_state", "n_obs")
 
@@ -143,6 +152,12 @@ class BeliefArrays:
     d0: float = 1.0
     #: The dataset's state beside the per-prompt arrays (group sums, strategy state; coldstart.py).
     shared: SharedState = field(default_factory=SharedState)
+
+    def __post_init__(self) -> None:
+        for name in COLUMN_FIELDS:  # column-major storage (COLUMN_FIELDS), whoever built the arrays
+            arr = getattr(self, name)
+            if not arr.flags.f_contiguous:
+                setattr(self, name, np.asfortranarray(arr))
 
     @classmethod
     def new(
@@ -210,6 +225,11 @@ class BeliefArrays:
         for name in OBSERVED_FIELDS:
             grown[name][:m] = getattr(self, name)[:m]
             setattr(self, name, grown[name])
+
+    def observed_columns(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(D f32[9, capacity], prior f32[3, capacity], prev f32[3, capacity]): the C-contiguous
+        transposes of obs_d, obs_prior, obs_prev (views; columns < `observed` are live), for kernels."""
+        return self.obs_d.T, self.obs_prior.T, self.obs_prev.T
 
     def observed_view(self) -> dict[str, np.ndarray]:
         """name -> the live rows (views) of the OBSERVED_FIELDS arrays."""
@@ -306,8 +326,9 @@ class BeliefArrays:
         (default: a fresh one, Beta(1, 1) rules), or from the legacy layout (every prompt's DPS state;
         converted: every prompt with a result gets a slot, in id order). Arrays without the metadata
         fields (written before cold start) get them empty. Copies only arrays that are not already
-        C-contiguous, writable and of the right dtype. Raises ValueError on a missing field, a wrong
-        shape, or an observed set that does not match the slot map."""
+        contiguous (COLUMN_FIELDS column-major, the rest row-major), writable and of the right dtype.
+        Raises ValueError on a missing field, a wrong shape, or an observed set that does not match the
+        slot map."""
         if set(arrays) == set(LEGACY_FIELDS):
             return cls._from_legacy(arrays, d0, shared)
         if not set(METADATA_FIELDS) & set(arrays) and "alpha" in arrays:
@@ -326,7 +347,8 @@ class BeliefArrays:
                     raise ValueError(
                         f"belief array {name!r} has shape {arr.shape}, expected {(rows, *shape)}"
                     )
-                fields[name] = np.require(arr, dtype=dtype, requirements=["C", "W", "A"])
+                order = "F" if name in COLUMN_FIELDS else "C"
+                fields[name] = np.require(arr, dtype=dtype, requirements=[order, "W", "A"])
         if not 1 <= n <= MAX_PROMPTS:
             raise ValueError(f"a dataset needs 1 <= n <= {MAX_PROMPTS} prompts, got {n}")
         _check_d0(d0)
@@ -390,7 +412,7 @@ class BeliefArrays:
 
     def copy(self) -> BeliefArrays:
         """A deep copy (the observed set trimmed to its live rows)."""
-        arrays = {name: arr.copy() for name, arr in self.arrays().items()}
+        arrays = {name: arr.copy(order="K") for name, arr in self.arrays().items()}
         return BeliefArrays.from_arrays(arrays, self.d0, self.shared.copy())
 
     def observed_at_step(self, ids: np.ndarray) -> np.ndarray:
@@ -408,7 +430,8 @@ def _fresh_metadata(n: int) -> dict[str, np.ndarray]:
 
 def _observed_arrays(capacity: int) -> dict[str, np.ndarray]:
     return {
-        name: np.zeros((capacity, *shape), dtype=dtype) for name, (dtype, shape) in OBSERVED_FIELDS.items()
+        name: np.zeros((capacity, *shape), dtype=dtype, order="F" if name in COLUMN_FIELDS else "C")
+        for name, (dtype, shape) in OBSERVED_FIELDS.items()
     }
 
 

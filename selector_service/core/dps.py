@@ -32,7 +32,9 @@ prior over all prompts (never-observed ones included). Argmax ties go to the low
 (UNSOLVED < PARTIAL < SOLVED): a never-seen prompt, whose prior is exactly uniform, is predicted UNSOLVED.
 
 Memory traffic is the floor: per observed prompt 61 bytes are read and 60 written (the step state is
-written back only where it was set), so the pass is bandwidth-bound at large N.
+written back only where it was set). The arrays are column-major (beliefs.COLUMN_FIELDS) and the
+unobserved update, the bulk of the work, runs as one vectorized loop per block (_close_range), so the
+pass runs near that floor instead of being bound by its divisions.
 """
 
 from __future__ import annotations
@@ -76,33 +78,57 @@ def _argmax3(x0, x1, x2):
     return b1 + b2 * (2 - b1)
 
 
-@numba.njit(nogil=True, cache=True)
+#: Rows per block of the close kernel (see _close_range); a block's rows and its buffer of observed rows
+#: stay in the L2 cache between the passes over it.
+BLOCK = 2048
+
+
+@numba.njit(nogil=True, cache=True, error_model="numpy")
 def _close_range(d, prior, prev, step_state, lam, d0, lo, hi, counts):
-    """Closes rows lo..hi-1; adds their statistics into counts[0..5] (CloseStats order)."""
+    """Closes rows lo..hi-1; adds their statistics into counts[0..5] (CloseStats order).
+
+    d: f32[9, M] (row q = 3*i + j of D), prior, prev: f32[3, M], the columns of the observed set
+    (beliefs.py stores them column-major, so a row is contiguous over prompts). Block by block: the
+    prompts observed at the step (few) are updated first into a buffer, from the old D and prev; then
+    every prompt of the block takes the unobserved update in one branch-free loop that LLVM vectorizes
+    (the division-bound part: 4 divisions per prompt, 4 at a time); then the buffered rows are written
+    over it. Per element the float64 operations and their order are those of the one-row-at-a-time
+    update, so results are identical bit for bit (tests/core/test_close_bitwise.py). error_model="numpy":
+    no zero-division check (a branch that would stop the vectorizer; divisors are sums of positive
+    counts and probabilities here, core/belief_domain.py)."""
     keep = (1.0 - lam) * d0
-    e = np.empty(9)  # D' of the current prompt in float64, e[3*i + j] = D'(i, j)
+    e = np.empty(9)  # D' of one observed prompt in float64, e[3*i + j] = D'(i, j)
+    rows = np.empty(BLOCK, dtype=np.int64)
+    buf = np.empty((15, BLOCK), dtype=np.float32)  # D' (9), prior (3), prev (3) of the observed rows
     observed = 0
     partial = 0
     correct = 0
-    pred = np.zeros(3, dtype=np.int64)
-    for p in range(lo, hi):
-        r0 = np.float64(prior[p, 0])
-        r1 = np.float64(prior[p, 1])
-        r2 = np.float64(prior[p, 2])
-        for q in range(9):
-            e[q] = lam * d[p, q] + keep
-        o = step_state[p]
-        if o >= 1 and o <= 3:
-            oi = o - 1
+    pred1 = 0
+    pred2 = 0
+    for b_lo in range(lo, hi, BLOCK):
+        b_hi = min(hi, b_lo + BLOCK)
+        nb = 0
+        for p in range(b_lo, b_hi):
+            o = step_state[p]
+            if o >= 1 and o <= 3:
+                rows[nb] = p
+                nb += 1
+        # 1. The observed prompts, from the state before the close.
+        for j in range(nb):
+            p = rows[j]
+            oi = step_state[p] - 1
+            step_state[p] = 0
             observed += 1
             if oi == 1:
                 partial += 1
-            if _argmax3(r0, r1, r2) == oi:
+            if _argmax3(np.float64(prior[0, p]), np.float64(prior[1, p]), np.float64(prior[2, p])) == oi:
                 correct += 1
+            for q in range(9):
+                e[q] = lam * d[q, p] + keep
             # xi has one non-zero row: xi(oi, j) = P(oi, j) prev(j) / z, with P from the old D
-            x0 = d[p, 3 * oi] / (np.float64(d[p, 0]) + d[p, 3] + d[p, 6]) * prev[p, 0]
-            x1 = d[p, 3 * oi + 1] / (np.float64(d[p, 1]) + d[p, 4] + d[p, 7]) * prev[p, 1]
-            x2 = d[p, 3 * oi + 2] / (np.float64(d[p, 2]) + d[p, 5] + d[p, 8]) * prev[p, 2]
+            x0 = d[3 * oi, p] / (np.float64(d[0, p]) + d[3, p] + d[6, p]) * prev[0, p]
+            x1 = d[3 * oi + 1, p] / (np.float64(d[1, p]) + d[4, p] + d[7, p]) * prev[1, p]
+            x2 = d[3 * oi + 2, p] / (np.float64(d[2, p]) + d[5, p] + d[8, p]) * prev[2, p]
             inv_z = 1.0 / (x0 + x1 + x2)
             e[3 * oi] += x0 * inv_z
             e[3 * oi + 1] += x1 * inv_z
@@ -111,50 +137,95 @@ def _close_range(d, prior, prev, step_state, lam, d0, lo, hi, counts):
             n0 = e[oi]
             n1 = e[3 + oi]
             n2 = e[6 + oi]
-            prev[p, 0] = 0.0
-            prev[p, 1] = 0.0
-            prev[p, 2] = 0.0
-            prev[p, oi] = 1.0
-            step_state[p] = 0
-        else:
-            w0 = r0 / (e[0] + e[3] + e[6])
-            w1 = r1 / (e[1] + e[4] + e[7])
-            w2 = r2 / (e[2] + e[5] + e[8])
-            n0 = e[0] * w0 + e[1] * w1 + e[2] * w2
-            n1 = e[3] * w0 + e[4] * w1 + e[5] * w2
-            n2 = e[6] * w0 + e[7] * w1 + e[8] * w2
-            prev[p, 0] = r0
-            prev[p, 1] = r1
-            prev[p, 2] = r2
-        for q in range(9):
-            d[p, q] = e[q]
-        inv_total = 1.0 / (n0 + n1 + n2)
-        f0 = np.float32(n0 * inv_total)
-        f1 = np.float32(n1 * inv_total)
-        f2 = np.float32(n2 * inv_total)
-        prior[p, 0] = f0
-        prior[p, 1] = f1
-        prior[p, 2] = f2
-        pred[_argmax3(f0, f1, f2)] += 1  # an indexed add, not a branch on the data
+            inv_total = 1.0 / (n0 + n1 + n2)
+            for q in range(9):
+                buf[q, j] = e[q]
+            buf[9, j] = n0 * inv_total
+            buf[10, j] = n1 * inv_total
+            buf[11, j] = n2 * inv_total
+            buf[12, j] = 0.0
+            buf[13, j] = 0.0
+            buf[14, j] = 0.0
+            buf[12 + oi, j] = 1.0
+        # 2. Every prompt of the block as unobserved (branch-free, vectorized).
+        c1 = 0
+        c2 = 0
+        for i in range(b_hi - b_lo):
+            p = np.uint64(b_lo + i)  # unsigned: no negative-index wraparound, which stops the vectorizer
+            r0 = np.float64(prior[0, p])
+            r1 = np.float64(prior[1, p])
+            r2 = np.float64(prior[2, p])
+            e0 = lam * d[0, p] + keep
+            e1 = lam * d[1, p] + keep
+            e2 = lam * d[2, p] + keep
+            e3 = lam * d[3, p] + keep
+            e4 = lam * d[4, p] + keep
+            e5 = lam * d[5, p] + keep
+            e6 = lam * d[6, p] + keep
+            e7 = lam * d[7, p] + keep
+            e8 = lam * d[8, p] + keep
+            w0 = r0 / (e0 + e3 + e6)
+            w1 = r1 / (e1 + e4 + e7)
+            w2 = r2 / (e2 + e5 + e8)
+            n0 = e0 * w0 + e1 * w1 + e2 * w2
+            n1 = e3 * w0 + e4 * w1 + e5 * w2
+            n2 = e6 * w0 + e7 * w1 + e8 * w2
+            prev[0, p] = r0
+            prev[1, p] = r1
+            prev[2, p] = r2
+            d[0, p] = e0
+            d[1, p] = e1
+            d[2, p] = e2
+            d[3, p] = e3
+            d[4, p] = e4
+            d[5, p] = e5
+            d[6, p] = e6
+            d[7, p] = e7
+            d[8, p] = e8
+            inv_total = 1.0 / (n0 + n1 + n2)
+            f0 = np.float32(n0 * inv_total)
+            f1 = np.float32(n1 * inv_total)
+            f2 = np.float32(n2 * inv_total)
+            prior[0, p] = f0
+            prior[1, p] = f1
+            prior[2, p] = f2
+            top = _argmax3(f0, f1, f2)  # counted without a branch or an indexed add
+            c1 += np.int64(top == 1)
+            c2 += np.int64(top == 2)
+        # 3. The observed prompts' rows over their unobserved ones (and their predictions swapped).
+        for j in range(nb):
+            p = rows[j]
+            top = _argmax3(prior[0, p], prior[1, p], prior[2, p])
+            c1 -= np.int64(top == 1)
+            c2 -= np.int64(top == 2)
+            for q in range(9):
+                d[q, p] = buf[q, j]
+            for q in range(3):
+                prior[q, p] = buf[9 + q, j]
+                prev[q, p] = buf[12 + q, j]
+            top = _argmax3(buf[9, j], buf[10, j], buf[11, j])
+            c1 += np.int64(top == 1)
+            c2 += np.int64(top == 2)
+        pred1 += c1
+        pred2 += c2
     counts[0] += observed
     counts[1] += partial
     counts[2] += correct
-    counts[3] += pred[0]
-    counts[4] += pred[1]
-    counts[5] += pred[2]
+    counts[3] += (hi - lo) - pred1 - pred2
+    counts[4] += pred1
+    counts[5] += pred2
 
 
 @numba.njit(nogil=True, cache=True)
-def _close_serial(d, prior, prev, step_state, lam, d0, counts):
-    _close_range(d, prior, prev, step_state, lam, d0, 0, step_state.size, counts[0])
+def _close_serial(d, prior, prev, step_state, lam, d0, m, counts):
+    _close_range(d, prior, prev, step_state, lam, d0, 0, m, counts[0])
 
 
 @numba.njit(nogil=True, cache=True, parallel=True)
-def _close_parallel(d, prior, prev, step_state, lam, d0, counts):
-    n = step_state.size
+def _close_parallel(d, prior, prev, step_state, lam, d0, m, counts):
     for c in prange(counts.shape[0]):
         lo = c * CHUNK
-        _close_range(d, prior, prev, step_state, lam, d0, lo, min(n, lo + CHUNK), counts[c])
+        _close_range(d, prior, prev, step_state, lam, d0, lo, min(m, lo + CHUNK), counts[c])
 
 
 def close_step(ba, lam: float, d0: float | None = None) -> CloseStats:
@@ -169,7 +240,9 @@ def close_step(ba, lam: float, d0: float | None = None) -> CloseStats:
     if float(d0) != ba.d0:
         raise ValueError(f"d0 {d0!r} differs from the beliefs' Dirichlet prior count {ba.d0!r}")
     m = ba.observed
-    args = (ba.obs_d[:m], ba.obs_prior[:m], ba.obs_prev[:m], ba.obs_state[:m], float(lam), float(d0))
+    # The columns of the observed set at its capacity (C-contiguous f32[9 or 3, capacity]); rows < m live.
+    cols = ba.observed_columns()
+    args = (*cols, ba.obs_state, float(lam), float(d0), m)
     if m < max(PARALLEL_MIN, CLOSE_PARALLEL_MIN):
         counts = np.zeros((1, 6), dtype=np.int64)
         _close_serial(*args, counts)

@@ -24,6 +24,7 @@ from .mi import _beta_params, _check_ids
 from .rng import Stream
 
 __all__ = [
+    "dps_score3",
     "dps_score_of_row",
     "dps_scores",
     "expected_difficulty_scores",
@@ -120,17 +121,29 @@ def thompson_scores(
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
-def dps_score_of_row(prior, q, weight):
-    """prior[q, 1] + weight * H(prior[q]) in float64 (the one definition of the DPS score)."""
-    s = np.float64(prior[q, 1])
+def dps_score3(r0, r1, r2, weight):
+    """r1 + weight * H(r0, r1, r2) in float64, from one prompt's float32 prior (the one definition of
+    the DPS score)."""
+    s = np.float64(r1)
     if weight != 0.0:
         h = 0.0
-        for j in range(3):
-            v = np.float64(prior[q, j])
-            if v > 0.0:
-                h -= v * math.log(v)
+        v = np.float64(r0)
+        if v > 0.0:
+            h -= v * math.log(v)
+        v = np.float64(r1)
+        if v > 0.0:
+            h -= v * math.log(v)
+        v = np.float64(r2)
+        if v > 0.0:
+            h -= v * math.log(v)
         s += weight * h
     return s
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def dps_score_of_row(prior, q, weight):
+    """The DPS score of row q of a prior array f32[M, 3]."""
+    return dps_score3(prior[q, 0], prior[q, 1], prior[q, 2], weight)
 
 
 @numba.njit(nogil=True, cache=True)
@@ -156,7 +169,7 @@ def dps_scores(hmm_prior: np.ndarray, ids: np.ndarray | None, entropy_weight: fl
     """prior(2) + entropy_weight * H(prior) in nats for `ids` (None: every prompt), float64."""
     if not math.isfinite(entropy_weight):
         raise ValueError(f"entropy_weight must be finite, got {entropy_weight!r}")
-    prior = np.ascontiguousarray(hmm_prior, dtype=np.float32)
+    prior = np.asarray(hmm_prior, dtype=np.float32)  # any strides (the observed set is column-major)
     if prior.ndim != 2 or prior.shape[1] != 3:
         raise ValueError(f"hmm_prior must have shape (N, 3), got {prior.shape}")
     use_all = ids is None

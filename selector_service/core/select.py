@@ -32,7 +32,7 @@ import numpy as np
 
 from .outcomes import SOLVED
 from .rng import Stream, bounded, stream
-from .scores import dps_score_of_row, dps_scores
+from .scores import dps_score3, dps_score_of_row
 
 __all__ = [
     "candidate_pool",
@@ -556,14 +556,195 @@ def _unobserved(ba, count: int, rng: Stream) -> np.ndarray:
     return listed[rng.child(2).sample(listed.size, count)]
 
 
+#: Rows per block of _scan_columns.
+_TOP_BLOCK = 256
+
+
+@numba.njit(nogil=True, cache=True)
+def _block_scores(p0, p1, p2, lo, width, weight, out):
+    """DPS scores of rows lo..lo+width-1 from the prior's columns (unsigned indices: no negative-index
+    wraparound, so the weight-0 loop vectorizes)."""
+    if weight == 0.0:
+        for i in range(width):
+            out[i] = np.float64(p1[np.uint64(lo + i)])
+    else:
+        for i in range(width):
+            q = np.uint64(lo + i)
+            out[i] = dps_score3(p0[q], p1[q], p2[q], weight)
+
+
+@numba.njit(nogil=True, cache=True)
+def _block_counts(sc, width, thr, ref):
+    """(NaN, > ref, == ref, >= thr) among sc[:width], without branches (vectorized)."""
+    nan = 0
+    gt = 0
+    eq = 0
+    hits = 0
+    for i in range(width):
+        v = sc[i]
+        nan += np.int64(v != v)
+        gt += np.int64(v > ref)
+        eq += np.int64(v == ref)
+        hits += np.int64(v >= thr)  # False for NaN
+    return nan, gt, eq, hits
+
+
+@numba.njit(nogil=True, cache=True)
+def _scan_columns(prior, m, weight, thr, ref, vals, pos):
+    """One pass over the DPS scores of observed rows 0..m-1 (prior f32[3, capacity], the observed set's
+    columns): counts (NaN, scores > ref, scores == ref, scores >= thr) and every row scoring >= thr
+    with its score, in vals / pos (ascending rows). Block by block: the scores of 256 rows are computed
+    and counted in loops without branches (vectorized); a block with rows >= thr is then compacted
+    without branches. Stops collecting (the counts go on) once the rows would not fit in
+    vals.size - _TOP_BLOCK; returns (rows kept or -1 if they did not fit, NaN, gt, eq, >= thr)."""
+    cap = vals.size - _TOP_BLOCK  # the branch-free compaction writes one slot past the last row kept
+    n = 0
+    nan = 0
+    gt = 0
+    eq = 0
+    ge = 0
+    sc = np.empty(_TOP_BLOCK, dtype=np.float64)
+    p0 = prior[0]
+    p1 = prior[1]
+    p2 = prior[2]
+    for b_lo in range(0, m, _TOP_BLOCK):
+        width = min(_TOP_BLOCK, m - b_lo)
+        _block_scores(p0, p1, p2, b_lo, width, weight, sc)
+        c_nan, c_gt, c_eq, hits = _block_counts(sc, width, thr, ref)
+        nan += c_nan
+        gt += c_gt
+        eq += c_eq
+        ge += hits
+        if hits == 0 or n < 0:
+            continue
+        if n + hits > cap:
+            n = -1
+            continue
+        for i in range(width):
+            v = sc[i]
+            vals[n] = v
+            pos[n] = b_lo + i
+            n += np.int64(v >= thr)  # False for NaN
+    return n, nan, gt, eq, ge
+
+
+@numba.njit(nogil=True, cache=True)
+def _column_scores(prior, slots, weight, out):
+    for i in range(slots.size):
+        q = slots[i]
+        out[i] = dps_score3(prior[0, q], prior[1, q], prior[2, q], weight)
+
+
+#: Rows sampled (evenly spread) to place _scan_columns' threshold: m / _RANK_SAMPLE_EVERY, within these.
+_RANK_SAMPLE_MIN = 1024
+_RANK_SAMPLE_MAX = 16384
+_RANK_SAMPLE_EVERY = 64
+#: Sampled rows above the sampled rank of the k-th largest (x2) where the threshold is placed.
+_RANK_SAMPLE_MARGIN = 4
+
+
+@numba.njit(nogil=True, cache=True)
+def _sample_columns(prior, m, weight, out):
+    """Scores of out.size rows spread evenly over 0..m-1 (row (i * m) // size)."""
+    count = out.size
+    for i in range(count):
+        q = (i * m) // count
+        out[i] = dps_score3(prior[0, q], prior[1, q], prior[2, q], weight)
+
+
+@numba.njit(nogil=True, cache=True)
+def _rank_th_largest(values, rank):
+    """The rank-th largest of `values` (duplicates counted; NaN skipped; -inf if fewer than rank are
+    not NaN), for a small rank: a sorted list of the rank largest so far, one compare per value. Not
+    np.partition, which slows down ~10x on the many equal scores DPS priors reach (after many closes
+    a million priors take a few hundred distinct values), nor a sort of the whole sample."""
+    top = np.full(rank, -np.inf)  # ascending; top[0] is the smallest of the rank largest
+    for i in range(values.size):
+        v = values[i]
+        if v > top[0]:  # False for NaN
+            j = 1
+            while j < rank and top[j] < v:
+                top[j - 1] = top[j]
+                j += 1
+            top[j - 1] = v
+    return top[0]
+
+
+class _Ranked(NamedTuple):
+    """The observed rows scoring at or above the k-th largest score (ties included): their scores and
+    positions (slots), and counts against the never-observed score."""
+
+    vals: np.ndarray
+    pos: np.ndarray
+    nan: int
+    gt: int
+    eq: int
+    floor: float  # every kept score is >= floor
+
+    def top(self, r: int) -> tuple[np.ndarray, np.ndarray]:
+        """Slots above the r-th largest score and slots equal to it (r <= rows kept; slot order, which
+        the callers do not depend on: they order tied prompts by id). The rows kept are often a few
+        above the floor plus a large block tied at it, which np.partition handles 10x slower than
+        distinct values: the block is set aside first (if fewer than r rows lie above the floor, the
+        r-th largest is the floor itself)."""
+        higher = self.vals > self.floor
+        count = int(np.count_nonzero(higher))
+        b = np.partition(self.vals[higher], count - r)[count - r] if count >= r else self.floor
+        return self.pos[self.vals > b], self.pos[self.vals == b]
+
+    def at(self, value: float) -> tuple[np.ndarray, np.ndarray]:
+        """Slots scoring above `value` and slots equal to it."""
+        return self.pos[self.vals > value], self.pos[self.vals == value]
+
+
+def _rank_observed(ba, k: int, weight: float, ref: float) -> _Ranked:
+    """The observed rows scoring at or above the k-th largest observed score (all of them when k >= M),
+    and the counts against `ref`. Usually one pass (_scan_columns) at a threshold placed by a sample a
+    little below the k-th largest, keeping about 2 k + 4 M / sample rows plus any block of ties at the
+    threshold; where the sample misled (too few or too many rows at or above it), the exact passes of
+    _Source over the same scores."""
+    m = ba.observed
+    prior = ba.observed_columns()[1]
+    weight = float(weight)
+    kk = min(k, m)
+    if kk == m:
+        thr, cap = -math.inf, m
+    else:
+        size = min(max(m // _RANK_SAMPLE_EVERY, _RANK_SAMPLE_MIN), _RANK_SAMPLE_MAX, m)
+        sample = np.empty(size, dtype=np.float64)
+        _sample_columns(prior, m, weight, sample)
+        rank = min(size, -(-2 * kk * size // m) + _RANK_SAMPLE_MARGIN)
+        thr = float(_rank_th_largest(sample, rank))  # NaN is skipped: the scan counts and reports it
+        at_or_above = int(np.count_nonzero(sample >= thr))  # ties at thr included
+        cap = min(m, 2 * (at_or_above * m // size) + 4096)
+    vals = np.empty(cap + _TOP_BLOCK, dtype=np.float64)
+    pos = np.empty(cap + _TOP_BLOCK, dtype=np.int64)
+    n, nan, gt, eq, ge = _scan_columns(prior, m, weight, thr, ref, vals, pos)
+    if nan:
+        return _Ranked(vals[:0], pos[:0], int(nan), int(gt), int(eq), thr)
+    if n >= 0 and ge >= kk:
+        return _Ranked(vals[:n], pos[:n], 0, int(gt), int(eq), thr)
+    source = _Source(m, prior=ba.obs_prior[:m], weight=weight)
+    scan = source.scan(kk, order_key(ref))
+    above, tied, _ = source.top(scan, kk)
+    kept = np.concatenate([above, tied])
+    return _Ranked(_observed_scores(ba, kept, weight), kept, scan.nan, scan.gt, scan.eq, -math.inf)
+
+
+def _observed_scores(ba, slots: np.ndarray, weight: float) -> np.ndarray:
+    out = np.empty(slots.size, dtype=np.float64)
+    _column_scores(ba.observed_columns()[1], slots, float(weight), out)
+    return out
+
+
 def dps_select(ba, k: int, entropy_weight: float, rng: Stream) -> tuple[np.ndarray, np.ndarray]:
     """docs/methods.md §2 over the whole dataset in O(prompts ever observed + k): the k prompts with the largest
     prior(2) + entropy_weight * H(prior), best first, and their scores (float64). `ba` is a
     BeliefArrays, `rng` the select's "ties" stream.
 
     Every never-observed prompt has the same score s0 (its prior is exactly uniform), so the dataset is
-    the observed set (ranked by one pass over its prior rows, no score array; _Source) plus a block of
-    N - M copies of s0. With gt / eq the observed prompts scoring above / exactly at s0:
+    the observed set (ranked by one pass over its prior column, no score array; _rank_observed) plus a
+    block of N - M copies of s0. With gt / eq the observed prompts scoring above / exactly at s0:
 
     - gt >= k: the block is not reached; the top k of the observed set, the tie rule of the module
       docstring over its tied prompts in ascending id order.
@@ -583,46 +764,43 @@ def dps_select(ba, k: int, entropy_weight: float, rng: Stream) -> tuple[np.ndarr
     block = n - m
     if not 1 <= k <= n:
         raise ValueError(f"k must lie in [1, {n}] (the number of prompts), got {k}")
-    uniform_row = np.full((1, 3), np.float32(1.0 / 3.0), dtype=np.float32)
-    s0 = float(dps_scores(uniform_row, None, entropy_weight)[0])
-    key0 = order_key(s0)
-    prior = ba.obs_prior[:m]
-    source = _Source(m, prior=prior, weight=entropy_weight)
-    scan = source.scan(k, key0)
-    gt, eq = scan.gt, scan.eq
-    if scan.nan:
+    third = np.float32(1.0 / 3.0)
+    s0 = float(dps_score3(third, third, third, float(entropy_weight)))  # every never-observed prompt's
+    ranked = _rank_observed(ba, k, entropy_weight, s0)
+    gt, eq = ranked.gt, ranked.eq
+    if ranked.nan:
         raise ValueError("DPS scores contain NaN; the beliefs are corrupt")
     if block == 0 or gt >= k:
         if k == m:
             slots = np.arange(m, dtype=np.int64)
         else:
-            above, tied, _ = source.top(scan, k)
+            above, tied = ranked.top(k)
             tied_ids = np.sort(ba.obs_ids[tied].astype(np.int64))
             chosen_tied = choose_tied(tied_ids, k - above.size, rng)
             slots = np.concatenate([above, ba.hmm_slot[chosen_tied].astype(np.int64)])
         ids = ba.obs_ids[slots].astype(np.int64)
-        scores = dps_scores(prior, slots, entropy_weight)
+        scores = _observed_scores(ba, slots, entropy_weight)
     elif gt + eq + block < k:
         rest = k - block
         if rest == m:
             slots = np.arange(m, dtype=np.int64)
         else:
-            above, tied, _ = source.top(scan, rest)
+            above, tied = ranked.top(rest)
             tied_ids = np.sort(ba.obs_ids[tied].astype(np.int64))
             chosen_tied = choose_tied(tied_ids, rest - above.size, rng)
             slots = np.concatenate([above, ba.hmm_slot[chosen_tied].astype(np.int64)])
         never = np.flatnonzero(ba.hmm_slot < 0)
         ids = np.concatenate([ba.obs_ids[slots].astype(np.int64), never])
-        scores = np.concatenate([dps_scores(prior, slots, entropy_weight), np.full(block, s0)])
+        scores = np.concatenate([_observed_scores(ba, slots, entropy_weight), np.full(block, s0)])
     else:
-        above, tied = source.at(scan, key0)
+        above, tied = ranked.at(s0)
         tied_ids = np.sort(ba.obs_ids[tied].astype(np.int64))
         picks = rng.child(0).sample(tied_ids.size + block, k - above.size)
         from_observed = tied_ids[picks[picks < tied_ids.size]]
         from_block = _unobserved(ba, int(np.count_nonzero(picks >= tied_ids.size)), rng)
         slots = np.concatenate([above, ba.hmm_slot[from_observed].astype(np.int64)])
         ids = np.concatenate([ba.obs_ids[slots].astype(np.int64), from_block])
-        scores = np.concatenate([dps_scores(prior, slots, entropy_weight), np.full(from_block.size, s0)])
+        scores = np.concatenate([_observed_scores(ba, slots, entropy_weight), np.full(from_block.size, s0)])
     order = order_by_score(scores, ids, rng.child(1).bits_at(ids))
     return ids[order], scores[order]
 

@@ -8,6 +8,8 @@ seeds). Memory and time are O(prompts ever observed + B): the block is never mat
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 from scipy import stats
@@ -88,6 +90,66 @@ def test_batches_outside_the_block_equal_the_dense_rule_bit_for_bit(weight, n, o
         np.testing.assert_array_equal(scores, dense_scores)
 
 
+def _arranged(ba: BeliefArrays, arrangement: str, seed: int) -> BeliefArrays:
+    """The same priors moved between slots: ascending or descending score order, or a few values only
+    (blocks of ties much larger than the selection buffer)."""
+    m = ba.observed
+    prior = np.ascontiguousarray(ba.obs_prior[:m])
+    if arrangement == "ascending":
+        prior = prior[np.argsort(prior[:, 1], kind="stable")]
+    elif arrangement == "descending":
+        prior = prior[np.argsort(-prior[:, 1], kind="stable")]
+    else:  # "few values": every prior one of 3 rows
+        rows = prior[np.random.default_rng(seed).choice(m, 3, replace=False)]
+        prior = rows[np.random.default_rng(seed + 1).integers(0, 3, m)]
+    ba.obs_prior[:m] = prior
+    return ba
+
+
+@pytest.mark.parametrize("arrangement", ["ascending", "descending", "few values"])
+@pytest.mark.parametrize("sample", ["usual", "one row"])
+@pytest.mark.parametrize("weight", [0.0, 0.3])
+def test_any_arrangement_of_scores_gives_the_dense_batch(monkeypatch, arrangement, sample, weight):
+    """The ranking of the observed set (select._rank_observed) keeps the rows at or above a threshold
+    placed by a sample, in one pass; where the sample misleads (here: a sample of one row), the exact
+    passes of _Source rank instead. Sorted scores and blocks of ties far larger than k included, the
+    batch is the dense rule's, whichever path ranked."""
+    module = sys.modules[dps_select.__module__]
+    if sample == "one row":
+        monkeypatch.setattr(module, "_RANK_SAMPLE_MIN", 1)
+        monkeypatch.setattr(module, "_RANK_SAMPLE_MAX", 1)
+    exact, recording = [], []
+    top = module._Source.top
+
+    def spy(self, *args):
+        if recording:
+            exact.append(True)
+        return top(self, *args)
+
+    monkeypatch.setattr(module._Source, "top", spy)  # the exact passes (not the dense rule's own calls)
+    ba = _arranged(observed_beliefs(30_000, 20_000, seed=5), arrangement, seed=5)
+    _, _, full = dense(ba, 1, weight, 0)
+    s0 = full[ba.hmm_slot < 0][0]
+    above = int(np.count_nonzero(full > s0))
+    observed_scores = full[ba.obs_ids[: ba.observed]]
+    for k in (1, 256, 1000, 5000):
+        if k > above:
+            continue
+        for seed in range(2):
+            recording.append(True)
+            ids, scores = sparse(ba, k, weight, seed)
+            recording.clear()
+            pos, dense_scores, _ = dense(ba, k, weight, seed)
+            np.testing.assert_array_equal(ids, pos)
+            np.testing.assert_array_equal(scores, dense_scores)
+        if sample == "one row" and arrangement == "descending" and weight == 0.0:
+            # the one sampled row is the largest score: the pass keeps its ties, too few beyond them
+            assert bool(exact) == (np.count_nonzero(observed_scores == observed_scores.max()) < k)
+        if sample == "usual" and arrangement != "few values":
+            assert not exact
+        exact.clear()
+
+
 @pytest.mark.parametrize(("n", "observed"), [(600, 100), (600, 595)])  # rejection and listed block draws
 def test_batches_that_stop_in_the_block_have_the_dense_distribution(n, observed):
     """k reaches into the tie at the never-observed score: the prompts above it are always in, and every
@@ -156,3 +218,18 @@ def test_a_large_observed_set_stopping_in_the_block_keeps_the_right_scores():
         np.testing.assert_array_equal(scores, np.sort(full)[::-1][:k])
         np.testing.assert_array_equal(np.sort(ids[:above]), np.flatnonzero(full > s0))
         assert np.all(full[ids[above:]] == s0)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_rank_th_largest_of_the_sample_matches_a_sort(seed):
+    """select._rank_th_largest (the threshold of the one-pass ranking) against its literal twin: the
+    rank-th entry of the descending sort, duplicates counted, NaN left out, -inf past the end."""
+    module = sys.modules[dps_select.__module__]
+    rng = np.random.default_rng(seed)
+    size = int(rng.integers(1, 3000))
+    values = rng.choice(rng.random(int(rng.integers(1, 50))), size)  # few distinct values: many ties
+    values[rng.random(size) < 0.05] = np.nan
+    finite = np.sort(values[~np.isnan(values)])[::-1]
+    for rank in (1, 2, 7, 40, size, size + 3):
+        want = finite[rank - 1] if rank <= finite.size else -np.inf
+        assert module._rank_th_largest(values, rank) == want

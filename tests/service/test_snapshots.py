@@ -76,6 +76,27 @@ def test_chunked_and_whole_blob_formats_read_each_other():
     assert _same_beliefs(load_snapshot_chunks(pieces), state)
 
 
+@pytest.mark.parametrize("feed_bytes", [7, 36 * 5, 4 * 2**20])
+def test_column_major_observed_set_writes_and_loads_row_major_bytes(monkeypatch, feed_bytes):
+    """The observed set is held column-major (core/beliefs.py COLUMN_FIELDS) and written from the live
+    arrays in row blocks: the body is byte for byte that of row-major copies, whatever the block size,
+    and loads back (through one reused row block per array) into column-major arrays."""
+    import selector_service.snapshot as snapshot
+
+    state = _busy_state(seed=2)
+    header, live = state.snapshot_header(), state.snapshot_arrays()
+    assert not live["obs_d"].flags.c_contiguous  # a view of the live rows of the column-major set
+    row_major = {k: np.ascontiguousarray(v) for k, v in live.items()}
+    want = b"".join(bytes(c) for c in iter_snapshot_chunks(header, row_major, 1000))
+    monkeypatch.setattr(snapshot, "_COMPRESS_FEED_BYTES", feed_bytes)
+    got = b"".join(bytes(c) for c in iter_snapshot_chunks(header, live, 1000))
+    assert got == want
+    back = load_snapshot_chunks([got[i : i + 333] for i in range(0, len(got), 333)])
+    assert _same_beliefs(back, state)
+    for name in ("obs_d", "obs_prior", "obs_prev"):
+        assert getattr(back.arrays, name).flags.f_contiguous
+
+
 def test_truncated_snapshot_raises():
     chunks = _chunks(_busy_state(), 1024)
     assert len(chunks) > 5

@@ -63,6 +63,8 @@ _SIGN = np.uint64(1 << 63)
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _DIGIT = np.uint64(0xFFFF)
 _TOP = np.uint64(48)
+#: Key of +inf: nothing is above it.
+_KEY_MAX = 0xFFF0000000000000
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
@@ -162,6 +164,23 @@ def _collect_prior(prior, weight, digit, above, cand_keys, cand_pos):
                 cand_pos[nc] = q
                 nc += 1
     return na, nc
+
+
+@numba.njit(nogil=True, cache=True)
+def _tied_at_ranks(scores, value, ranks, out):
+    """out[j] = the position of the ranks[j]-th score (0-based, ranks ascending) among the scores equal
+    to `value`, in ascending position order. Compares values: equal values have equal keys (-0.0 and
+    +0.0 included), and NaN equals nothing."""
+    j = 0
+    seen = 0
+    for q in range(scores.size):
+        if scores[q] == value:
+            if seen == ranks[j]:
+                out[j] = q
+                j += 1
+                if j == ranks.size:
+                    return
+            seen += 1
 
 
 @numba.njit(nogil=True, cache=True)
@@ -318,6 +337,7 @@ class _Scan(NamedTuple):
     nan: int
     gt: int  # keys > the reference key
     eq: int  # keys == the reference key
+    ref_key: int  # the reference key: the caller's, or (when it gave none) a big sampled tie block's value
     thr_key: int  # every key >= thr_key was kept ...
     keys: np.ndarray  # ... here (uint64), with its position (ascending) ...
     pos: np.ndarray
@@ -359,13 +379,18 @@ class _Source:
             rank = min(_SAMPLE, -(-2 * k * _SAMPLE // m) + _SAMPLE_MARGIN)
             ordered = np.sort(sample)
             thr = int(ordered[_SAMPLE - rank]) if rank < _SAMPLE else 0
-            # A value that many sampled rows share is a big block of ties: start just above it (if the
-            # rows above do not reach rank k, the block holds the boundary, and the exact passes must
-            # list it anyway).
-            if rank < _SAMPLE and np.count_nonzero(ordered == ordered[_SAMPLE - rank]) > rank:
-                larger = ordered[ordered > ordered[_SAMPLE - rank]]
-                if larger.size:
-                    thr = int(larger[0])
+            # A value that many sampled rows share is a big block of ties: keep only the rows above it
+            # (if they do not reach rank k, the block holds the boundary: `top_in_tie_block` finishes
+            # when the counts are against the block, else the exact passes list it).
+            tie = int(ordered[_SAMPLE - rank])
+            if (
+                rank < _SAMPLE
+                and np.count_nonzero(ordered == ordered[_SAMPLE - rank]) > rank
+                and tie < _KEY_MAX
+            ):
+                thr = tie + 1  # the next key: every row above the block, none of it
+                if not ref_key:
+                    ref_key = tie
             cap = min(m, 2 * (rank * m // _SAMPLE) + 4096)
         keys = np.empty(cap, dtype=np.uint64)
         pos = np.empty(cap, dtype=np.int64)
@@ -376,9 +401,27 @@ class _Source:
         else:
             n, nan, gt, eq = _scan_array(self.scores, self._bits(), thr_value, ref_value, keys, pos)
         if n <= cap:
-            return _Scan(int(nan), int(gt), int(eq), thr, keys[:n], pos[:n], True, None)
+            return _Scan(int(nan), int(gt), int(eq), ref_key, thr, keys[:n], pos[:n], True, None)
         hist, nan, gt, eq = self.histogram(ref_key)
-        return _Scan(nan, gt, eq, thr, keys[:0], pos[:0], False, hist)
+        return _Scan(nan, gt, eq, ref_key, thr, keys[:0], pos[:0], False, hist)
+
+    def top_in_tie_block(self, scan: _Scan, k: int) -> tuple[np.ndarray, int, int] | None:
+        """When the k-th largest score is the value of the big tie block the scan counted against and
+        the scan kept every row above it: (positions above it, ascending; size of the block; its key).
+        Else None. Then the block's positions need not be listed: `tied_at_ranks` finds the few drawn."""
+        if not (scan.complete and scan.ref_key and scan.thr_key > scan.ref_key):
+            return None
+        if scan.keys.size != scan.gt or not scan.gt < k <= scan.gt + scan.eq:
+            return None
+        return np.sort(scan.pos), scan.eq, scan.ref_key
+
+    def tied_at_ranks(self, key: int, ranks: np.ndarray) -> np.ndarray:
+        """Positions of the rows whose key is `key`, at the given ranks (sorted ascending) among all
+        such rows in ascending position order: one read-only pass."""
+        out = np.empty(ranks.size, dtype=np.int64)
+        if ranks.size:
+            _tied_at_ranks(self.scores, _key_to_value(key), ranks, out)
+        return out
 
     def top(self, scan: _Scan, k: int) -> tuple[np.ndarray, np.ndarray, int]:
         """Positions above the k-th largest score, positions equal to it (ascending), and its key."""
@@ -499,8 +542,15 @@ def topk_random_ties(scores: np.ndarray, k: int, rng: Stream) -> np.ndarray:
     scan = source.scan(k)
     if scan.nan:
         raise ValueError("scores contain NaN; every candidate needs a comparable score")
+    block = None if k == n else source.top_in_tie_block(scan, k)
     if k == n:
         chosen = np.arange(n, dtype=np.int64)
+    elif block is not None and k - block[0].size < block[1]:
+        # The boundary lies in a big block of equal scores (never-observed prompts in a cold start): draw
+        # the block's members by rank, as choose_tied does, without listing the block.
+        above, size, key = block
+        ranks = np.sort(rng.child(0).sample(size, k - above.size))
+        chosen = np.concatenate([above, source.tied_at_ranks(key, ranks)])
     else:
         above, tied, _ = source.top(scan, k)
         chosen = np.concatenate([above, choose_tied(tied, k - above.size, rng)])

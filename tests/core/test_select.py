@@ -256,3 +256,31 @@ def test_large_inputs_equal_the_literal_twin(pattern, monkeypatch):
         assert not fallbacks  # the sample places the threshold well: one pass
     elif pattern in ("sampled_high", "unsampled_high"):
         assert fallbacks  # it misleads: the exact passes decide
+
+
+@pytest.mark.parametrize(
+    ("n", "block", "above", "k", "negative_zero"),
+    [
+        (20_000, 0.5, 0, 256, False),  # a cold start: the block is the top score
+        (20_000, 0.5, 100, 256, False),  # a few observed prompts score above the block
+        (50_000, 1 / 3, 255, 256, False),  # one slot left in the block
+        (30_000, 0.0, 7, 64, True),  # a block of zeros, -0.0 among them (keyed like +0.0)
+        (25_000, -2.5, 40, 300, False),  # negative scores
+    ],
+)
+def test_a_boundary_inside_a_big_tie_block_matches_the_literal_rule(n, block, above, k, negative_zero):
+    # The block's members are drawn by rank without listing the block (Source.top_in_tie_block); the
+    # batch must be the literal twin's, which lists every tied position.
+    rng = np.random.default_rng(n + above)
+    scores = np.full(n, block)
+    if negative_zero:
+        scores[rng.choice(n, n // 3, replace=False)] = -0.0
+    lower = rng.choice(n, n // 5, replace=False)
+    scores[lower] = block - 1.0 - rng.random(lower.size)
+    higher = rng.choice(np.setdiff1d(np.arange(n), lower), above, replace=False)
+    scores[higher] = block + 0.5 + rng.random(above)
+    source = _Source(n, scores=scores)
+    assert source.top_in_tie_block(source.scan(k), k) is not None  # the shortcut is what is tested
+    for seed in range(3):
+        s = stream("k", 0, seed, "ties")
+        assert topk_random_ties(scores, k, s).tolist() == naive.topk_random_ties(scores, k, s.id)

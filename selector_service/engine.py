@@ -616,8 +616,8 @@ class Engine:
         """Validates a whole request, then appends it to the log atomically with its request id.
 
         Returns (results applied, duplicate, lag). A request id names one body: its retry is a duplicate
-        (nothing applied, the first call's lag), the same id with another body or for another dataset
-        is a Conflict.
+        (nothing applied, the first call's lag), the same id with another body, for another dataset or
+        for an earlier incarnation of this one is a Conflict.
         """
         if len(results) > self.settings.max_ids_per_request:
             raise PayloadTooLarge(

@@ -466,8 +466,9 @@ class Store:
 
         Its own step, not part of the observe script: the claim lives outside the dataset's hash slot
         (a Redis Cluster script may only touch one slot). Claiming first is safe in every interleaving:
-        a claim whose observe never ran (a crash in between) only binds the id to the dataset its retry
-        goes to anyway.
+        a claim whose observe never ran (a crash in between) only binds the id to the incarnation its
+        retry goes to anyway (unless that incarnation is replaced meanwhile: then the retry is refused,
+        never applied).
         """
         owner, created = await self._claim(
             keys=[self.keys.claim(request_id)], args=[f"{name} {uid}", self.rid_ttl]

@@ -351,9 +351,9 @@ class _Source:
 
     The usual path reads the scores once: `scan` samples 4096 evenly spread rows to place a threshold a
     little below the k-th largest, then one pass keeps every row at or above it (about 2k + 16 m / 4096
-    rows) and counts rows against a reference key; `top` and `at` finish among the kept rows. When the
+    rows) and counts rows against a reference key; `top` finishes among the kept rows. When the
     kept rows would not fit (the scan then stops at once) or do not suffice (the threshold landed too
-    high), two exact passes decide (`histogram`, then `split` / `split_at`). Either way the result is the
+    high), two exact passes decide (`histogram`, then `split`). Either way the result is the
     same.
     """
 
@@ -378,16 +378,13 @@ class _Source:
             _sample_keys(scores, self._bits(), prior, self.weight, self.prior is not None, m, sample)
             rank = min(_SAMPLE, -(-2 * k * _SAMPLE // m) + _SAMPLE_MARGIN)
             ordered = np.sort(sample)
-            thr = int(ordered[_SAMPLE - rank]) if rank < _SAMPLE else 0
+            sampled = ordered[_SAMPLE - rank]
+            thr = int(sampled) if rank < _SAMPLE else 0
             # A value that many sampled rows share is a big block of ties: keep only the rows above it
             # (if they do not reach rank k, the block holds the boundary: `top_in_tie_block` finishes
             # when the counts are against the block, else the exact passes list it).
-            tie = int(ordered[_SAMPLE - rank])
-            if (
-                rank < _SAMPLE
-                and np.count_nonzero(ordered == ordered[_SAMPLE - rank]) > rank
-                and tie < _KEY_MAX
-            ):
+            tie = int(sampled)
+            if rank < _SAMPLE and np.count_nonzero(ordered == sampled) > rank and tie < _KEY_MAX:
                 thr = tie + 1  # the next key: every row above the block, none of it
                 if not ref_key:
                     ref_key = tie
@@ -431,13 +428,6 @@ class _Source:
             return scan.pos[scan.keys > ukey], scan.pos[scan.keys == ukey], key
         return self.split(scan.hist if scan.hist is not None else self.histogram()[0], k)
 
-    def at(self, scan: _Scan, key: int) -> tuple[np.ndarray, np.ndarray]:
-        """Positions whose key is above `key`, and those equal to it (ascending)."""
-        if scan.complete and scan.thr_key <= key:
-            ukey = np.uint64(key)
-            return scan.pos[scan.keys > ukey], scan.pos[scan.keys == ukey]
-        return self.split_at(scan.hist if scan.hist is not None else self.histogram()[0], key)
-
     def histogram(self, ref_key: int = 0) -> tuple[np.ndarray, int, int, int]:
         """(histogram of top digits, NaN count, count of keys > ref_key, count == ref_key)."""
         hist = np.zeros(65536, dtype=np.int64)
@@ -456,11 +446,6 @@ class _Source:
         above, cand_keys, cand_pos = self._collect(hist, digit)
         key = int(_kth_key_among(cand_keys, k - ahead))
         return self._finish(above, cand_keys, cand_pos, key)
-
-    def split_at(self, hist: np.ndarray, key: int) -> tuple[np.ndarray, np.ndarray]:
-        """Positions whose key is above `key`, and those equal to it (both ascending)."""
-        above, cand_keys, cand_pos = self._collect(hist, key >> 48)
-        return self._finish(above, cand_keys, cand_pos, key)[:2]
 
     def _collect(self, hist, digit):
         above = np.empty(int(hist[digit + 1 :].sum()), dtype=np.int64)

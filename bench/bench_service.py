@@ -1,12 +1,14 @@
 """Service latency over HTTP, as ratios to numpy.argpartition over N floats measured in the same run.
 
-    python bench/bench_service.py [--n 1000000] [--batch 256] [--steps 30] [--redis-url URL] [--create-n 10000000]
+    python bench/bench_service.py [--n 1000000] [--batch 256] [--steps 30] [--observed 0.0] [--redis-url URL]
+                                  [--create-n 10000000]
 
 Starts a real service (embedded Valkey by default, or --redis-url), creates a dataset of N prompts, and
 runs `steps` training steps of: observe B results (K = 8) -> select INSIGHT over the whole dataset at the
 open step (candidate_ratio null: the dataset's score buffer) -> select DPS at the next step (which closes
 the step: a DPS update of every prompt observed so far, and a select over the observed set plus the
-never-observed block). Reports p50/p90 of each against the p50 of `np.argpartition(x, N - B)` over N
+never-observed block). `--observed f` first reports results for a share f of the prompts, so that the
+selects also rank that many observed prompts. Reports p50/p90 of each against the p50 of `np.argpartition(x, N - B)` over N
 float64 (the floor of any whole-dataset top-k), timed after every step so that both see the same load
 on a shared machine. Targets: DPS with close <= 2x, INSIGHT <= 1.5x,
 observe <= 1x; creating a 10^7-prompt dataset < 10 s. Prints a table and one JSON line last; `store`
@@ -53,6 +55,7 @@ def main() -> None:
     out: dict[str, Any] = {
         "n": args.n,
         "batch": args.batch,
+        "observed": args.observed,
         "cores": os.cpu_count(),
         "argpartition_p50_ms": floor * 1e3,  # interleaved with the steps
         "argpartition_after_p50_ms": argpartition_seconds(args.n, args.batch) * 1e3,  # alone, service stopped
@@ -85,6 +88,7 @@ def run_steps(
     floors: list[float] = []
     client.post("/datasets", json={"name": name, "size": args.n, "hmm_decay": 0.7}).raise_for_status()
     client.post("/select", json={"dataset": name, "step": 0, "batch_size": args.batch, "strategy": "dps"})
+    observe_share(client, name, args.n, args.observed, rng)
     for step in range(args.steps):
         ids = rng.choice(args.n, args.batch, replace=False)
         results = [{"prompt_id": int(i), "rewards": rng.integers(0, 2, 8).tolist()} for i in ids]
@@ -115,6 +119,17 @@ def run_steps(
     return timings, floors
 
 
+def observe_share(client: httpx.Client, name: str, n: int, share: float, rng: np.random.Generator) -> None:
+    """Results at step 0 for round(share * n) distinct prompts, in requests of 4096."""
+    ids = rng.permutation(n)[: round(share * n)]
+    for start in range(0, ids.size, 4096):
+        chunk = ids[start : start + 4096]
+        rewards = rng.integers(0, 2, (chunk.size, 8)).tolist()
+        results = [{"prompt_id": int(i), "rewards": r} for i, r in zip(chunk, rewards, strict=True)]
+        body = {"dataset": name, "step": 0, "request_id": f"pre{start}", "results": results}
+        client.post("/observe", json=body).raise_for_status()
+
+
 def time_create(client: httpx.Client, name: str, n: int) -> float:
     t0 = time.perf_counter()
     client.post("/datasets", json={"name": name, "size": n}).raise_for_status()
@@ -128,12 +143,17 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--n", type=int, default=1_000_000, help="prompts in the dataset")
     ap.add_argument("--batch", type=int, default=256, help="prompts per select (B)")
     ap.add_argument("--steps", type=int, default=30, help="training steps (the first 2 are not timed)")
+    ap.add_argument(
+        "--observed", type=float, default=0.0, help="share of the prompts observed before the timed steps"
+    )
     ap.add_argument("--redis-url", default=None, help="a Redis to use instead of the embedded Valkey")
     ap.add_argument(
         "--create-n", type=int, default=10_000_000, help="size for the create-time figure (0 = skip)"
     )
     add_out(ap, OUT_DIR / "service.json")
     args = ap.parse_args()
+    if not 0.0 <= args.observed <= 1.0:
+        ap.error(f"--observed must lie in [0, 1], got {args.observed}")
     if args.steps <= WARMUP_STEPS:
         ap.error(f"--steps must be > {WARMUP_STEPS} (the first {WARMUP_STEPS} are not timed)")
     return args

@@ -30,6 +30,7 @@ from selector_service.core.beliefs import BeliefArrays, CloseStats, apply_result
 from selector_service.core.coldstart import DatasetRules, apply_metadata
 from selector_service.core.curricula import close_open_step
 from selector_service.core.domain import K_MAX, PRIOR_STRENGTH_MAX, prior_problem
+from selector_service.core.select import TiedScores, retie, tie_index
 
 _RESULT_DTYPES = (("ids", "<i8"), ("successes", "<f8"), ("trials", "<f8"), ("states", "<i1"))
 MAX_LAG = 1000  # the most steps late an observation may be accepted (DatasetSpec.max_lag)
@@ -194,13 +195,38 @@ class _ScoreCache:
     """Whole-dataset scores of one deterministic Beta strategy (INSIGHT, expected difficulty, inverse
     evidence with candidate_ratio null): one float64[N] buffer per dataset and strategy, kept across
     requests and rescored only where beliefs changed (in place, or wholly in place once a quarter of the
-    prompts changed), so a full pass allocates nothing per request."""
+    prompts changed), so a full pass allocates nothing per request.
+
+    `tied` indexes where the scores differ from their common value (every never-observed prompt without
+    a cold prior has the same score), so that a select reads only those (select.topk_tied); None when no
+    value is common enough to be worth it."""
+
+    #: Drop the index once more than this share of the prompts differ from the common value: past it the
+    #: index (8 bytes per odd prompt) outgrows half the buffer it spares reading. Up to it the index is
+    #: the faster one (N = 10^6, 40% differing: a /select 6.0 ms with it, 11.8 ms without).
+    MAX_ODD_SHARE = 0.5
 
     def __init__(self, scores: np.ndarray, cold_version: int = 0) -> None:
         self.scores = scores
         self.cold_version = cold_version
         self.pending: list[np.ndarray] = []
         self.pending_count = 0
+        self.tied: TiedScores | None = None
+        self.reindex()
+
+    def reindex(self) -> None:
+        """Builds the index from the whole buffer (O(N): after scoring every prompt)."""
+        self.tied = tie_index(self.scores, int(self.MAX_ODD_SHARE * self.scores.size))
+
+    def changed(self, ids: np.ndarray) -> None:
+        """The buffer was rescored at `ids` (ascending, distinct)."""
+        if self.tied is not None:
+            tied = retie(self.tied, ids)
+            self.tied = tied if tied.odd.size <= self.MAX_ODD_SHARE * self.scores.size else None
+
+    def view(self) -> np.ndarray | TiedScores:
+        """What select ranks: the index when there is one, else the buffer."""
+        return self.tied if self.tied is not None else self.scores
 
 
 class DatasetState:
@@ -288,7 +314,7 @@ class DatasetState:
             self.closes_since_snapshot += 1
 
     # ---- selection ------------------------------------------------------------------------------
-    def _full_scores(self, strategy: str, params: dict[str, Any]) -> np.ndarray | None:
+    def _full_scores(self, strategy: str, params: dict[str, Any]) -> np.ndarray | TiedScores | None:
         if strategy not in self.CACHEABLE or params.get("candidate_ratio", 16) is not None:
             return None
         key = (strategy, tuple(sorted(params.items())))
@@ -313,14 +339,16 @@ class DatasetState:
         elif cache.pending_count > n // 4:  # rescore the whole set in place, no new allocation
             strategies.score(self.arrays, ids=None, out=cache.scores, **kw)
             cache.pending, cache.pending_count = [], 0
+            cache.reindex()
         elif cache.pending:
             ids = np.unique(np.concatenate(cache.pending))
             cache.scores[ids] = strategies.score(self.arrays, ids=ids, **kw)
             cache.pending, cache.pending_count = [], 0
+            cache.changed(ids)
         self._caches[key] = cache
         while len(self._caches) > self.MAX_CACHES:  # the evicted buffer serves the next new cache
             self._spare_buffer = self._caches.pop(next(iter(self._caches))).scores
-        return cache.scores
+        return cache.view()
 
     def select(self, strategy: str, params: dict[str, Any], batch_size: int, seed: int):
         full = self._full_scores(strategy, params)

@@ -6,6 +6,8 @@ purpose)` gives the same values in every process, replica and numpy version.
 - `candidate_pool`: distinct ids uniformly at random (docs/methods.md §1.1: the pool of min(ratio * B, N)).
 - `topk_random_ties`: the k largest scores; every order among equal scores is uniformly random
   (docs/methods.md §1.1 and 2 require random tie-breaking: DPS has thousands of prompts tied at 1/3).
+- `topk_tied`: the same result from a `TiedScores` index (the positions whose score differs from the
+  one most prompts share), reading only those: a whole-dataset Beta select in a cold start.
 - `uniform_batch` (docs/methods.md §4): a seeded permutation per epoch, walked B at a time.
 - `history_batch` (docs/methods.md §4, SRPO): the same walk skipping prompts whose latest result was solved.
 - `mopps_threshold_select` (docs/methods.md §1.2, variant `threshold`).
@@ -35,6 +37,7 @@ from .rng import Stream, bounded, stream
 from .scores import dps_score3, dps_score_of_row
 
 __all__ = [
+    "TiedScores",
     "candidate_pool",
     "choose_tied",
     "dps_select",
@@ -44,7 +47,10 @@ __all__ = [
     "mopps_threshold_select",
     "order_by_score",
     "order_key",
+    "retie",
+    "tie_index",
     "topk_random_ties",
+    "topk_tied",
     "uniform_batch",
 ]
 
@@ -540,6 +546,122 @@ def topk_random_ties(scores: np.ndarray, k: int, rng: Stream) -> np.ndarray:
         above, tied, _ = source.top(scan, k)
         chosen = np.concatenate([above, choose_tied(tied, k - above.size, rng)])
     order = order_by_score(scores[chosen], chosen, rng.child(1).bits_at(chosen))
+    return chosen[order]
+
+
+class TiedScores(NamedTuple):
+    """Whole-dataset scores (`dense`, float64[N]) with an index of where they differ from one common
+    value: every position outside `odd` (int64, ascending, distinct) scores exactly `base` (compared as
+    values, so -0.0 counts as +0.0 like everywhere in the tie rule). At real scale most prompts are
+    never observed and share one score; `topk_tied` then reads only the odd positions. `tie_index` and
+    `retie` build and maintain the index."""
+
+    dense: np.ndarray
+    base: float
+    odd: np.ndarray
+
+
+#: Positions `tie_index` samples to find the common value, and the share of them it must hold.
+_TIE_SAMPLE = 1024
+_TIE_MIN_SHARE = 0.5
+
+
+def tie_index(dense: np.ndarray, max_odd: int) -> TiedScores | None:
+    """The index of `dense` around its most common value (found on evenly spread positions), or None
+    when no value is common enough or more than `max_odd` positions differ from it. O(N)."""
+    n = dense.size
+    if n == 0:
+        return None
+    sample = dense[np.linspace(0, n - 1, min(n, _TIE_SAMPLE)).astype(np.int64)]
+    values, counts = np.unique(sample, return_counts=True)
+    top = int(np.argmax(counts))
+    base = float(values[top])
+    if counts[top] < _TIE_MIN_SHARE * sample.size or math.isnan(base):
+        return None
+    odd = np.flatnonzero(dense != base)
+    return TiedScores(dense, base, odd) if odd.size <= max_odd else None
+
+
+@numba.njit(nogil=True, cache=True)
+def _retie(odd, ids, differs, out):
+    """Merges two ascending id lists: the ids of `odd` not in `ids`, and the ids[j] with differs[j];
+    returns how many were written to out (size >= odd.size + ids.size)."""
+    i = 0
+    j = 0
+    w = 0
+    while i < odd.size or j < ids.size:
+        if j == ids.size or (i < odd.size and odd[i] < ids[j]):
+            out[w] = odd[i]
+            w += 1
+            i += 1
+            continue
+        if i < odd.size and odd[i] == ids[j]:
+            i += 1
+        if differs[j]:
+            out[w] = ids[j]
+            w += 1
+        j += 1
+    return w
+
+
+def retie(tied: TiedScores, ids: np.ndarray) -> TiedScores:
+    """The index after `dense` changed at `ids` (ascending, distinct; any ids, changed or not): each of
+    them is odd exactly when its score now differs from `base`. O(len(odd) + len(ids))."""
+    ids = np.ascontiguousarray(ids, dtype=np.int64)
+    differs = tied.dense[ids] != tied.base
+    out = np.empty(tied.odd.size + ids.size, dtype=np.int64)
+    written = _retie(tied.odd, ids, differs, out)
+    return TiedScores(tied.dense, tied.base, out[:written])
+
+
+@numba.njit(nogil=True, cache=True)
+def _block_at(odd, ranks, out):
+    """out[j] = the ranks[j]-th (0-based; ranks ascending) of the ids not in `odd` (ascending): with t
+    odd ids below it, the id of rank r is r + t, and t is the number of odd[i] - i <= r (a
+    non-decreasing sequence, so one merge walk)."""
+    t = 0
+    for j in range(ranks.size):
+        r = ranks[j]
+        while t < odd.size and odd[t] - t <= r:
+            t += 1
+        out[j] = r + t
+
+
+def block_at(odd: np.ndarray, ranks: np.ndarray) -> np.ndarray:
+    """The ids at `ranks` (ascending) among the ids not in `odd` (ascending, distinct), in O(len(odd) +
+    len(ranks))."""
+    out = np.empty(ranks.size, dtype=np.int64)
+    _block_at(np.ascontiguousarray(odd, dtype=np.int64), np.ascontiguousarray(ranks, dtype=np.int64), out)
+    return out
+
+
+def topk_tied(tied: TiedScores, k: int, rng: Stream) -> np.ndarray:
+    """topk_random_ties(tied.dense, k, rng), the same positions in the same order, reading only the odd
+    positions when the k-th largest score is above `base` or is `base` itself (the block's members at
+    the ranks the tie rule draws are found from the odd ids alone: `block_at`). When the whole block
+    is in the batch (k > N - len(odd) + the odd scores above it), the dense rule runs."""
+    dense, base, odd = tied
+    n = dense.size
+    if not 0 <= k <= n:
+        raise ValueError(f"k must lie in [0, {n}] (the number of scores), got {k}")
+    if k == 0:
+        return np.empty(0, dtype=np.int64)
+    vals = dense[odd]
+    if math.isnan(base) or np.isnan(vals).any():
+        raise ValueError("scores contain NaN; every candidate needs a comparable score")
+    block = n - odd.size
+    higher = vals > base
+    gt = int(np.count_nonzero(higher))
+    if gt >= k:
+        # The boundary lies among the odd scores, and so do all its ties: the rule over them alone
+        # draws the same tied positions (ascending in both), only its final order is by another key.
+        chosen = odd[topk_random_ties(vals, k, rng)]
+    elif k - gt < block:
+        ranks = np.sort(rng.child(0).sample(block, k - gt))
+        chosen = np.concatenate([odd[higher], block_at(odd, ranks)])
+    else:
+        return topk_random_ties(dense, k, rng)
+    order = order_by_score(dense[chosen], chosen, rng.child(1).bits_at(chosen))
     return chosen[order]
 
 

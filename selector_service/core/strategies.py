@@ -48,7 +48,15 @@ from .domain import ENTROPY_WEIGHT_MAX, K_MAX
 from .mi import _check_ids, wmi_scores
 from .rng import stream
 from .scores import dps_scores, expected_difficulty_scores, inverse_evidence_scores, thompson_scores
-from .select import candidate_pool, dps_select, history_batch, topk_random_ties, uniform_batch
+from .select import (
+    TiedScores,
+    candidate_pool,
+    dps_select,
+    history_batch,
+    topk_random_ties,
+    topk_tied,
+    uniform_batch,
+)
 from .walks import WalkError, greso_batch, sec_batch
 
 __all__ = [
@@ -351,13 +359,14 @@ def select(
     seed: int,
     key: str,
     dataset_k: int,
-    full_scores: np.ndarray | None = None,
+    full_scores: np.ndarray | TiedScores | None = None,
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """The batch (int64[B] distinct prompt ids, best first) and its scores (float64[B], or None for the
     unscored walks) for `strategy` at `step` over the beliefs `ba` (a BeliefArrays).
 
-    `full_scores` (float64[N]), when given for a deterministic strategy, replaces recomputing the
-    scores (the caller keeps it current); the result is identical to not passing it.
+    `full_scores` (float64[N], or a TiedScores over them), when given for a deterministic strategy,
+    replaces recomputing the scores (the caller keeps it current); the result is identical to not
+    passing it.
     """
     spec = _spec(strategy)
     params = validate_params(strategy, params)
@@ -404,9 +413,13 @@ def select(
         return ids_at(pos), scores[pos]
 
     if full_scores is not None and spec.deterministic:
-        full_scores = np.asarray(full_scores, dtype=np.float64)
+        tied = full_scores if isinstance(full_scores, TiedScores) else None
+        full_scores = np.asarray(full_scores if tied is None else tied.dense, dtype=np.float64)
         if full_scores.shape != (n,):
             raise ValueError(f"full_scores must have shape ({n},), got {full_scores.shape}")
+        if tied is not None and whole:  # most prompts share one score: rank only the others
+            pos = topk_tied(tied, batch_size, ties)
+            return pos, full_scores[pos]
         scores = full_scores if whole else full_scores[candidates]
     else:
         scores = _deterministic_scores(ba, strategy, params, candidates, dataset_k)

@@ -17,7 +17,15 @@ from selector_service.core import (
     topk_random_ties,
     uniform_batch,
 )
-from selector_service.core.select import _Source, kth_largest
+from selector_service.core.select import (
+    TiedScores,
+    _Source,
+    block_at,
+    kth_largest,
+    retie,
+    tie_index,
+    topk_tied,
+)
 from tests.core import naive
 
 # ---------------------------------------------------------------- candidate_pool
@@ -284,3 +292,119 @@ def test_a_boundary_inside_a_big_tie_block_matches_the_literal_rule(n, block, ab
     for seed in range(3):
         s = stream("k", 0, seed, "ties")
         assert topk_random_ties(scores, k, s).tolist() == naive.topk_random_ties(scores, k, s.id)
+
+
+# ---------------------------------------------------------------- topk_tied (a common score indexed)
+
+
+def _tied_scores(rng, n, base, above, below, negative_zero=False):
+    """n scores at `base` but `above` higher and `below` lower ones (some of them tied among
+    themselves), with -0.0 among the base ones when asked (base 0.0)."""
+    scores = np.full(n, base, dtype=np.float64)
+    picked = rng.choice(n, above + below, replace=False)
+    scores[picked[:above]] = base + rng.integers(1, 4, above) / 4.0  # few values: ties above the block
+    scores[picked[above:]] = base - rng.random(below)
+    if negative_zero:
+        scores[rng.choice(n, n // 4, replace=False)] = -0.0 if base == 0.0 else base
+    return scores
+
+
+def _index(scores, base):
+    return TiedScores(scores, base, np.flatnonzero(scores != base))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    n=st.integers(1, 400),
+    above=st.integers(0, 60),
+    below=st.integers(0, 60),
+    base=st.sampled_from([0.0, 1 / 3, -2.5, 7.0]),
+    negative_zero=st.booleans(),
+    data=st.data(),
+)
+def test_topk_tied_equals_the_literal_rule(n, above, below, base, negative_zero, data):
+    above = min(above, n)
+    below = min(below, n - above)
+    rng = np.random.default_rng(n * 1000 + above * 10 + below)
+    scores = _tied_scores(rng, n, base, above, below, negative_zero)
+    k = data.draw(st.integers(0, n))
+    s = stream("ds", 3, data.draw(st.integers(0, 5)), "ties")
+    got = topk_tied(_index(scores, base), k, s)
+    assert got.tolist() == naive.topk_random_ties(scores, k, s.id)
+    assert got.tolist() == topk_random_ties(scores, k, s).tolist()
+
+
+@pytest.mark.parametrize(
+    ("n", "above", "below", "k"),
+    [
+        (50_000, 0, 0, 256),  # a cold start: nothing observed
+        (50_000, 300, 2_000, 256),  # the boundary above the block
+        (50_000, 256, 2_000, 256),  # exactly the block's first slot missed
+        (50_000, 255, 2_000, 256),  # one slot left in the block
+        (50_000, 100, 2_000, 47_999),  # the block wholly in but its last member (k - gt = block - 1)
+        (50_000, 100, 2_000, 48_000),  # the block wholly in: the dense rule runs
+        (50_000, 100, 2_000, 49_000),  # below the block
+        (50_000, 49_000, 1_000, 300),  # no block at all worth the name
+    ],
+)
+def test_topk_tied_at_the_edges_of_the_block(n, above, below, k):
+    rng = np.random.default_rng(above + k)
+    scores = _tied_scores(rng, n, 0.25, above, below)
+    for seed in range(2):
+        s = stream("k", 9, seed, "ties")
+        assert topk_tied(_index(scores, 0.25), k, s).tolist() == naive.topk_random_ties(scores, k, s.id)
+
+
+def test_topk_tied_rejects_nan_and_bad_k():
+    scores = np.full(10, 0.5)
+    scores[3] = np.nan
+    with pytest.raises(ValueError, match="NaN"):
+        topk_tied(_index(scores, 0.5), 2, stream("k", 0, 0, "ties"))
+    with pytest.raises(ValueError, match="k must lie"):
+        topk_tied(_index(np.full(10, 0.5), 0.5), 11, stream("k", 0, 0, "ties"))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    n=st.integers(1, 300),
+    odd_share=st.floats(0, 1),
+    data=st.data(),
+)
+def test_block_at_names_the_ids_outside_the_odd_ones(n, odd_share, data):
+    rng = np.random.default_rng(n)
+    odd = np.flatnonzero(rng.random(n) < odd_share)
+    block = np.setdiff1d(np.arange(n), odd)
+    count = data.draw(st.integers(0, block.size))
+    ranks = np.sort(rng.choice(block.size, count, replace=False))
+    np.testing.assert_array_equal(block_at(odd, ranks), block[ranks])
+
+
+@settings(max_examples=200, deadline=None)
+@given(n=st.integers(1, 300), changes=st.integers(0, 6), data=st.data())
+def test_retie_keeps_the_index_equal_to_a_rebuilt_one(n, changes, data):
+    rng = np.random.default_rng(n * 7 + changes)
+    scores = np.where(rng.random(n) < 0.8, 0.5, rng.random(n))
+    scores[0] = scores[min(1, n - 1)] = 0.5  # keep the common value common at tiny n
+    tied = _index(scores, 0.5)
+    for _ in range(changes):
+        ids = np.unique(rng.integers(0, n, data.draw(st.integers(0, n))))
+        # some back to the common value, some away from it, some rescored to what they were
+        scores[ids] = np.where(
+            rng.random(ids.size) < 0.4,
+            0.5,
+            np.where(rng.random(ids.size) < 0.5, scores[ids], rng.random(ids.size)),
+        )
+        tied = retie(tied, ids)
+        np.testing.assert_array_equal(tied.odd, np.flatnonzero(scores != 0.5))
+
+
+def test_tie_index_finds_the_common_value_or_declines():
+    scores = np.full(10_000, 0.125)
+    scores[::7] = np.arange(scores[::7].size)  # 1/7 differ
+    tied = tie_index(scores, max_odd=10_000)
+    assert tied is not None and tied.base == 0.125
+    np.testing.assert_array_equal(tied.odd, np.flatnonzero(scores != 0.125))
+    assert tie_index(scores, max_odd=1_000) is None  # more differ than allowed
+    assert tie_index(np.random.default_rng(0).random(10_000), max_odd=10_000) is None  # nothing common
+    assert tie_index(np.full(5, np.nan), max_odd=5) is None
+    assert tie_index(np.empty(0), max_odd=0) is None

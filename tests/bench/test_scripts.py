@@ -4,6 +4,7 @@ breaks `make bench` here instead of an hour into a run."""
 from __future__ import annotations
 
 import importlib
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -39,3 +40,23 @@ def test_bench_script_answers_help(script: str) -> None:
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "usage" in proc.stdout.lower()
+
+
+def test_bench_service_runs_a_small_dataset(tmp_path: Path) -> None:
+    """A real service (embedded store), a small dataset with half of it observed first: every request
+    of the table is timed and the JSON line names the store and the share observed."""
+    out = tmp_path / "service.json"
+    proc = subprocess.run(
+        [sys.executable, "bench/bench_service.py", "--n", "3000", "--batch", "16", "--steps", "4"]
+        + ["--observed", "0.5", "--create-n", "0", "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["store"] == "embedded-valkey" and result["observed"] == 0.5
+    for key in ("observe", "select_insight", "select_dps_close"):
+        assert result[f"{key}_p50_ms"] > 0 and result[f"{key}_ratio"] > 0
+    assert json.loads(out.read_text()) == result

@@ -46,9 +46,9 @@ def test_bench_service_runs_a_small_dataset(tmp_path: Path) -> None:
     """A real service (embedded store), a small dataset with half of it observed first: every request
     of the table is timed and the JSON line names the store and the share observed."""
     out = tmp_path / "service.json"
+    args = ["--n", "3000", "--batch", "16", "--steps", "4", "--observed", "0.5", "--create-n", "0"]
     proc = subprocess.run(
-        [sys.executable, "bench/bench_service.py", "--n", "3000", "--batch", "16", "--steps", "4"]
-        + ["--observed", "0.5", "--create-n", "0", "--out", str(out)],
+        [sys.executable, "bench/bench_service.py", *args, "--out", str(out)],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -21,7 +21,7 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from pydantic import ValidationError
 
@@ -34,18 +34,31 @@ EXIT_STORE = 2
 EXIT_CONFIG = 3
 
 
+class _Parser(argparse.ArgumentParser):
+    """A usage error is a bad setting: exit 3 like any other (2 means the store is unreachable)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_CONFIG, f"{self.prog}: error: {message}\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="selector-service", description=__doc__.split("\n\n")[0])
+    p = _Parser(prog="selector-service", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("serve", help="serve the REST API")
+    s.set_defaults(subparser=s)
     s.add_argument("--host", help="interface to listen on (default 127.0.0.1; env SELECTOR_HOST)")
     s.add_argument("--port", type=int, help="TCP port, 0 = any free one (default 8000; env SELECTOR_PORT)")
     s.add_argument(
         "--redis-url", help="Redis 7+/Valkey URL (env SELECTOR_REDIS_URL); unset = embedded Valkey"
     )
-    s.add_argument("--data-dir", type=Path, help="embedded store directory (default ./.selector-data)")
+    s.add_argument(
+        "--data-dir",
+        type=Path,
+        help="embedded store directory (default ./.selector-data; env SELECTOR_DATA_DIR)",
+    )
     s.add_argument("--workers", type=int, help="worker processes (default 1; env SELECTOR_WORKERS)")
-    s.add_argument("--log-level", choices=LOG_LEVELS, help="log level (default info)")
+    s.add_argument("--log-level", choices=LOG_LEVELS, help="log level (default info; env SELECTOR_LOG_LEVEL)")
     return p
 
 
@@ -210,7 +223,9 @@ def _run_uvicorn(settings: Settings) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, signal.default_int_handler)
-    args = _parser().parse_args(argv)
+    args, unknown = _parser().parse_known_args(argv)
+    if unknown:  # said by the subcommand's parser, with its usage (the top-level one would show its own)
+        args.subparser.error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         if args.command == "serve":
             return serve(args)

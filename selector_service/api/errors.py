@@ -39,7 +39,18 @@ async def service_error(_request: Request, exc: ServiceError) -> JSONResponse:
     return JSONResponse({"detail": exc.detail}, status_code=exc.status_code)
 
 
-async def validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
+async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    media = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    is_json = media == "application/json" or media.endswith("+json")
+    if not is_json and any(tuple(err.get("loc", ())) == ("body",) for err in exc.errors()):
+        # FastAPI reads a body as JSON only when it is sent as JSON; anything else reaches validation as
+        # one string ("should be a valid dictionary"), which does not say why.
+        sent = f"as {media!r}" if media else "without a Content-Type"
+        detail = (
+            f"the body was sent {sent}, not as JSON: send a JSON object with Content-Type: "
+            "application/json (curl: -H 'Content-Type: application/json')"
+        )
+        return JSONResponse({"detail": detail}, status_code=422)
     return JSONResponse({"detail": validation_message(exc)}, status_code=422)
 
 

@@ -26,10 +26,12 @@ class BodyLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        limit = self.import_limit if scope.get("path", "").endswith("/import") else self.default_limit
+        importing = scope.get("path", "").endswith("/import")
+        limit = self.import_limit if importing else self.default_limit
+        too_large = _too_large(limit, importing)
         for key, value in scope.get("headers", []):
             if key == b"content-length" and value.isdigit() and int(value) > limit:
-                await send_json(send, 413, f"request body over {limit} bytes; send smaller requests")
+                await send_json(send, 413, too_large)
                 return
         seen = 0
 
@@ -39,7 +41,7 @@ class BodyLimit:
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > limit:
-                    raise PayloadTooLarge(f"request body over {limit} bytes; send smaller requests")
+                    raise PayloadTooLarge(too_large)
             return message
 
         tracked = _TrackedSend(send)
@@ -48,6 +50,18 @@ class BodyLimit:
         except PayloadTooLarge as exc:
             if not tracked.started:
                 await send_json(send, 413, exc.detail)
+
+
+def _too_large(limit: int, importing: bool) -> str:
+    if importing:  # an export is one file: it cannot be sent in pieces
+        return (
+            f"dataset export over {limit} bytes, this service's import limit; start the service with a "
+            "larger SELECTOR_MAX_IMPORT_BYTES to import it"
+        )
+    return (
+        f"request body over {limit} bytes (SELECTOR_MAX_BODY_BYTES); send smaller requests, e.g. the "
+        "results of a step in several observes"
+    )
 
 
 class InternalErrors:

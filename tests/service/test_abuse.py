@@ -146,7 +146,7 @@ def test_body_over_limit_with_content_length_is_413(http, path):
     big = b'{"pad": "' + b"a" * (MAX_BODY + 1) + b'"}'
     r = http.post(path, content=big, headers={"content-type": "application/json"})
     assert r.status_code == 413, r.text
-    assert f"{MAX_BODY} bytes" in r.json()["detail"]
+    assert f"{MAX_BODY} bytes (SELECTOR_MAX_BODY_BYTES)" in r.json()["detail"]
 
 
 @pytest.mark.parametrize("path", JSON_ENDPOINTS)
@@ -185,7 +185,9 @@ def test_chunked_import_over_its_own_limit_is_413(http):
     chunks = (b"x" * 16384 for _ in range(MAX_IMPORT // 16384 + 2))
     r = http.post(f"/datasets/imp-{uuid.uuid4().hex[:8]}/import", content=chunks)
     assert r.status_code == 413, r.text
-    assert f"{MAX_IMPORT} bytes" in r.json()["detail"]
+    detail = r.json()["detail"]
+    assert f"{MAX_IMPORT} bytes" in detail and "SELECTOR_MAX_IMPORT_BYTES" in detail  # a file has no pieces
+    assert "smaller requests" not in detail
 
 
 def test_endless_stream_is_cut_off_early(svc, http):

@@ -192,3 +192,21 @@ def test_several_workers_share_metrics(redis_url, dsname):
         assert f'selector_dataset_prompts{{dataset="{dsname}"}} 10.0' in text
     finally:
         proc.stop()
+
+
+def test_an_export_sent_as_form_data_is_refused_with_the_fix(service, dsname):
+    """curl -d @file sends form data without the file's CR and LF bytes: the import must say so."""
+    with httpx.Client(base_url=service.url, timeout=60) as c:
+        c.post("/datasets", json={"name": dsname, "size": 5000}).raise_for_status()
+        blob = c.get(f"/datasets/{dsname}/export").content
+        assert b"\n" in blob or b"\r" in blob  # else this test shows nothing
+        mangled = blob.replace(b"\r", b"").replace(b"\n", b"")
+        form = {"content-type": "application/x-www-form-urlencoded"}
+        r = c.post(f"/datasets/{dsname}-form/import", content=mangled, headers=form)
+        assert r.status_code == 422, r.text
+        assert "--data-binary" in r.json()["detail"] and "not a valid dataset export" in r.json()["detail"]
+        assert c.get(f"/datasets/{dsname}-form").status_code == 404  # nothing applied
+        r = c.post(f"/datasets/{dsname}-octet/import", content=mangled)  # no form type: no such guess
+        assert r.status_code == 422 and "--data-binary" not in r.json()["detail"]
+        r = c.post(f"/datasets/{dsname}-form/import", content=blob, headers=form)  # intact bytes still import
+        assert r.status_code == 201, r.text

@@ -420,3 +420,23 @@ def test_fractional_reward_mode(http, dsname):
         "results": [{"prompt_id": 0, "successes": 2.5, "trials": 4}],
     }
     assert http.post("/observe", json=bad).status_code == 422
+
+
+@pytest.mark.parametrize("path", ["/datasets", "/select", "/score"])
+def test_a_json_body_sent_as_form_data_says_to_send_json(http, dsname, path):
+    """curl -d sends form data: the 422 names the content type instead of "a valid dictionary"."""
+    make(http, dsname)
+    body = {"/datasets": {"name": f"{dsname}-2", "size": 3}, "/select": {"dataset": dsname, "step": 0,
+            "batch_size": 1}, "/score": {"dataset": dsname, "strategy": "insight", "prompt_ids": [0]}}[path]  # fmt: skip
+    for headers, sent in (
+        ({"content-type": "application/x-www-form-urlencoded"}, "as 'application/x-www-form-urlencoded'"),
+        ({}, "without a Content-Type"),
+    ):
+        r = http.post(path, content=json.dumps(body), headers=headers)
+        assert r.status_code == 422, r.text
+        assert sent in r.json()["detail"] and "Content-Type: application/json" in r.json()["detail"]
+    assert http.get(f"/datasets/{dsname}-2").status_code == 404  # nothing created
+    r = http.post(path, content=json.dumps(body), headers={"content-type": "application/json; charset=utf-8"})
+    assert r.status_code in (200, 201), r.text
+    r = http.post(path, json={**body, "extra": 1})  # a JSON body's own mistakes keep their message
+    assert r.status_code == 422 and "unknown field" in r.json()["detail"]

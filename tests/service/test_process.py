@@ -246,6 +246,22 @@ def test_a_bad_setting_exits_3_with_one_line_naming_it(tmp_path, args, env, name
         assert env["SELECTOR_API_TOKEN"].strip() not in result.stderr  # a token is never echoed
 
 
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (("--prot", "8000"), "unrecognized arguments: --prot 8000"),
+        (("--workers", "two"), "argument --workers: invalid int value: 'two'"),
+        (("--log-level", "loud"), "argument --log-level: invalid choice: 'loud'"),
+    ],
+)
+def test_a_mistyped_flag_exits_3_with_the_serve_usage(args, said):
+    """A usage error is a bad setting (3), not an unreachable store (2); the usage shown is serve's."""
+    result = _serve(*args, *_NO_STORE)
+    assert result.returncode == 3, (result.returncode, result.stderr)
+    assert result.stderr.startswith("usage: selector-service serve "), result.stderr
+    assert f"selector-service serve: error: {said}" in result.stderr
+
+
 def test_a_visible_ascii_token_is_taken():
     from selector_service.settings import Settings
 

@@ -78,7 +78,7 @@ async def export_dataset(name: NamePath, engine: EngineDep) -> Response:
     return Response(
         blob,
         media_type="application/octet-stream",
-        headers={"Content-Disposition": f'attachment; filename="{name}.rlvr.zst"'},
+        headers={"Content-Disposition": f'attachment; filename="{name}.rlvr"'},
     )
 
 
@@ -99,7 +99,17 @@ async def import_dataset(
     blob = await request.body()
     if not blob:
         raise InvalidRequest("the body is empty: send the bytes of a dataset export")
-    spec = await engine.import_dataset(name, blob, replace=replace)
+    try:
+        spec = await engine.import_dataset(name, blob, replace=replace)
+    except InvalidRequest as exc:
+        if request.headers.get("content-type", "").startswith("application/x-www-form-urlencoded"):
+            # curl -d (form data) drops the file's CR and LF bytes: the likely cause, not a bad export.
+            raise InvalidRequest(
+                f"{exc.detail}. The body came as form data (curl -d), which drops newline bytes from the "
+                "file: send it unchanged with curl --data-binary @FILE -H 'Content-Type: "
+                "application/octet-stream'"
+            ) from None
+        raise
     return DatasetInfo(**spec.public(), created=True)
 
 

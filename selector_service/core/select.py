@@ -639,7 +639,7 @@ def topk_tied(tied: TiedScores, k: int, rng: Stream) -> np.ndarray:
     """topk_random_ties(tied.dense, k, rng), the same positions in the same order, reading only the odd
     positions when the k-th largest score is above `base` or is `base` itself (the block's members at
     the ranks the tie rule draws are found from the odd ids alone: `block_at`). When the whole block
-    is in the batch (k > N - len(odd) + the odd scores above it), the dense rule runs."""
+    is in the batch (k >= its N - len(odd) members + the odd scores above it), the dense rule runs."""
     dense, base, odd = tied
     n = dense.size
     if not 0 <= k <= n:

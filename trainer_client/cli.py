@@ -17,10 +17,11 @@ import json
 import os
 import random
 import sys
+import types
 import warnings
 from dataclasses import MISSING, fields
 from pathlib import Path
-from typing import Any, get_args, get_origin, get_type_hints
+from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from trainer_client.client import Conflict, DatasetInfo, SelectorClient, SelectorError
 from trainer_client.config import GRPOConfig, TrainConfig, default_of
@@ -53,17 +54,31 @@ def _option(group: Any, cls: type, name: str, **overrides: Any) -> None:
             action="store_false" if default_of(cls, name) else "store_true", default=argparse.SUPPRESS
         )
     else:
-        kinds = [k for k in get_args(kind) if k is not type(None)] or [kind]
-        kwargs.update(
-            type=json.loads if get_origin(kinds[0]) is dict else kinds[0],
-            default=default_of(cls, name),
-        )
+        if get_origin(kind) in (Union, types.UnionType):  # ``int | None``: the option takes an int
+            kind = next(k for k in get_args(kind) if k is not type(None))
+        kwargs.update(type=_json_object if get_origin(kind) is dict else kind, default=default_of(cls, name))
     if "choices" in meta:
         kwargs["choices"] = list(meta["choices"])
     elif "type" in kwargs:
         kwargs["metavar"] = flag.removeprefix("--").replace("-", "_").upper()
     kwargs.update(overrides)
     group.add_argument(flag, **kwargs)
+
+
+def _json_object(value: str) -> dict[str, Any]:
+    """The value of an option that takes a JSON object (its values may be null)."""
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not valid JSON ({exc.msg} at character {exc.pos}); give a JSON object in single "
+            "quotes, e.g. '{\"eta\": 2.0}'"
+        ) from None
+    if not isinstance(parsed, dict):
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is JSON but not an object; give a JSON object, e.g. '{{\"eta\": 2.0}}'"
+        )
+    return parsed
 
 
 def _config(cls: type, args: argparse.Namespace, **values: Any) -> Any:

@@ -1,0 +1,66 @@
+"""`trainer-client` through its real parser: options, help, and the errors it prints instead of tracebacks.
+
+Nothing here loads a model; the tests that reach the service stop at its answer to the first request."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from trainer_client import cli
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _parsed(*extra: str):
+    return cli._build_configs(cli._parser().parse_args(["train", "--dataset", "d", "--task", "arithmetic",
+                                                        "--metrics-out", "m.jsonl", *extra]))  # fmt: skip
+
+
+def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "trainer_client.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env=env,
+    )
+
+
+@pytest.mark.parametrize(
+    ("value", "params"),
+    [('{"eta": 2}', {"eta": 2}), ("{}", {}), ('{"candidate_ratio": null}', {"candidate_ratio": None})],
+)
+def test_params_take_a_json_object(value, params) -> None:
+    assert _parsed("--params", value).strategy_params == params
+    assert _parsed().strategy_params == {}
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [("[1, 2]", "is JSON but not an object"), ("null", "is JSON but not an object"),
+     ("eta=2", "is not valid JSON"), ("{'eta': 2}", "is not valid JSON")],
+)  # fmt: skip
+def test_params_that_are_not_a_json_object_are_refused(value, says, capsys) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        _parsed("--params", value)
+    assert exit_.value.code == cli.EXIT_CONFIG
+    error = capsys.readouterr().err.splitlines()[-1]
+    assert error.startswith("trainer-client train: error: argument --params:")
+    assert says in error and '{"eta": 2.0}' in error
+
+
+def test_params_reach_the_service(service, tmp_path) -> None:
+    """The service names the parameter it does not know: the object went through to /select."""
+    result = _run("train", "--service-url", service.url, "--dataset", f"p-{uuid.uuid4().hex[:10]}",
+                  "--task", "arithmetic", "--num-prompts", "4", "--batch-size", "2", "--rollouts", "2",
+                  "--no-metadata", "--metrics-out", str(tmp_path / "m.jsonl"),
+                  "--params", '{"no_such_param": 1, "candidate_ratio": null}')  # fmt: skip
+    assert result.returncode == cli.EXIT_SERVICE, result.stderr
+    assert "Traceback" not in result.stderr
+    assert "422" in result.stderr and "no_such_param" in result.stderr

@@ -36,6 +36,18 @@ class _CliError(Exception):
         self.code = code
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Ends an option's help with its default unless the help already states it (``(default ...)``) or
+    there is none to state: a required option, a ``None`` default, or a flag that is off unless given."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if "(default" in text or action.required or default is None or default is False:
+            return text
+        return super()._get_help_string(action)
+
+
 def _option(group: Any, cls: type, name: str, **overrides: Any) -> None:
     """The option of field ``name`` of config dataclass ``cls``: its flag, type, default, choices and
     help all come from the field (trainer_client.config), so they exist once. A bool field whose flag
@@ -93,7 +105,7 @@ def _parser() -> argparse.ArgumentParser:
     train = commands.add_parser(
         "train",
         help="run GRPO with service-selected prompts",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=_HelpFormatter,
     )
 
     service = train.add_argument_group("selector service")
@@ -165,7 +177,7 @@ def _parser() -> argparse.ArgumentParser:
         default="auto",
         help="vLLM weight dtype; auto: bfloat16 on a GPU, float32 on a CPU (matches the trainer exactly)",
     )
-    model.add_argument("--gpu-memory-utilization", type=float, help="vLLM memory share (default 0.3)")
+    model.add_argument("--gpu-memory-utilization", type=float, help="vLLM memory share (default: 0.3)")
 
     output = train.add_argument_group("output")
     output.add_argument("--metrics-out", type=Path, required=True, help="JSONL file, one line per step")

@@ -4,6 +4,7 @@ Nothing here loads a model; the tests that reach the service stop at its answer 
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import uuid
@@ -64,3 +65,23 @@ def test_params_reach_the_service(service, tmp_path) -> None:
     assert result.returncode == cli.EXIT_SERVICE, result.stderr
     assert "Traceback" not in result.stderr
     assert "422" in result.stderr and "no_such_param" in result.stderr
+
+
+def test_train_help_states_each_default_once(capsys, monkeypatch) -> None:
+    monkeypatch.setenv("COLUMNS", "100")
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["train", "--help"])
+    assert exit_.value.code == 0
+    options = capsys.readouterr().out.split("\noptions:", 1)[1]
+    entries = {
+        entry.split()[0]: " ".join(entry.split())
+        for entry in re.split(r"\n(?=  -)|\n\n", options)
+        if entry.strip()
+    }
+    twice = {flag: text for flag, text in entries.items() if text.count("(default") > 1}
+    assert not twice
+    assert "(default: None)" not in options and "(default: False)" not in options
+    assert entries["--token"].endswith("(default: env SELECTOR_API_TOKEN; never printed)")
+    assert entries["--gpu-memory-utilization"].endswith("vLLM memory share (default: 0.3)")
+    assert entries["--seed"].endswith("(default: 0)") and entries["--steps"].endswith("(default: 20)")
+    assert "(default" not in entries["--dataset"]  # required

@@ -408,6 +408,8 @@ def _plot(args: argparse.Namespace) -> int:
             records = load_metrics(path)
         except (OSError, json.JSONDecodeError) as exc:
             raise _CliError(f"cannot read metrics file {path}: {exc}", EXIT_CONFIG) from None
+        except ValueError as exc:  # JSON, but not step records
+            raise _CliError(str(exc), EXIT_CONFIG) from None
         label = records[0].get("strategy", path.stem) if records else path.stem
         runs.append((f"{label} ({path.stem})" if label != path.stem else label, records))
     print(plot_runs(runs, args.out, title=args.title))

@@ -4,6 +4,7 @@ Nothing here loads a model; the tests that reach the service stop at its answer 
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -85,3 +86,31 @@ def test_train_help_states_each_default_once(capsys, monkeypatch) -> None:
     assert entries["--gpu-memory-utilization"].endswith("vLLM memory share (default: 0.3)")
     assert entries["--seed"].endswith("(default: 0)") and entries["--steps"].endswith("(default: 20)")
     assert "(default" not in entries["--dataset"]  # required
+
+
+def _write_metrics(path: Path, records: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    return path
+
+
+def test_plot_names_the_field_a_metrics_file_lacks(tmp_path, capsys) -> None:
+    pytest.importorskip("matplotlib")
+    steps = [{"step": s, "mean_reward": 0.1 * s, "total_rollouts": 32 * (s + 1)} for s in range(3)]
+    good = _write_metrics(tmp_path / "good.jsonl", steps)
+    stripped = [{k: v for k, v in r.items() if k != "total_rollouts"} for r in steps]
+    other = _write_metrics(tmp_path / "other.jsonl", steps[:1] + stripped[1:])
+    out = tmp_path / "cmp.png"
+
+    assert cli.main(["plot", str(good), str(other), "--out", str(out)]) == cli.EXIT_CONFIG
+    error = capsys.readouterr().err.strip()
+    assert error.startswith("error: ") and "\n" not in error
+    assert f"{other}, line 2 has no field 'total_rollouts'" in error
+    assert "trainer-client train --metrics-out" in error
+    assert not out.exists()
+
+    _write_metrics(other, ["step 0", *steps[1:]])
+    assert cli.main(["plot", str(other), "--out", str(out)]) == cli.EXIT_CONFIG
+    assert f"{other}, line 1 is not a JSON object" in capsys.readouterr().err
+
+    assert cli.main(["plot", str(good), "--out", str(out)]) == cli.EXIT_OK
+    assert out.stat().st_size > 0

@@ -272,8 +272,10 @@ def _train(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise _CliError(str(exc), EXIT_CONFIG) from None
 
-    token = args.token or os.environ.get("SELECTOR_API_TOKEN") or None
-    with SelectorClient(args.service_url, token=token, timeout=args.timeout, retries=args.retries) as client:
+    # No --token: the client reads SELECTOR_API_TOKEN.
+    with SelectorClient(
+        args.service_url, token=args.token, timeout=args.timeout, retries=args.retries
+    ) as client:
         # Cheap checks first: the service, the task and the strategy, before minutes of model loading.
         client.check_server()
         try:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import array
 import asyncio
 import math
+import os
 import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -124,12 +125,17 @@ def _detail_text(response: httpx.Response) -> str:
     return str(detail)
 
 
-def _error_for(method: str, path: str, response: httpx.Response) -> SelectorError:
+def _error_for(method: str, path: str, response: httpx.Response, *, token_sent: bool) -> SelectorError:
     status = response.status_code
     detail = _detail_text(response)
     cls = _STATUS_ERRORS.get(status, SelectorError)
     message = f"{method} {path} -> HTTP {status}: {detail}"
-    if cls is AuthError:
+    if cls is AuthError and status == 401 and not token_sent:
+        message += (
+            " (the service requires a token and none was sent: pass --token or set SELECTOR_API_TOKEN"
+            " to the service's token)"
+        )
+    elif cls is AuthError:
         message += (
             " (the service requires `Authorization: Bearer <token>`: pass --token or set SELECTOR_API_TOKEN"
             " to the service's token)"
@@ -559,6 +565,7 @@ class _Base:
         self.backoff = backoff
         self._timeout = httpx.Timeout(timeout)
         self._headers = {"Accept": "application/json"}
+        token = token or os.environ.get("SELECTOR_API_TOKEN") or None
         if token:
             self._headers["Authorization"] = f"Bearer {token}"
 
@@ -584,7 +591,7 @@ class _Base:
 
     def _outcome(self, call: _Call[T], response: httpx.Response) -> T:
         if not response.is_success:
-            raise _error_for(call.method, call.path, response)
+            raise _error_for(call.method, call.path, response, token_sent=self._token_sent)
         try:
             return call.parse(response)
         except (ValueError, KeyError, TypeError, IndexError) as exc:
@@ -594,7 +601,18 @@ class _Base:
                 status=response.status_code,
             ) from None
 
+    @property
+    def _token_sent(self) -> bool:
+        return "Authorization" in self._headers
+
     def _check_server_message(self, exc: SelectorError) -> SelectorError:
+        if isinstance(exc, AuthError) and exc.status == 401 and not self._token_sent:
+            return AuthError(
+                f"the selector service at {self.base_url} requires a token and none was sent (HTTP 401): "
+                "pass the service's token with --token or SELECTOR_API_TOKEN",
+                status=exc.status,
+                detail=exc.detail,
+            )
         if isinstance(exc, AuthError):
             return AuthError(
                 f"the selector service at {self.base_url} rejected the token (HTTP {exc.status}): "
@@ -620,6 +638,9 @@ class _Base:
 
 class SelectorClient(_Base):
     """Blocking client. Use as a context manager (or call ``close()``) to release connections.
+
+    ``token``: the service's bearer token; when none is passed (None or empty) the client reads
+    ``SELECTOR_API_TOKEN``, and sends no token when that is unset or empty.
 
     ``transport`` is a seam for tests (e.g. wrapping the real transport to drop a response).
     """
@@ -780,7 +801,7 @@ class SelectorClient(_Base):
 
 
 class AsyncSelectorClient(_Base):
-    """The same API as ``SelectorClient`` with ``async`` methods (for asyncio trainers)."""
+    """The same API as ``SelectorClient`` with ``async`` methods (for asyncio trainers); the token as there."""
 
     def __init__(
         self,

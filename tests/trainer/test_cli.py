@@ -5,6 +5,7 @@ Nothing here loads a model; the tests that reach the service stop at its answer 
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -114,3 +115,25 @@ def test_plot_names_the_field_a_metrics_file_lacks(tmp_path, capsys) -> None:
 
     assert cli.main(["plot", str(good), "--out", str(out)]) == cli.EXIT_OK
     assert out.stat().st_size > 0
+
+
+def test_train_says_when_the_service_wants_a_token_and_none_was_sent(start_service, tmp_path) -> None:
+    token = "cli-token-" + uuid.uuid4().hex[:8]
+    url = start_service(SELECTOR_API_TOKEN=token).url
+    args = ["train", "--service-url", url, "--dataset", f"t-{uuid.uuid4().hex[:10]}", "--task", "arithmetic",
+            "--num-prompts", "4", "--batch-size", "2", "--rollouts", "2", "--no-metadata",
+            "--metrics-out", str(tmp_path / "m.jsonl"), "--strategy", "no-such-strategy"]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != "SELECTOR_API_TOKEN"}
+
+    unsent = _run(*args, env=env)
+    assert unsent.returncode == cli.EXIT_SERVICE and "Traceback" not in unsent.stderr
+    assert f"the selector service at {url} requires a token and none was sent" in unsent.stderr
+
+    wrong = _run(*args, "--token", "wrong", env=env)
+    assert wrong.returncode == cli.EXIT_SERVICE and "rejected the token (HTTP 403)" in wrong.stderr
+
+    from_env = _run(
+        *args, env={**env, "SELECTOR_API_TOKEN": token}
+    )  # past the token: the strategy is refused
+    assert from_env.returncode == cli.EXIT_SERVICE and "no-such-strategy" in from_env.stderr
+    assert token not in from_env.stderr + from_env.stdout

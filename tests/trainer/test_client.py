@@ -108,18 +108,46 @@ def test_operations_endpoints_and_check_server(service_url, client) -> None:
     client.check_server()
 
 
-def test_token_errors(service_url) -> None:
+def test_token_errors(service_url, monkeypatch) -> None:
+    monkeypatch.delenv("SELECTOR_API_TOKEN", raising=False)
     with SelectorClient(service_url) as anonymous:
         with pytest.raises(AuthError) as missing:
             anonymous.list_datasets()
         assert missing.value.status == 401
-        with pytest.raises(AuthError, match="token"):
+        assert "requires a token and none was sent" in str(missing.value)
+        with pytest.raises(AuthError) as unsent:
             anonymous.check_server()
+        assert "requires a token and none was sent" in str(unsent.value)
+        assert "rejected" not in str(unsent.value)
     with SelectorClient(service_url, token="wrong") as wrong:
         with pytest.raises(AuthError) as rejected:
             wrong.list_datasets()
         assert rejected.value.status == 403
         assert rejected.value.detail
+        assert "none was sent" not in str(rejected.value)
+        with pytest.raises(AuthError, match="rejected the token"):
+            wrong.check_server()
+
+
+def test_the_token_comes_from_selector_api_token_unless_passed(service_url, monkeypatch) -> None:
+    monkeypatch.setenv("SELECTOR_API_TOKEN", TOKEN)
+    with SelectorClient(service_url) as from_env:
+        from_env.check_server()
+    asyncio.run(_check_server_async(service_url))
+    monkeypatch.setenv("SELECTOR_API_TOKEN", "wrong")
+    with SelectorClient(service_url, token=TOKEN) as explicit:  # the argument wins
+        explicit.check_server()
+    with SelectorClient(service_url) as from_env, pytest.raises(AuthError, match="rejected the token"):
+        from_env.check_server()
+    monkeypatch.setenv("SELECTOR_API_TOKEN", "")  # empty: as if unset
+    with SelectorClient(service_url) as anonymous, pytest.raises(AuthError) as missing:
+        anonymous.check_server()
+    assert missing.value.status == 401 and "none was sent" in str(missing.value)
+
+
+async def _check_server_async(service_url: str) -> None:
+    async with AsyncSelectorClient(service_url) as client:
+        await client.check_server()
 
 
 def test_dataset_lifecycle(client) -> None:

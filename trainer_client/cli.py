@@ -17,10 +17,11 @@ import json
 import os
 import random
 import sys
+import types
 import warnings
 from dataclasses import MISSING, fields
 from pathlib import Path
-from typing import Any, get_args, get_origin, get_type_hints
+from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from trainer_client.client import Conflict, DatasetInfo, SelectorClient, SelectorError
 from trainer_client.config import GRPOConfig, TrainConfig, default_of
@@ -33,6 +34,18 @@ class _CliError(Exception):
     def __init__(self, message: str, code: int) -> None:
         super().__init__(message)
         self.code = code
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Ends an option's help with its default unless the help already states it (``(default ...)``) or
+    there is none to state: a required option, a ``None`` default, or a flag that is off unless given."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if "(default" in text or action.required or default is None or default is False:
+            return text
+        return super()._get_help_string(action)
 
 
 def _option(group: Any, cls: type, name: str, **overrides: Any) -> None:
@@ -53,17 +66,31 @@ def _option(group: Any, cls: type, name: str, **overrides: Any) -> None:
             action="store_false" if default_of(cls, name) else "store_true", default=argparse.SUPPRESS
         )
     else:
-        kinds = [k for k in get_args(kind) if k is not type(None)] or [kind]
-        kwargs.update(
-            type=json.loads if get_origin(kinds[0]) is dict else kinds[0],
-            default=default_of(cls, name),
-        )
+        if get_origin(kind) in (Union, types.UnionType):  # ``int | None``: the option takes an int
+            kind = next(k for k in get_args(kind) if k is not type(None))
+        kwargs.update(type=_json_object if get_origin(kind) is dict else kind, default=default_of(cls, name))
     if "choices" in meta:
         kwargs["choices"] = list(meta["choices"])
     elif "type" in kwargs:
         kwargs["metavar"] = flag.removeprefix("--").replace("-", "_").upper()
     kwargs.update(overrides)
     group.add_argument(flag, **kwargs)
+
+
+def _json_object(value: str) -> dict[str, Any]:
+    """The value of an option that takes a JSON object (its values may be null)."""
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not valid JSON ({exc.msg} at character {exc.pos}); give a JSON object in single "
+            "quotes, e.g. '{\"eta\": 2.0}'"
+        ) from None
+    if not isinstance(parsed, dict):
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is JSON but not an object; give a JSON object, e.g. '{{\"eta\": 2.0}}'"
+        )
+    return parsed
 
 
 def _config(cls: type, args: argparse.Namespace, **values: Any) -> Any:
@@ -78,7 +105,7 @@ def _parser() -> argparse.ArgumentParser:
     train = commands.add_parser(
         "train",
         help="run GRPO with service-selected prompts",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=_HelpFormatter,
     )
 
     service = train.add_argument_group("selector service")
@@ -150,7 +177,7 @@ def _parser() -> argparse.ArgumentParser:
         default="auto",
         help="vLLM weight dtype; auto: bfloat16 on a GPU, float32 on a CPU (matches the trainer exactly)",
     )
-    model.add_argument("--gpu-memory-utilization", type=float, help="vLLM memory share (default 0.3)")
+    model.add_argument("--gpu-memory-utilization", type=float, help="vLLM memory share (default: 0.3)")
 
     output = train.add_argument_group("output")
     output.add_argument("--metrics-out", type=Path, required=True, help="JSONL file, one line per step")
@@ -245,8 +272,10 @@ def _train(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise _CliError(str(exc), EXIT_CONFIG) from None
 
-    token = args.token or os.environ.get("SELECTOR_API_TOKEN") or None
-    with SelectorClient(args.service_url, token=token, timeout=args.timeout, retries=args.retries) as client:
+    # No --token: the client reads SELECTOR_API_TOKEN.
+    with SelectorClient(
+        args.service_url, token=args.token, timeout=args.timeout, retries=args.retries
+    ) as client:
         # Cheap checks first: the service, the task and the strategy, before minutes of model loading.
         client.check_server()
         try:
@@ -381,6 +410,8 @@ def _plot(args: argparse.Namespace) -> int:
             records = load_metrics(path)
         except (OSError, json.JSONDecodeError) as exc:
             raise _CliError(f"cannot read metrics file {path}: {exc}", EXIT_CONFIG) from None
+        except ValueError as exc:  # JSON, but not step records
+            raise _CliError(str(exc), EXIT_CONFIG) from None
         label = records[0].get("strategy", path.stem) if records else path.stem
         runs.append((f"{label} ({path.stem})" if label != path.stem else label, records))
     print(plot_runs(runs, args.out, title=args.title))

@@ -26,6 +26,7 @@ from __future__ import annotations
 import array
 import asyncio
 import math
+import os
 import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -124,12 +125,17 @@ def _detail_text(response: httpx.Response) -> str:
     return str(detail)
 
 
-def _error_for(method: str, path: str, response: httpx.Response) -> SelectorError:
+def _error_for(method: str, path: str, response: httpx.Response, *, token_sent: bool) -> SelectorError:
     status = response.status_code
     detail = _detail_text(response)
     cls = _STATUS_ERRORS.get(status, SelectorError)
     message = f"{method} {path} -> HTTP {status}: {detail}"
-    if cls is AuthError:
+    if cls is AuthError and status == 401 and not token_sent:
+        message += (
+            " (the service requires a token and none was sent: pass --token or set SELECTOR_API_TOKEN"
+            " to the service's token)"
+        )
+    elif cls is AuthError:
         message += (
             " (the service requires `Authorization: Bearer <token>`: pass --token or set SELECTOR_API_TOKEN"
             " to the service's token)"
@@ -522,9 +528,43 @@ def _metadata_calls(
     return calls
 
 
-def _beliefs_call(dataset: str, ids: Iterable[int]) -> _Call[Beliefs]:
-    id_list = ",".join(str(int(i)) for i in ids)
-    return _Call("GET", f"{_dataset_path(dataset)}/beliefs", _parse_beliefs, params={"ids": id_list})
+#: Characters of the encoded ``ids`` value one GET .../beliefs carries at most: httpx and the service's
+#: HTTP server refuse URLs over about 64 KiB, so a long id list goes in several requests.
+BELIEFS_QUERY_CHARS = 32_000
+#: Reads of a long id list before giving up when a step closes between its requests every time.
+BELIEFS_READS = 3
+
+
+def _beliefs_calls(dataset: str, ids: Iterable[int]) -> list[_Call[Beliefs]]:
+    """The requests of one beliefs read, in the order of ``ids``, each within ``BELIEFS_QUERY_CHARS``."""
+    chunks: list[list[str]] = [[]]
+    length = 0
+    for i in ids:
+        text = str(int(i))
+        cost = len(text) + 3  # the id and its comma, sent as %2C
+        if chunks[-1] and length + cost > BELIEFS_QUERY_CHARS:
+            chunks.append([])
+            length = 0
+        chunks[-1].append(text)
+        length += cost
+    path = f"{_dataset_path(dataset)}/beliefs"
+    return [_Call("GET", path, _parse_beliefs, params={"ids": ",".join(chunk)}) for chunk in chunks]
+
+
+def _joined_beliefs(parts: list[Beliefs]) -> Beliefs | None:
+    """The answers to one read's requests as one, or None when they reflect different open steps."""
+    if len({part.open_step for part in parts}) > 1:
+        return None
+    return Beliefs(open_step=parts[0].open_step, beliefs=[b for part in parts for b in part.beliefs])
+
+
+def _moving_step(dataset: str, calls: list[_Call[Beliefs]]) -> Conflict:
+    return Conflict(
+        f"GET {_dataset_path(dataset)}/beliefs: the ids took {len(calls)} requests, and a step of {dataset!r} "
+        f"closed between them in each of {BELIEFS_READS} reads; read fewer ids per call (one request holds "
+        "a few thousand) or read while no trainer is selecting",
+        status=None,
+    )
 
 
 def _score_call(
@@ -559,6 +599,7 @@ class _Base:
         self.backoff = backoff
         self._timeout = httpx.Timeout(timeout)
         self._headers = {"Accept": "application/json"}
+        token = token or os.environ.get("SELECTOR_API_TOKEN") or None
         if token:
             self._headers["Authorization"] = f"Bearer {token}"
 
@@ -584,7 +625,7 @@ class _Base:
 
     def _outcome(self, call: _Call[T], response: httpx.Response) -> T:
         if not response.is_success:
-            raise _error_for(call.method, call.path, response)
+            raise _error_for(call.method, call.path, response, token_sent=self._token_sent)
         try:
             return call.parse(response)
         except (ValueError, KeyError, TypeError, IndexError) as exc:
@@ -594,7 +635,18 @@ class _Base:
                 status=response.status_code,
             ) from None
 
+    @property
+    def _token_sent(self) -> bool:
+        return "Authorization" in self._headers
+
     def _check_server_message(self, exc: SelectorError) -> SelectorError:
+        if isinstance(exc, AuthError) and exc.status == 401 and not self._token_sent:
+            return AuthError(
+                f"the selector service at {self.base_url} requires a token and none was sent (HTTP 401): "
+                "pass the service's token with --token or SELECTOR_API_TOKEN",
+                status=exc.status,
+                detail=exc.detail,
+            )
         if isinstance(exc, AuthError):
             return AuthError(
                 f"the selector service at {self.base_url} rejected the token (HTTP {exc.status}): "
@@ -620,6 +672,9 @@ class _Base:
 
 class SelectorClient(_Base):
     """Blocking client. Use as a context manager (or call ``close()``) to release connections.
+
+    ``token``: the service's bearer token; when none is passed (None or empty) the client reads
+    ``SELECTOR_API_TOKEN``, and sends no token when that is unset or empty.
 
     ``transport`` is a seam for tests (e.g. wrapping the real transport to drop a response).
     """
@@ -748,7 +803,15 @@ class SelectorClient(_Base):
         return self._run(_observe_call(dataset, step, results, request_id))
 
     def beliefs(self, dataset: str, ids: Iterable[int]) -> Beliefs:
-        return self._run(_beliefs_call(dataset, ids))
+        """The beliefs about ``ids``, in that order, at one open step. A URL holds a few thousand ids, so
+        more go in several requests; when a step closes between them the read starts over (``Conflict``
+        after ``BELIEFS_READS`` reads)."""
+        calls = _beliefs_calls(dataset, ids)
+        for _ in range(BELIEFS_READS):
+            joined = _joined_beliefs([self._run(call) for call in calls])
+            if joined is not None:
+                return joined
+        raise _moving_step(dataset, calls)
 
     def score(
         self,
@@ -780,7 +843,7 @@ class SelectorClient(_Base):
 
 
 class AsyncSelectorClient(_Base):
-    """The same API as ``SelectorClient`` with ``async`` methods (for asyncio trainers)."""
+    """The same API as ``SelectorClient`` with ``async`` methods (for asyncio trainers); the token as there."""
 
     def __init__(
         self,
@@ -895,7 +958,12 @@ class AsyncSelectorClient(_Base):
         return await self._run(_observe_call(dataset, step, results, request_id))
 
     async def beliefs(self, dataset: str, ids: Iterable[int]) -> Beliefs:
-        return await self._run(_beliefs_call(dataset, ids))
+        calls = _beliefs_calls(dataset, ids)
+        for _ in range(BELIEFS_READS):
+            joined = _joined_beliefs([await self._run(call) for call in calls])
+            if joined is not None:
+                return joined
+        raise _moving_step(dataset, calls)
 
     async def score(
         self,

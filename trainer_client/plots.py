@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["PANELS", "build_figure", "load_metrics", "plot_runs"]
+__all__ = ["PANELS", "REQUIRED_FIELDS", "build_figure", "load_metrics", "plot_runs"]
 
 # Panel title -> (record keys drawn in it, y label). Keys after the first are drawn dashed.
 PANELS: dict[str, tuple[tuple[str, ...], str]] = {
@@ -39,10 +39,33 @@ PANELS: dict[str, tuple[tuple[str, ...], str]] = {
 }
 
 
+#: What every step record holds for the plot (the other quantities are drawn when present).
+REQUIRED_FIELDS = ("step", "mean_reward", "total_rollouts")
+
+
 def load_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """The step records of a metrics file (blank lines skipped)."""
+    """The step records of a metrics file (blank lines skipped). ``json.JSONDecodeError`` on a line
+    that is not JSON; ``ValueError`` naming the line and the field when a record is not a step record
+    with ``REQUIRED_FIELDS``."""
+    records = []
     with open(path, encoding="utf-8") as handle:
-        return [json.loads(line) for line in handle if line.strip()]
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            record = json.loads(line)
+            if not isinstance(record, dict):
+                problem = "is not a JSON object"
+            else:
+                missing = [key for key in REQUIRED_FIELDS if key not in record]
+                problem = f"has no field {', '.join(map(repr, missing))}" if missing else ""
+            if problem:
+                raise ValueError(
+                    f"{path}, line {number} {problem}: `trainer-client plot` reads metrics files written by "
+                    f"`trainer-client train --metrics-out` (one JSON object per step with "
+                    f"{', '.join(REQUIRED_FIELDS)})"
+                )
+            records.append(record)
+    return records
 
 
 def _series(records: Sequence[dict[str, Any]], key: str) -> tuple[list[Any], list[float]]:

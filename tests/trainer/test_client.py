@@ -100,6 +100,34 @@ class Counting(httpx.BaseTransport):
         return self.inner.handle_request(request)
 
 
+class ClosesAStepAfterBeliefs(httpx.BaseTransport):
+    """Forwards to the real service, and after each of the first ``times`` beliefs requests has the
+    service close a step of ``dataset`` (a /select for the step after its open one), as a trainer
+    running alongside would."""
+
+    def __init__(self, dataset: str, times: int) -> None:
+        self.inner = httpx.HTTPTransport()
+        self.dataset = dataset
+        self.times = times
+        self.beliefs_urls: list[str] = []
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        response = self.inner.handle_request(request)
+        if request.url.path.endswith("/beliefs"):
+            self.beliefs_urls.append(str(request.url))
+            if len(self.beliefs_urls) <= self.times:
+                response.read()
+                step = response.json()["open_step"] + 1
+                body = {"dataset": self.dataset, "step": step, "batch_size": 1, "strategy": "uniform"}
+                select = httpx.Request(
+                    "POST", request.url.join("/select"), json=body, headers=request.headers
+                )
+                answer = self.inner.handle_request(select)
+                answer.read()
+                assert answer.status_code == 200, answer.content
+        return response
+
+
 # --------------------------------------------------------------------------------------------------
 def test_operations_endpoints_and_check_server(service_url, client) -> None:
     with SelectorClient(service_url) as anonymous:  # health endpoints need no token
@@ -108,18 +136,46 @@ def test_operations_endpoints_and_check_server(service_url, client) -> None:
     client.check_server()
 
 
-def test_token_errors(service_url) -> None:
+def test_token_errors(service_url, monkeypatch) -> None:
+    monkeypatch.delenv("SELECTOR_API_TOKEN", raising=False)
     with SelectorClient(service_url) as anonymous:
         with pytest.raises(AuthError) as missing:
             anonymous.list_datasets()
         assert missing.value.status == 401
-        with pytest.raises(AuthError, match="token"):
+        assert "requires a token and none was sent" in str(missing.value)
+        with pytest.raises(AuthError) as unsent:
             anonymous.check_server()
+        assert "requires a token and none was sent" in str(unsent.value)
+        assert "rejected" not in str(unsent.value)
     with SelectorClient(service_url, token="wrong") as wrong:
         with pytest.raises(AuthError) as rejected:
             wrong.list_datasets()
         assert rejected.value.status == 403
         assert rejected.value.detail
+        assert "none was sent" not in str(rejected.value)
+        with pytest.raises(AuthError, match="rejected the token"):
+            wrong.check_server()
+
+
+def test_the_token_comes_from_selector_api_token_unless_passed(service_url, monkeypatch) -> None:
+    monkeypatch.setenv("SELECTOR_API_TOKEN", TOKEN)
+    with SelectorClient(service_url) as from_env:
+        from_env.check_server()
+    asyncio.run(_check_server_async(service_url))
+    monkeypatch.setenv("SELECTOR_API_TOKEN", "wrong")
+    with SelectorClient(service_url, token=TOKEN) as explicit:  # the argument wins
+        explicit.check_server()
+    with SelectorClient(service_url) as from_env, pytest.raises(AuthError, match="rejected the token"):
+        from_env.check_server()
+    monkeypatch.setenv("SELECTOR_API_TOKEN", "")  # empty: as if unset
+    with SelectorClient(service_url) as anonymous, pytest.raises(AuthError) as missing:
+        anonymous.check_server()
+    assert missing.value.status == 401 and "none was sent" in str(missing.value)
+
+
+async def _check_server_async(service_url: str) -> None:
+    async with AsyncSelectorClient(service_url) as client:
+        await client.check_server()
 
 
 def test_dataset_lifecycle(client) -> None:
@@ -302,3 +358,51 @@ def test_async_client(service_url) -> None:
                 await c.get_dataset(name)
 
     asyncio.run(scenario())
+
+
+def test_beliefs_of_more_ids_than_one_url_holds(service_url, client) -> None:
+    name = f"c-{uuid.uuid4().hex[:12]}"
+    client.create_dataset(name, 20_000, rollouts_per_prompt=2)
+    try:
+        client.observe(name, 0, [Result(19_990, rewards=[1, 1]), Result(3, rewards=[0, 0])], request_id="big")
+        ids = [*range(19_999, 3_999, -1), 3, 19_990, 3]  # 16 003 ids, not sorted, one twice
+        transport = Counting()
+        with SelectorClient(service_url, token=TOKEN, transport=transport) as counted:
+            beliefs = counted.beliefs(name, iter(ids))
+        assert transport.calls > 1
+        assert beliefs.open_step == 0
+        assert [b.prompt_id for b in beliefs.beliefs] == ids
+        observed = {b.prompt_id: (b.alpha, b.beta, b.observations) for b in beliefs.beliefs if b.observations}
+        assert observed == {19_990: (3.0, 1.0, 1), 3: (1.0, 3.0, 1)}
+
+        async def read_async():
+            async with AsyncSelectorClient(service_url, token=TOKEN) as c:
+                return await c.beliefs(name, ids)
+
+        assert asyncio.run(read_async()) == beliefs
+    finally:
+        client.delete_dataset(name)
+
+
+def test_a_long_beliefs_read_is_at_one_open_step(service_url, client) -> None:
+    name = f"c-{uuid.uuid4().hex[:12]}"
+    client.create_dataset(name, 12_000, rollouts_per_prompt=2)
+    ids = list(range(12_000))
+    try:
+        once = ClosesAStepAfterBeliefs(name, times=1)
+        with SelectorClient(service_url, token=TOKEN, transport=once) as c:
+            beliefs = c.beliefs(name, ids)
+        requests = len(once.beliefs_urls) // 2
+        assert requests > 1 and len(once.beliefs_urls) == 2 * requests  # the first read was started over
+        assert all(len(url) < 40_000 for url in once.beliefs_urls)
+        assert beliefs.open_step == 1 and [b.prompt_id for b in beliefs.beliefs] == ids
+
+        always = ClosesAStepAfterBeliefs(name, times=1_000)
+        with (
+            SelectorClient(service_url, token=TOKEN, transport=always) as c,
+            pytest.raises(Conflict) as moving,
+        ):
+            c.beliefs(name, ids)
+        assert f"{requests} requests" in str(moving.value) and "read fewer ids per call" in str(moving.value)
+    finally:
+        client.delete_dataset(name)

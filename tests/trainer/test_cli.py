@@ -1,0 +1,139 @@
+"""`trainer-client` through its real parser: options, help, and the errors it prints instead of tracebacks.
+
+Nothing here loads a model; the tests that reach the service stop at its answer to the first request."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from trainer_client import cli
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _parsed(*extra: str):
+    return cli._build_configs(cli._parser().parse_args(["train", "--dataset", "d", "--task", "arithmetic",
+                                                        "--metrics-out", "m.jsonl", *extra]))  # fmt: skip
+
+
+def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "trainer_client.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env=env,
+    )
+
+
+@pytest.mark.parametrize(
+    ("value", "params"),
+    [('{"eta": 2}', {"eta": 2}), ("{}", {}), ('{"candidate_ratio": null}', {"candidate_ratio": None})],
+)
+def test_params_take_a_json_object(value, params) -> None:
+    assert _parsed("--params", value).strategy_params == params
+    assert _parsed().strategy_params == {}
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [("[1, 2]", "is JSON but not an object"), ("null", "is JSON but not an object"),
+     ("eta=2", "is not valid JSON"), ("{'eta': 2}", "is not valid JSON")],
+)  # fmt: skip
+def test_params_that_are_not_a_json_object_are_refused(value, says, capsys) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        _parsed("--params", value)
+    assert exit_.value.code == cli.EXIT_CONFIG
+    error = capsys.readouterr().err.splitlines()[-1]
+    assert error.startswith("trainer-client train: error: argument --params:")
+    assert says in error and '{"eta": 2.0}' in error
+
+
+def test_params_reach_the_service(service, tmp_path) -> None:
+    """The service names the parameter it does not know: the object went through to /select."""
+    result = _run("train", "--service-url", service.url, "--dataset", f"p-{uuid.uuid4().hex[:10]}",
+                  "--task", "arithmetic", "--num-prompts", "4", "--batch-size", "2", "--rollouts", "2",
+                  "--no-metadata", "--metrics-out", str(tmp_path / "m.jsonl"),
+                  "--params", '{"no_such_param": 1, "candidate_ratio": null}')  # fmt: skip
+    assert result.returncode == cli.EXIT_SERVICE, result.stderr
+    assert "Traceback" not in result.stderr
+    assert "422" in result.stderr and "no_such_param" in result.stderr
+
+
+def test_train_help_states_each_default_once(capsys, monkeypatch) -> None:
+    monkeypatch.setenv("COLUMNS", "100")
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["train", "--help"])
+    assert exit_.value.code == 0
+    options = capsys.readouterr().out.split("\noptions:", 1)[1]
+    entries = {
+        entry.split()[0]: " ".join(entry.split())
+        for entry in re.split(r"\n(?=  -)|\n\n", options)
+        if entry.strip()
+    }
+    twice = {flag: text for flag, text in entries.items() if text.count("(default") > 1}
+    assert not twice
+    assert "(default: None)" not in options and "(default: False)" not in options
+    assert entries["--token"].endswith("(default: env SELECTOR_API_TOKEN; never printed)")
+    assert entries["--gpu-memory-utilization"].endswith("vLLM memory share (default: 0.3)")
+    assert entries["--seed"].endswith("(default: 0)") and entries["--steps"].endswith("(default: 20)")
+    assert "(default" not in entries["--dataset"]  # required
+
+
+def _write_metrics(path: Path, records: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    return path
+
+
+def test_plot_names_the_field_a_metrics_file_lacks(tmp_path, capsys) -> None:
+    pytest.importorskip("matplotlib")
+    steps = [{"step": s, "mean_reward": 0.1 * s, "total_rollouts": 32 * (s + 1)} for s in range(3)]
+    good = _write_metrics(tmp_path / "good.jsonl", steps)
+    stripped = [{k: v for k, v in r.items() if k != "total_rollouts"} for r in steps]
+    other = _write_metrics(tmp_path / "other.jsonl", steps[:1] + stripped[1:])
+    out = tmp_path / "cmp.png"
+
+    assert cli.main(["plot", str(good), str(other), "--out", str(out)]) == cli.EXIT_CONFIG
+    error = capsys.readouterr().err.strip()
+    assert error.startswith("error: ") and "\n" not in error
+    assert f"{other}, line 2 has no field 'total_rollouts'" in error
+    assert "trainer-client train --metrics-out" in error
+    assert not out.exists()
+
+    _write_metrics(other, ["step 0", *steps[1:]])
+    assert cli.main(["plot", str(other), "--out", str(out)]) == cli.EXIT_CONFIG
+    assert f"{other}, line 1 is not a JSON object" in capsys.readouterr().err
+
+    assert cli.main(["plot", str(good), "--out", str(out)]) == cli.EXIT_OK
+    assert out.stat().st_size > 0
+
+
+def test_train_says_when_the_service_wants_a_token_and_none_was_sent(start_service, tmp_path) -> None:
+    token = "cli-token-" + uuid.uuid4().hex[:8]
+    url = start_service(SELECTOR_API_TOKEN=token).url
+    args = ["train", "--service-url", url, "--dataset", f"t-{uuid.uuid4().hex[:10]}", "--task", "arithmetic",
+            "--num-prompts", "4", "--batch-size", "2", "--rollouts", "2", "--no-metadata",
+            "--metrics-out", str(tmp_path / "m.jsonl"), "--strategy", "no-such-strategy"]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != "SELECTOR_API_TOKEN"}
+
+    unsent = _run(*args, env=env)
+    assert unsent.returncode == cli.EXIT_SERVICE and "Traceback" not in unsent.stderr
+    assert f"the selector service at {url} requires a token and none was sent" in unsent.stderr
+
+    wrong = _run(*args, "--token", "wrong", env=env)
+    assert wrong.returncode == cli.EXIT_SERVICE and "rejected the token (HTTP 403)" in wrong.stderr
+
+    from_env = _run(
+        *args, env={**env, "SELECTOR_API_TOKEN": token}
+    )  # past the token: the strategy is refused
+    assert from_env.returncode == cli.EXIT_SERVICE and "no-such-strategy" in from_env.stderr
+    assert token not in from_env.stderr + from_env.stdout

@@ -12,6 +12,7 @@ import hmac
 from typing import Annotated
 
 from fastapi import Depends, Path, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from selector_service.engine import Engine
@@ -31,7 +32,16 @@ SettingsDep = Annotated[Settings, Depends(settings_of)]
 NamePath = Annotated[str, Path(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$", description="dataset name")]
 
 
-async def require_token(request: Request) -> None:
+# Declares the bearer scheme in the OpenAPI document (an Authorize button in /docs, auth in generated
+# clients); it refuses nothing itself: require_token decides.
+_BEARER = HTTPBearer(
+    auto_error=False, description="The service's SELECTOR_API_TOKEN; not needed when it runs without one."
+)
+
+
+async def require_token(
+    request: Request, _declared: Annotated[HTTPAuthorizationCredentials | None, Depends(_BEARER)] = None
+) -> None:
     """401 without `Authorization: Bearer <token>`, 403 with another token; nothing when the service
     runs without SELECTOR_API_TOKEN. The comparison takes the same time whatever the token sent."""
     secret = request.app.state.settings.api_token

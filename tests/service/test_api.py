@@ -343,6 +343,18 @@ def test_openapi_describes_every_endpoint(http):
     json.dumps(doc)
 
 
+def test_openapi_declares_the_bearer_token_where_it_is_checked(http):
+    """Generated clients and the /docs Authorize button learn the token from the document; the open
+    operations (health, readiness, metrics) declare none."""
+    doc = http.get("/openapi.json").json()
+    ((name, scheme),) = doc["components"]["securitySchemes"].items()
+    assert scheme["type"] == "http" and scheme["scheme"] == "bearer", scheme
+    for path, ops in doc["paths"].items():
+        for method, op in ops.items():
+            declared = op.get("security") == [{name: []}]
+            assert declared == (path not in ("/healthz", "/readyz", "/metrics")), (method, path)
+
+
 def test_openapi_gives_every_operation_a_summary_and_description(http):
     doc = http.get("/openapi.json").json()
     operations = [(path, method, op) for path, ops in doc["paths"].items() for method, op in ops.items()]

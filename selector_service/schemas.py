@@ -211,6 +211,27 @@ class ScoreResponse(BaseModel):
     scores: list[float]
 
 
+class StrategyParamInfo(BaseModel):
+    name: str
+    default: Any = Field(description="The value used when a request does not give one (null: see help).")
+    help: str
+    dataset_level: bool = Field(
+        description="Shapes state the dataset updates at every step close: fixed per dataset through its "
+        "`defaults` at creation; a request may repeat the dataset's value but not change it."
+    )
+
+
+class StrategyInfo(BaseModel):
+    name: str
+    scored: bool = Field(description="Its selects return scores and POST /score answers for it.")
+    deterministic: bool = Field(description="Its scores depend on the beliefs alone (no random draws).")
+    params: list[StrategyParamInfo]
+
+
+class StrategiesResponse(BaseModel):
+    strategies: list[StrategyInfo]
+
+
 PassRate = Annotated[float, Field(ge=0, le=1)]
 GroupId = Annotated[int, Field(ge=-1, le=MAX_GROUPS - 1)]
 

@@ -23,7 +23,7 @@ from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
-from trainer_client.client import Conflict, DatasetInfo, SelectorClient, SelectorError
+from trainer_client.client import Conflict, DatasetInfo, NotFound, SelectorClient, SelectorError
 from trainer_client.config import GRPOConfig, TrainConfig, default_of
 
 EXIT_OK, EXIT_CONFIG, EXIT_SERVICE, EXIT_MODEL, EXIT_INTERRUPTED = 0, 2, 3, 4, 130
@@ -218,6 +218,27 @@ def _quiet_libraries() -> None:
         pass
 
 
+def _check_strategy(client: SelectorClient, strategy: str, params: dict[str, Any] | None) -> None:
+    """Refuses a strategy or parameter name the service does not know before anything is created (the
+    values are checked by the first select). A service without GET /strategies skips this."""
+    try:
+        offered = client.strategies()
+    except NotFound:
+        return
+    if strategy not in offered:
+        raise _CliError(
+            f"the service has no strategy {strategy!r}; choose one of {', '.join(sorted(offered))}",
+            EXIT_SERVICE,
+        )
+    unknown = sorted(set(params or {}) - set(offered[strategy]))
+    if unknown:
+        allowed = ", ".join(offered[strategy]) or "none"
+        raise _CliError(
+            f"strategy {strategy!r} has no parameter(s) {', '.join(unknown)} (--params); allowed: {allowed}",
+            EXIT_SERVICE,
+        )
+
+
 def _ensure_dataset(client: SelectorClient, args: argparse.Namespace, size: int) -> DatasetInfo:
     try:
         client.create_dataset(
@@ -285,6 +306,8 @@ def _train(args: argparse.Namespace) -> int:
             config.validate(len(task.problems))
         except ValueError as exc:
             raise _CliError(str(exc), EXIT_CONFIG) from None
+        if config.strategy not in TRAINER_STRATEGIES:
+            _check_strategy(client, config.strategy, config.strategy_params)
         info = _ensure_dataset(client, args, len(task.problems))
         if not args.no_metadata:
             _upload_metadata(client, info.name, task)

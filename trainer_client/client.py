@@ -390,6 +390,14 @@ def _parse_dataset_names(response: httpx.Response) -> list[str]:
     return [str(item["name"]) if isinstance(item, dict) else str(item) for item in items]
 
 
+def _parse_strategies(response: httpx.Response) -> dict[str, dict[str, Any]]:
+    """GET /strategies as {strategy: {parameter: default}}."""
+    return {
+        str(item["name"]): {str(p["name"]): p.get("default") for p in item.get("params", [])}
+        for item in response.json()["strategies"]
+    }
+
+
 def _dataset_path(name: str) -> str:
     return f"/datasets/{quote(name, safe='')}"
 
@@ -831,6 +839,10 @@ class SelectorClient(_Base):
     def readyz(self) -> dict[str, Any]:
         return self._run(_Call("GET", "/readyz", _json))
 
+    def strategies(self) -> dict[str, dict[str, Any]]:
+        """The strategies the service offers: {name: {parameter: default}} (GET /strategies)."""
+        return self._run(_Call("GET", "/strategies", _parse_strategies))
+
     def check_server(self) -> None:
         """Raise a ``SelectorError`` that says what to fix unless the service is up, ready, and accepts
         our token. Cheap: three GET requests."""
@@ -980,6 +992,9 @@ class AsyncSelectorClient(_Base):
 
     async def readyz(self) -> dict[str, Any]:
         return await self._run(_Call("GET", "/readyz", _json))
+
+    async def strategies(self) -> dict[str, dict[str, Any]]:
+        return await self._run(_Call("GET", "/strategies", _parse_strategies))
 
     async def check_server(self) -> None:
         try:

@@ -27,6 +27,7 @@ DATA_ENDPOINTS = [
         {"dataset": "x", "step": 0, "request_id": "r", "results": [{"prompt_id": 0, "rewards": [1]}]},
     ),
     ("GET", "/datasets/x/beliefs?ids=0", None),
+    ("GET", "/strategies", None),
     ("POST", "/score", {"dataset": "x", "strategy": "insight", "prompt_ids": [0]}),
     ("GET", "/datasets/x/export", None),
     ("POST", "/datasets/x/import", None),

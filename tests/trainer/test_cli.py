@@ -59,14 +59,36 @@ def test_params_that_are_not_a_json_object_are_refused(value, says, capsys) -> N
 
 
 def test_params_reach_the_service(service, tmp_path) -> None:
-    """The service names the parameter it does not know: the object went through to /select."""
+    """The service names the value it refuses: the object went through to /select."""
     result = _run("train", "--service-url", service.url, "--dataset", f"p-{uuid.uuid4().hex[:10]}",
                   "--task", "arithmetic", "--num-prompts", "4", "--batch-size", "2", "--rollouts", "2",
                   "--no-metadata", "--metrics-out", str(tmp_path / "m.jsonl"),
-                  "--params", '{"no_such_param": 1, "candidate_ratio": null}')  # fmt: skip
+                  "--params", '{"eta": -1, "candidate_ratio": null}')  # fmt: skip
     assert result.returncode == cli.EXIT_SERVICE, result.stderr
     assert "Traceback" not in result.stderr
-    assert "422" in result.stderr and "no_such_param" in result.stderr
+    assert "422" in result.stderr and "eta" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        (["--strategy", "insigth"], "the service has no strategy 'insigth'; choose one of adarft, dps,"),
+        (["--params", '{"etta": 2}'], "strategy 'insight' has no parameter(s) etta (--params); allowed: eta, mu,"),
+    ],
+)  # fmt: skip
+def test_a_strategy_or_parameter_the_service_lacks_is_refused_before_anything_is_created(
+    service, tmp_path, extra, says
+) -> None:
+    from trainer_client.client import SelectorClient
+
+    name = f"s-{uuid.uuid4().hex[:10]}"
+    result = _run("train", "--service-url", service.url, "--dataset", name, "--task", "arithmetic",
+                  "--num-prompts", "4", "--batch-size", "2", "--rollouts", "2",
+                  "--metrics-out", str(tmp_path / "m.jsonl"), *extra)  # fmt: skip
+    assert result.returncode == cli.EXIT_SERVICE, result.stderr
+    assert says in result.stderr and "Traceback" not in result.stderr
+    with SelectorClient(service.url) as client:
+        assert name not in client.list_datasets()  # no dataset left behind
 
 
 def test_train_help_states_each_default_once(capsys, monkeypatch) -> None:

@@ -406,3 +406,15 @@ def test_a_long_beliefs_read_is_at_one_open_step(service_url, client) -> None:
         assert f"{requests} requests" in str(moving.value) and "read fewer ids per call" in str(moving.value)
     finally:
         client.delete_dataset(name)
+
+
+def test_strategies_from_both_clients(service_url, client) -> None:
+    offered = client.strategies()
+    assert offered["insight"] == {"eta": 3.0, "mu": 0.3, "k": None, "candidate_ratio": 16}
+    assert offered["uniform"] == {} and "dps" in offered
+
+    async def scenario() -> dict:
+        async with AsyncSelectorClient(service_url, token=TOKEN) as c:
+            return await c.strategies()
+
+    assert asyncio.run(scenario()) == offered

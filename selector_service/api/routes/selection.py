@@ -11,6 +11,7 @@ from pydantic import ValidationError
 from selector_service.api.deps import EngineDep, SettingsDep, require_token
 from selector_service.api.errors import ERRORS
 from selector_service.api.openapi import json_body
+from selector_service.core.strategies import STRATEGIES
 from selector_service.errors import PayloadTooLarge
 from selector_service.schemas import (
     ObserveRequest,
@@ -19,6 +20,9 @@ from selector_service.schemas import (
     ScoreResponse,
     SelectRequest,
     SelectResponse,
+    StrategiesResponse,
+    StrategyInfo,
+    StrategyParamInfo,
 )
 
 router = APIRouter(dependencies=[Depends(require_token)], responses=ERRORS)
@@ -72,6 +76,29 @@ async def observe(request: Request, engine: EngineDep) -> ObserveResponse:
         body.dataset, step=body.step, request_id=body.request_id, results=body.results
     )
     return ObserveResponse(applied=applied, duplicate=duplicate, lag=lag)
+
+
+@router.get("/strategies", response_model=StrategiesResponse, summary="List the strategies")
+async def strategies() -> StrategiesResponse:
+    """Every strategy `/select` accepts, with its parameters, their defaults and what each does (the
+    accepted range of each: docs/numerics.md). A client can check a strategy and its parameter names
+    here before it creates anything."""
+    return StrategiesResponse(
+        strategies=[
+            StrategyInfo(
+                name=spec.name,
+                scored=spec.scored,
+                deterministic=spec.deterministic,
+                params=[
+                    StrategyParamInfo(
+                        name=name, default=p.default, help=p.help, dataset_level=p.dataset_level
+                    )
+                    for name, p in spec.params.items()
+                ],
+            )
+            for spec in STRATEGIES.values()
+        ]
+    )
 
 
 @router.post("/score", response_model=ScoreResponse, summary="Score prompts")

@@ -60,6 +60,7 @@ OPERATIONS = [
     ("POST", "/select"),
     ("POST", "/observe"),
     ("POST", "/score"),
+    ("GET", "/strategies"),
     ("GET", "/healthz"),
     ("GET", "/readyz"),
     ("GET", "/metrics"),

@@ -205,7 +205,11 @@ def test_cli_reports_service_rejections_before_loading_the_model(service_url, tm
         *_base_args(service_url, dataset, tmp_path), "--strategy", "no-such-strategy", timeout=120
     )
     assert bad_strategy.returncode == 3 and "Traceback" not in bad_strategy.stderr
-    assert "no-such-strategy" in bad_strategy.stderr and "422" in bad_strategy.stderr
+    assert "the service has no strategy 'no-such-strategy'" in bad_strategy.stderr  # GET /strategies
+
+    bad_value = _cli(*_base_args(service_url, dataset, tmp_path), "--params", '{"eta": -1}', timeout=120)
+    assert bad_value.returncode == 3 and "Traceback" not in bad_value.stderr
+    assert "422" in bad_value.stderr and "eta" in bad_value.stderr  # the first select's answer
 
     conflict = _cli(*_base_args(service_url, dataset, tmp_path)[:-5], "--num-prompts", "5", "--no-progress",
                     "--metrics-out", str(tmp_path / "m.jsonl"), "--strategy", "uniform", timeout=120)  # fmt: skip
@@ -297,16 +301,15 @@ def test_dynamic_sampling_reports_every_rollout(service_url) -> None:
 
 
 def test_the_cli_uploads_the_tasks_groups_before_anything_else(service_url, tmp_path) -> None:
-    """Arithmetic tiers become the dataset's groups (before the strategy is even checked); --no-metadata
-    leaves the dataset without."""
+    """Arithmetic tiers become the dataset's groups (before the first select checks the parameters'
+    values); --no-metadata leaves the dataset without."""
     from trainer_client.client import SelectorClient
 
     with_groups, without = f"m-{uuid.uuid4().hex[:10]}", f"n-{uuid.uuid4().hex[:10]}"
-    done = _cli(
-        *_base_args(service_url, with_groups, tmp_path), "--strategy", "no-such-strategy", timeout=120
-    )
+    stop = ("--params", '{"eta": -1}')  # a known name with a refused value: the run stops at the first select
+    done = _cli(*_base_args(service_url, with_groups, tmp_path), *stop, timeout=120)
     assert done.returncode == 3 and "metadata: 4 prompts in 4 groups, 0 with a pass rate" in done.stderr
-    _cli(*_base_args(service_url, without, tmp_path), "--strategy", "nope", "--no-metadata", timeout=120)
+    _cli(*_base_args(service_url, without, tmp_path), *stop, "--no-metadata", timeout=120)
     with SelectorClient(service_url) as client:
         assert client.get_dataset(with_groups).groups == 4
         assert client.get_dataset(without).prompts_with_group == 0

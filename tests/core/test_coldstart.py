@@ -368,6 +368,26 @@ def test_whole_dataset_scores_in_chunks_equal_scores_in_one_piece(monkeypatch, s
     np.testing.assert_array_equal(score(ba, **dict(kw, ids=np.arange(n))), whole)
 
 
+@pytest.mark.parametrize("strategy", ["insight", "expected_difficulty", "inverse_evidence", "learnability"])
+@pytest.mark.parametrize(("n", "observed"), [(3000, 0), (3000, 40), (3000, 2900), (80_000, 500)])
+def test_whole_dataset_scores_around_the_prior_equal_scores_of_every_prompt(strategy, n, observed):
+    """Without cold priors the prior's score is computed once and the other prompts' one by one
+    (coldstart._scores_around_the_prior); every value must be the one scoring each prompt gives, also
+    for prompts whose decayed posterior is back at exactly the prior, and when most prompts differ."""
+    rng = np.random.default_rng(n + observed)
+    ba = BeliefArrays.new(n, 0.5, 2.0)
+    if observed:
+        apply_results(ba, *random_results(rng, n, observed), 0.9, 0.5, 2.0)
+        back = rng.choice(np.flatnonzero(ba.alpha != 0.5), 3, replace=False)
+        ba.alpha[back], ba.beta[back] = 0.5, 2.0  # observed, yet holding the prior exactly
+    kw = dict(strategy=strategy, params={}, step=0, seed=0, key="c", dataset_k=8)
+    whole = score(ba, ids=None, **kw)
+    np.testing.assert_array_equal(whole, score(ba, ids=np.arange(n), **kw))
+    out = np.full(n, np.nan)
+    assert score(ba, ids=None, out=out, **kw) is out
+    np.testing.assert_array_equal(out, whole)
+
+
 def test_group_statistics_by_hand():
     from selector_service.core.coldstart import group_statistics
 

@@ -172,6 +172,11 @@ def _collect_prior(prior, weight, digit, above, cand_keys, cand_pos):
     return na, nc
 
 
+#: Rows per block of the array passes: each block is first counted in a branch-free loop that LLVM
+#: vectorizes; only a block that holds what is looked for is walked row by row.
+_ROW_BLOCK = 1024
+
+
 @numba.njit(nogil=True, cache=True)
 def _tied_at_ranks(scores, value, ranks, out):
     """out[j] = the position of the ranks[j]-th score (0-based, ranks ascending) among the scores equal
@@ -179,14 +184,23 @@ def _tied_at_ranks(scores, value, ranks, out):
     +0.0 included), and NaN equals nothing."""
     j = 0
     seen = 0
-    for q in range(scores.size):
-        if scores[q] == value:
-            if seen == ranks[j]:
-                out[j] = q
-                j += 1
-                if j == ranks.size:
-                    return
-            seen += 1
+    m = scores.size
+    for lo in range(0, m, _ROW_BLOCK):
+        hi = min(lo + _ROW_BLOCK, m)
+        count = 0
+        for q in range(lo, hi):
+            count += np.int64(scores[q] == value)
+        if seen + count <= ranks[j]:  # the next rank lies beyond this block
+            seen += count
+            continue
+        for q in range(lo, hi):
+            if scores[q] == value:
+                if seen == ranks[j]:
+                    out[j] = q
+                    j += 1
+                    if j == ranks.size:
+                        return
+                seen += 1
 
 
 @numba.njit(nogil=True, cache=True)
@@ -194,25 +208,33 @@ def _scan_array(scores, bits, thr, ref, keys_out, pos_out):
     """One pass: counts (NaN, scores > ref, scores == ref) and the keys and positions (ascending) of
     every score >= thr; returns (kept, nan, gt, eq), or (size + 1, partial counts) as soon as more than
     keys_out.size would have to be kept. Compares values, not keys (the same order: keys sort like the
-    values, -0.0 like +0.0), and forms a key only for a kept score."""
+    values, -0.0 like +0.0), and forms a key only for a kept score. NaN is neither > nor == nor >=
+    anything, so the counting loop needs no branch."""
     cap = keys_out.size
     n = 0
     nan = 0
     gt = 0
     eq = 0
-    for q in range(scores.size):
-        s = scores[q]
-        if s != s:
-            nan += 1
+    m = scores.size
+    for lo in range(0, m, _ROW_BLOCK):
+        hi = min(lo + _ROW_BLOCK, m)
+        kept = 0
+        for q in range(lo, hi):
+            s = scores[q]
+            nan += np.int64(s != s)
+            gt += np.int64(s > ref)
+            eq += np.int64(s == ref)
+            kept += np.int64(s >= thr)
+        if kept == 0:
             continue
-        gt += np.int64(s > ref)
-        eq += np.int64(s == ref)
-        if s >= thr:
-            if n == cap:  # the sample misled: give up at once, the exact passes decide
-                return n + 1, nan, gt, eq
-            keys_out[n] = _order_key(s, bits[q])
-            pos_out[n] = q
-            n += 1
+        for q in range(lo, hi):
+            s = scores[q]
+            if s >= thr:
+                if n == cap:  # the sample misled: give up at once, the exact passes decide
+                    return n + 1, nan, gt, eq
+                keys_out[n] = _order_key(s, bits[q])
+                pos_out[n] = q
+                n += 1
     return n, nan, gt, eq
 
 

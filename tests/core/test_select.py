@@ -408,3 +408,66 @@ def test_tie_index_finds_the_common_value_or_declines():
     assert tie_index(np.random.default_rng(0).random(10_000), max_odd=10_000) is None  # nothing common
     assert tie_index(np.full(5, np.nan), max_odd=5) is None
     assert tie_index(np.empty(0), max_odd=0) is None
+
+
+# ---------------------------------------------------------------- the blocked array passes
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    m=st.sampled_from([0, 1, 1023, 1024, 1025, 3000, 5121]),
+    distinct=st.sampled_from([2, 5, 1000]),
+    nans=st.integers(0, 3),
+    cap_share=st.sampled_from([0.0, 0.3, 1.0, 2.0]),
+    data=st.data(),
+)
+def test_scan_array_equals_numpy(m, distinct, nans, cap_share, data):
+    """_scan_array counts block by block and walks only blocks holding kept rows: its counts and kept
+    rows are numpy's, and it stops once more than the buffer holds would be kept."""
+    from selector_service.core.select import _key_to_value, _scan_array, order_key
+
+    rng = np.random.default_rng(m * 7 + distinct + nans)
+    scores = (rng.integers(0, distinct, m) / distinct - 0.5).astype(np.float64)
+    scores[rng.random(m) < 0.1] = -0.0
+    if m:
+        scores[rng.integers(0, m, nans)] = np.nan
+    pick = data.draw(st.sampled_from([0.0, 0.25, -0.5, 0.49, 10.0]))
+    thr, ref = _key_to_value(order_key(pick)), data.draw(st.sampled_from([0.0, -0.25, 0.1]))
+    kept = np.flatnonzero(scores >= thr)
+    cap = int(cap_share * kept.size)
+    keys, pos = np.empty(cap, np.uint64), np.empty(cap, np.int64)
+    n, nan, gt, eq = _scan_array(scores, scores.view(np.uint64), thr, ref, keys, pos)
+    if kept.size <= cap:
+        assert (n, nan, gt, eq) == (
+            kept.size,
+            np.isnan(scores).sum(),
+            (scores > ref).sum(),
+            (scores == ref).sum(),
+        )
+        np.testing.assert_array_equal(pos[:n], kept)
+        np.testing.assert_array_equal(keys[:n], [order_key(x) for x in scores[kept]])
+    else:
+        assert n == cap + 1
+        np.testing.assert_array_equal(pos[:cap], kept[:cap])
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    m=st.sampled_from([1, 1023, 1024, 1025, 4097]),
+    share=st.sampled_from([0.001, 0.1, 0.9, 1.0]),
+    data=st.data(),
+)
+def test_tied_at_ranks_equals_numpy(m, share, data):
+    from selector_service.core.select import _tied_at_ranks
+
+    rng = np.random.default_rng(m + int(share * 1000))
+    scores = np.where(rng.random(m) < share, 0.5, rng.random(m))
+    scores[rng.random(m) < 0.05] = np.nan
+    tied = np.flatnonzero(scores == 0.5)
+    if tied.size == 0:
+        return
+    count = data.draw(st.integers(1, tied.size))
+    ranks = np.sort(rng.choice(tied.size, count, replace=False))
+    out = np.empty(count, np.int64)
+    _tied_at_ranks(scores, 0.5, ranks, out)
+    np.testing.assert_array_equal(out, tied[ranks])

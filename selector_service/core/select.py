@@ -208,8 +208,8 @@ def _scan_array(scores, bits, thr, ref, keys_out, pos_out):
     """One pass: counts (NaN, scores > ref, scores == ref) and the keys and positions (ascending) of
     every score >= thr; returns (kept, nan, gt, eq), or (size + 1, partial counts) as soon as more than
     keys_out.size would have to be kept. Compares values, not keys (the same order: keys sort like the
-    values, -0.0 like +0.0), and forms a key only for a kept score. NaN is neither > nor == nor >=
-    anything, so the counting loop needs no branch."""
+    values, -0.0 like +0.0), and forms a key only for a kept score. Each block of rows is counted
+    first (_block_counts, branch-free) and walked only when it holds a row to keep."""
     cap = keys_out.size
     n = 0
     nan = 0
@@ -218,13 +218,10 @@ def _scan_array(scores, bits, thr, ref, keys_out, pos_out):
     m = scores.size
     for lo in range(0, m, _ROW_BLOCK):
         hi = min(lo + _ROW_BLOCK, m)
-        kept = 0
-        for q in range(lo, hi):
-            s = scores[q]
-            nan += np.int64(s != s)
-            gt += np.int64(s > ref)
-            eq += np.int64(s == ref)
-            kept += np.int64(s >= thr)
+        c_nan, c_gt, c_eq, kept = _block_counts(scores[lo:hi], hi - lo, thr, ref)
+        nan += c_nan
+        gt += c_gt
+        eq += c_eq
         if kept == 0:
             continue
         for q in range(lo, hi):
@@ -551,24 +548,30 @@ def topk_random_ties(scores: np.ndarray, k: int, rng: Stream) -> np.ndarray:
         raise ValueError(f"k must lie in [0, {n}] (the number of scores), got {k}")
     if k == 0:
         return np.empty(0, dtype=np.int64)
+    chosen = _topk_set(scores, k, rng)
+    order = order_by_score(scores[chosen], chosen, rng.child(1).bits_at(chosen))
+    return chosen[order]
+
+
+def _topk_set(scores: np.ndarray, k: int, rng: Stream) -> np.ndarray:
+    """The positions topk_random_ties returns (1 <= k <= n), in no particular order: the k largest, the
+    tied ones at the boundary drawn by the tie rule."""
+    n = scores.size
     source = _Source(n, scores=scores)
     scan = source.scan(k)
     if scan.nan:
         raise ValueError("scores contain NaN; every candidate needs a comparable score")
-    block = None if k == n else source.top_in_tie_block(scan, k)
     if k == n:
-        chosen = np.arange(n, dtype=np.int64)
-    elif block is not None and k - block[0].size < block[1]:
+        return np.arange(n, dtype=np.int64)
+    block = source.top_in_tie_block(scan, k)
+    if block is not None and k - block[0].size < block[1]:
         # The boundary lies in a big block of equal scores (never-observed prompts in a cold start): draw
         # the block's members by rank, as choose_tied does, without listing the block.
         above, size, key = block
         ranks = np.sort(rng.child(0).sample(size, k - above.size))
-        chosen = np.concatenate([above, source.tied_at_ranks(key, ranks)])
-    else:
-        above, tied, _ = source.top(scan, k)
-        chosen = np.concatenate([above, choose_tied(tied, k - above.size, rng)])
-    order = order_by_score(scores[chosen], chosen, rng.child(1).bits_at(chosen))
-    return chosen[order]
+        return np.concatenate([above, source.tied_at_ranks(key, ranks)])
+    above, tied, _ = source.top(scan, k)
+    return np.concatenate([above, choose_tied(tied, k - above.size, rng)])
 
 
 class TiedScores(NamedTuple):
@@ -676,8 +679,8 @@ def topk_tied(tied: TiedScores, k: int, rng: Stream) -> np.ndarray:
     gt = int(np.count_nonzero(higher))
     if gt >= k:
         # The boundary lies among the odd scores, and so do all its ties: the rule over them alone
-        # draws the same tied positions (ascending in both), only its final order is by another key.
-        chosen = odd[topk_random_ties(vals, k, rng)]
+        # draws the same tied positions (ascending in both); the order below is by prompt id.
+        chosen = odd[_topk_set(vals, k, rng)]
     elif k - gt < block:
         ranks = np.sort(rng.child(0).sample(block, k - gt))
         chosen = np.concatenate([odd[higher], block_at(odd, ranks)])
@@ -916,6 +919,17 @@ def _observed_scores(ba, slots: np.ndarray, weight: float) -> np.ndarray:
     return out
 
 
+def _top_observed(ba, ranked: _Ranked, r: int, rng: Stream) -> np.ndarray:
+    """Slots of the r best observed prompts (r <= M), the tie rule over the tied ones in ascending id
+    order."""
+    if r == ba.observed:
+        return np.arange(r, dtype=np.int64)
+    above, tied = ranked.top(r)
+    tied_ids = np.sort(ba.obs_ids[tied].astype(np.int64))
+    chosen_tied = choose_tied(tied_ids, r - above.size, rng)
+    return np.concatenate([above, ba.hmm_slot[chosen_tied].astype(np.int64)])
+
+
 def dps_select(ba, k: int, entropy_weight: float, rng: Stream) -> tuple[np.ndarray, np.ndarray]:
     """docs/methods.md §2 over the whole dataset in O(prompts ever observed + k): the k prompts with the largest
     prior(2) + entropy_weight * H(prior), best first, and their scores (float64). `ba` is a
@@ -950,24 +964,11 @@ def dps_select(ba, k: int, entropy_weight: float, rng: Stream) -> tuple[np.ndarr
     if ranked.nan:
         raise ValueError("DPS scores contain NaN; the beliefs are corrupt")
     if block == 0 or gt >= k:
-        if k == m:
-            slots = np.arange(m, dtype=np.int64)
-        else:
-            above, tied = ranked.top(k)
-            tied_ids = np.sort(ba.obs_ids[tied].astype(np.int64))
-            chosen_tied = choose_tied(tied_ids, k - above.size, rng)
-            slots = np.concatenate([above, ba.hmm_slot[chosen_tied].astype(np.int64)])
+        slots = _top_observed(ba, ranked, k, rng)
         ids = ba.obs_ids[slots].astype(np.int64)
         scores = _observed_scores(ba, slots, entropy_weight)
     elif gt + eq + block < k:
-        rest = k - block
-        if rest == m:
-            slots = np.arange(m, dtype=np.int64)
-        else:
-            above, tied = ranked.top(rest)
-            tied_ids = np.sort(ba.obs_ids[tied].astype(np.int64))
-            chosen_tied = choose_tied(tied_ids, rest - above.size, rng)
-            slots = np.concatenate([above, ba.hmm_slot[chosen_tied].astype(np.int64)])
+        slots = _top_observed(ba, ranked, k - block, rng)
         never = np.flatnonzero(ba.hmm_slot < 0)
         ids = np.concatenate([ba.obs_ids[slots].astype(np.int64), never])
         scores = np.concatenate([_observed_scores(ba, slots, entropy_weight), np.full(block, s0)])

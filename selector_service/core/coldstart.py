@@ -407,12 +407,12 @@ SCORE_CHUNK = 1 << 16
 
 def beta_scores(ba, ids: np.ndarray | None, score_fn, out: np.ndarray | None = None) -> np.ndarray:
     """score_fn(alpha, beta, ids, out) over the Betas of `beta_for`, for `ids` (None: every prompt),
-    written into `out` when given. With cold priors and ids=None the dataset is gathered and scored
-    SCORE_CHUNK prompts at a time, so the only whole-dataset allocation is the result (8 bytes per
-    prompt, none with `out`)."""
+    written into `out` when given. For ids=None without cold priors the prior is scored once
+    (_scores_around_the_prior); with cold priors the dataset is gathered and scored SCORE_CHUNK prompts
+    at a time, so the only whole-dataset allocation is the result (8 bytes per prompt, none with `out`)."""
     if ids is None and not has_cold_priors(ba.shared):
         return _scores_around_the_prior(ba, score_fn, out)
-    if ids is not None or not has_cold_priors(ba.shared) or ba.n <= SCORE_CHUNK:
+    if ids is not None or ba.n <= SCORE_CHUNK:
         alpha, beta, sub = beta_for(ba, ids)
         return score_fn(alpha, beta, sub, out)
     if out is None:

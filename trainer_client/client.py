@@ -48,6 +48,7 @@ __all__ = [
     "NotFound",
     "ObserveAck",
     "Result",
+    "RolloutBudget",
     "Scores",
     "Selection",
     "SelectorClient",
@@ -246,14 +247,36 @@ def first_step(info: DatasetInfo, start_step: int | None = None) -> int:
 
 
 @dataclass(frozen=True)
+class RolloutBudget:
+    """How many rollouts a select asks the service to share out over its prompts (docs/api.md, "Select
+    with a rollout budget"): ``budget`` in all, each prompt between ``min`` and ``max`` (``max`` None: the
+    service's K limit), allocated by ``policy`` (uniform | knapsack | variance | posterior)."""
+
+    budget: int
+    min: int = 1
+    max: int | None = None
+    policy: str = "posterior"
+
+    def to_json(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"budget": int(self.budget), "min": int(self.min), "policy": self.policy}
+        if self.max is not None:
+            body["max"] = int(self.max)
+        return body
+
+
+@dataclass(frozen=True)
 class Selection:
-    """The answer of ``/select``: the prompts to train on at ``step`` (and their scores if asked)."""
+    """The answer of ``/select``: the prompts to train on at ``step`` (and their scores if asked).
+
+    ``rollouts``: with a rollout budget, how many rollouts each prompt of ``prompt_ids`` gets (same
+    order); None without one."""
 
     dataset: str
     step: int
     strategy: str
     prompt_ids: list[int]
     scores: list[float] | None
+    rollouts: list[int] | None = None
 
 
 @dataclass(frozen=True)
@@ -329,12 +352,14 @@ def _json(response: httpx.Response) -> Any:
 def _parse_selection(response: httpx.Response) -> Selection:
     body = response.json()
     scores = body.get("scores")
+    rollouts = body.get("rollouts")
     return Selection(
         dataset=str(body["dataset"]),
         step=int(body["step"]),
         strategy=str(body["strategy"]),
         prompt_ids=[int(i) for i in body["prompt_ids"]],
         scores=[float(s) for s in scores] if scores is not None else None,
+        rollouts=[int(n) for n in rollouts] if rollouts is not None else None,
     )
 
 
@@ -445,6 +470,7 @@ def _select_call(
     params: Mapping[str, Any] | None,
     seed: int,
     return_scores: bool,
+    rollouts: RolloutBudget | None = None,
 ) -> _Call[Selection]:
     body: dict[str, Any] = {
         "dataset": dataset,
@@ -456,6 +482,8 @@ def _select_call(
     }
     if params:
         body["params"] = dict(params)
+    if rollouts is not None:
+        body["rollouts"] = rollouts.to_json()
     return _Call("POST", "/select", _parse_selection, json=body)
 
 
@@ -802,9 +830,13 @@ class SelectorClient(_Base):
         params: Mapping[str, Any] | None = None,
         seed: int = 0,
         return_scores: bool = False,
+        rollouts: RolloutBudget | None = None,
     ) -> Selection:
-        """The prompts to train on at ``step``; the same arguments give the same batch."""
-        return self._run(_select_call(dataset, step, batch_size, strategy, params, seed, return_scores))
+        """The prompts to train on at ``step``; the same arguments give the same batch. With
+        ``rollouts``, the answer also says how many rollouts each prompt gets (``Selection.rollouts``)."""
+        return self._run(
+            _select_call(dataset, step, batch_size, strategy, params, seed, return_scores, rollouts)
+        )
 
     def observe(self, dataset: str, step: int, results: Iterable[Result], request_id: str) -> ObserveAck:
         """Report rollout outcomes; retries reuse ``request_id`` so they are applied at most once."""
@@ -961,8 +993,11 @@ class AsyncSelectorClient(_Base):
         params: Mapping[str, Any] | None = None,
         seed: int = 0,
         return_scores: bool = False,
+        rollouts: RolloutBudget | None = None,
     ) -> Selection:
-        return await self._run(_select_call(dataset, step, batch_size, strategy, params, seed, return_scores))
+        return await self._run(
+            _select_call(dataset, step, batch_size, strategy, params, seed, return_scores, rollouts)
+        )
 
     async def observe(
         self, dataset: str, step: int, results: Iterable[Result], request_id: str

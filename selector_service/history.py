@@ -103,6 +103,7 @@ OPEN_COLUMNS: dict[str, np.dtype] = {
     "open_group_trials": np.dtype(np.float64),
 }
 _MAX_GROUPS = 65_536
+_UNIFORM = float(np.float32(1.0 / 3.0))  # the DPS prior of a never-observed prompt, as stored
 
 
 def _grown(arr: np.ndarray, rows: int) -> np.ndarray:
@@ -174,25 +175,32 @@ class StepHistory:
         self.late[min(lag, LAG_LABELS)] += m
         slots = ba.hmm_slot[ids]
         seen = slots >= 0
-        already = np.zeros(m, dtype=bool)  # observed at the open step before this record
-        already[seen] = ba.obs_state[slots[seen]] != 0
-        _, first = np.unique(ids, return_index=True)  # first result of each prompt in the record
-        fresh = first[~already[first]]
-        if fresh.size:
-            self.pred += ba.hmm_prior_of(ids[np.sort(fresh)]).sum(axis=0, dtype=np.float64)
-            self.fresh += int(fresh.size)
+        fresh = np.ones(m, dtype=bool)  # not observed at the open step before this record
+        fresh[seen] = ba.obs_state[slots[seen]] == 0
+        if m > 1:  # the first result of each prompt in the record (ids in record order)
+            first = np.unique(ids, return_index=True)[1]
+            keep = np.zeros(m, dtype=bool)
+            keep[first] = True
+            fresh &= keep
+        rows = slots[fresh & seen]  # never-observed prompts hold the uniform prior
+        count = int(np.count_nonzero(fresh))
+        if count:
+            if rows.size:
+                self.pred += ba.obs_prior[rows].sum(axis=0, dtype=np.float64)
+            self.pred += (count - rows.size) * _UNIFORM
+            self.fresh += count
         if ba.shared.grouped:
             groups = ba.group[ids]
             grouped = groups >= 0
             if grouped.any():
-                self._count_groups(groups[grouped], successes[grouped], trials[grouped])
+                self._count_groups(groups[grouped], successes[grouped], trials[grouped], ba.shared.n_groups)
 
-    def _count_groups(self, groups: np.ndarray, successes: np.ndarray, trials: np.ndarray) -> None:
+    def _count_groups(
+        self, groups: np.ndarray, successes: np.ndarray, trials: np.ndarray, n_groups: int
+    ) -> None:
         uniq, inverse = np.unique(groups, return_inverse=True)
-        need = int(uniq[-1]) + 1
-        if need > self.open_groups["open_group_results"].shape[0]:
-            size = min(_MAX_GROUPS, max(need, 2 * self.open_groups["open_group_results"].shape[0]))
-            self.open_groups = {k: _grown(v, size) for k, v in self.open_groups.items()}
+        if int(uniq[-1]) >= self.open_groups["open_group_results"].shape[0]:  # as many as the dataset has
+            self.open_groups = {k: _grown(v, n_groups) for k, v in self.open_groups.items()}
         og = self.open_groups
         og["open_group_results"][uniq] += np.bincount(inverse, minlength=uniq.size)
         og["open_group_successes"][uniq] += np.bincount(inverse, weights=successes, minlength=uniq.size)

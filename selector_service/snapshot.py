@@ -359,13 +359,12 @@ def _state_from(spec: DatasetSpec, header: dict[str, Any], arrays: dict[str, np.
 def _history_from(header: dict[str, Any], arrays: dict[str, np.ndarray], state: DatasetState) -> StepHistory:
     """The snapshot's step history; an empty one for a snapshot written before it existed, whose open
     step's results so far count as on time (their lags were not kept)."""
-    parts = {k[len(HISTORY_PREFIX) :]: v for k, v in arrays.items() if k.startswith(HISTORY_PREFIX)}
-    history = StepHistory.from_parts(
-        header.get("history"), parts, state.open_step, state.arrays.shared.n_groups
-    )
-    if "history" not in header:
+    if header["version"] < 4:
+        history = StepHistory()
         history.late[0] = int(state.arrays.shared.step_counts[0])
-    return history
+        return history
+    parts = {k[len(HISTORY_PREFIX) :]: v for k, v in arrays.items() if k.startswith(HISTORY_PREFIX)}
+    return StepHistory.from_parts(header.get("history"), parts, state.open_step, state.arrays.shared.n_groups)
 
 
 def deserialize_snapshot(blob: bytes, max_prompts: int | None = None) -> DatasetState:

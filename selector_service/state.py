@@ -292,17 +292,17 @@ class DatasetState:
         if outcomes is not None:
             ids, succ, trials, states = outcomes
             lag = min(self.open_step - step, LAG_LABELS)
-            self.history.observe(self.arrays, ids, succ, trials, lag)  # before the beliefs move
-            self.apply_outcomes(ids, succ, trials, states)
+            self.apply_outcomes(ids, succ, trials, states, lag)
             self.results_by_lag[lag] = self.results_by_lag.get(lag, 0) + len(ids)
         self.cursor = log_id
         if number is not None:
             self.seq = number
 
     def apply_outcomes(
-        self, ids: np.ndarray, succ: np.ndarray, trials: np.ndarray, states: np.ndarray
+        self, ids: np.ndarray, succ: np.ndarray, trials: np.ndarray, states: np.ndarray, lag: int = 0
     ) -> None:
         s = self.spec
+        self.history.observe(self.arrays, ids, succ, trials, lag)  # before the beliefs move
         apply_results(self.arrays, ids, succ, trials, states, s.beta_decay, s.beta_prior[0], s.beta_prior[1])
         self.results += len(ids)
         self.rollouts += float(trials.sum())

@@ -96,7 +96,7 @@
         cell("last_step_dps_accuracy", s.last_step_dps_accuracy, fmt.share(s.last_step_dps_accuracy)),
       );
     });
-    const head = ["dataset", "prompts", "K", "open step", "results", "prompts observed", "last step mixed", "DPS accuracy"];
+    const head = ["dataset", "prompts", "K", "open step", "results", "prompts observed", "last step partially solved", "DPS accuracy"];
     const table = el(
       "table",
       { class: "table", id: "datasets" },
@@ -198,7 +198,7 @@
       card("observations", "results", s.observations, fmt.count(s.observations)),
       card("rollouts", "rollouts", s.rollouts, fmt.count(s.rollouts)),
       card("prompts_observed", "prompts observed", s.prompts_observed, `${fmt.count(s.prompts_observed)} of ${fmt.count(info.size)} (${fmt.share(s.prompts_observed / info.size)})`),
-      card("last_step_partial_share", "last step mixed", s.last_step_partial_share, fmt.share(s.last_step_partial_share)),
+      card("last_step_partial_share", "last step: prompts partially solved", s.last_step_partial_share, fmt.share(s.last_step_partial_share)),
       card("last_step_dps_accuracy", "last step DPS accuracy", s.last_step_dps_accuracy, fmt.share(s.last_step_dps_accuracy)),
     );
     renderRecent(rows.slice(-RECENT).reverse());

@@ -224,7 +224,7 @@ def test_a_state_restored_from_snapshots_writes_the_same_rows(seed):
 
 
 def test_since_and_limit_page_through_the_rows():
-    state, model, _ = run_schedule(7)
+    state, _, _ = run_schedule(7)
     rows, _ = state.history.rows(0, 10**6)
     paged, since = [], 0
     while True:

@@ -95,7 +95,7 @@ def test_the_pages_the_contract_names_are_served():
         Settings(redis_url="redis://127.0.0.1:6379/0", key_prefix=f"test-docs-{uuid.uuid4().hex[:8]}")
     )
     routes = {getattr(r, "path", None) for r in app.routes}
-    assert PAGES | FASTAPI_OWN <= routes
+    assert routes >= PAGES | FASTAPI_OWN
     documented = {p for _, p in documented_operations(API_DOC.read_text())}
     assert documented >= PAGES, "docs/api.md does not name every page"
 

@@ -29,10 +29,11 @@ lint: $(STAMP)
 
 test: $(STAMP)
 	@# Real Prometheus for the dashboard test; the docker compose client validates docker-compose.yml;
-	@# haproxy checks the load balancer's config.
-	@(command -v prometheus >/dev/null && command -v haproxy >/dev/null && (command -v docker-compose >/dev/null || docker compose version >/dev/null 2>&1)) \
-	  || (apt-get update -qq && apt-get install -y -qq prometheus docker-compose haproxy >/dev/null) \
-	  || echo "prometheus/docker-compose/haproxy not installable: the tests that need them will be skipped"
+	@# haproxy checks the load balancer's config; headless Chromium drives the service's pages (/ui, /docs).
+	@(command -v prometheus >/dev/null && command -v haproxy >/dev/null && (command -v docker-compose >/dev/null || docker compose version >/dev/null 2>&1) \
+	  && command -v chromium >/dev/null && command -v chromedriver >/dev/null) \
+	  || (apt-get update -qq && apt-get install -y -qq prometheus docker-compose haproxy chromium chromium-driver >/dev/null) \
+	  || echo "prometheus/docker-compose/haproxy/chromium not installable: the tests that need them will be skipped"
 	$(MAKE) lint
 	@# One cached venv per trainer framework (verl, AReaL) for tests/integrations/test_frameworks.py; reused when cached.
 	@# A framework that fails to install fails its test there with pip's error.

@@ -18,7 +18,7 @@ from selector_service import metrics
 from selector_service.api.errors import add_error_handlers
 from selector_service.api.middleware import BodyLimit, InternalErrors, RequestMetrics
 from selector_service.api.openapi import document_models
-from selector_service.api.routes import datasets, docs, ops, selection
+from selector_service.api.routes import datasets, docs, history, ops, selection, ui
 from selector_service.engine import Engine
 from selector_service.schemas import ObserveRequest
 from selector_service.settings import Settings
@@ -58,7 +58,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version="0.1.0",
         summary="Which prompts should the next RL step train on? Per-prompt Bayesian beliefs over REST.",
         lifespan=lifespan,
-        # Served by routes/docs.py, behind the token when one is configured.
+        # Served by routes/docs.py: the document behind the token when one is configured, the pages
+        # with their assets from the service itself (offline).
         openapi_url=None,
         docs_url=None,
         redoc_url=None,
@@ -66,9 +67,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.scrape = metrics.Scrape(settings.max_group_labels, settings.metrics_wait_s)
     app.include_router(datasets.router)
+    app.include_router(history.router)
     app.include_router(selection.router)
     app.include_router(ops.router)
     app.include_router(docs.router)
+    app.include_router(ui.router)
     add_error_handlers(app)
     document_models(app, (ObserveRequest,))
     app.add_middleware(InternalErrors)  # innermost: its 500 is counted by RequestMetrics

@@ -44,6 +44,7 @@ from selector_service.errors import (
     ServiceError,
     Unavailable,
 )
+from selector_service.history import select_note
 from selector_service.schemas import Belief, DatasetCreate
 from selector_service.settings import Settings
 from selector_service.snapshot import (
@@ -472,6 +473,11 @@ class Engine:
         return spec
 
     # ---- operations -----------------------------------------------------------------------------
+    async def history(self, name: str, since: int, limit: int) -> tuple[list[dict[str, Any]], int, int]:
+        """Rows of the closed steps >= `since` (at most `limit`), the step to ask from next and the open
+        step (history.py)."""
+        return await self.read(name, lambda st: (*st.history.rows(since, limit), st.open_step))
+
     async def read(self, name: str, fn: Callable[[DatasetState], T]) -> T:
         """Catches up, then runs `fn(state)` in a worker thread while holding the dataset lock."""
         async with self._lock(name):
@@ -487,7 +493,8 @@ class Engine:
             if strategy == "sec":  # refused before the step moves: a request that fails applies nothing
                 grouped = await self.read(name, lambda st: st.arrays.shared.grouped)
                 _check_sec(name, grouped, batch_size)
-            res = await self._io(self.store.advance(name, spec.uid, step))
+            note = select_note(strategy, batch_size, _select_digest(strategy, merged, seed, batch_size))
+            res = await self._io(self.store.advance(name, spec.uid, step, note))
             if res.status == "gone":
                 raise _Gone
             if res.status == "behind":
@@ -736,6 +743,12 @@ def _apply_entries(state: DatasetState, entries: list) -> tuple[int, bool]:
 
 class _Gone(Exception):
     """The store refused a write because the dataset's incarnation it named is gone (deleted or replaced)."""
+
+
+def _select_digest(strategy: str, params: dict[str, Any], seed: int, batch_size: int) -> str:
+    """Names a select request in the step history: requests that give the same batch share it."""
+    doc = json.dumps([strategy, params, seed, batch_size], sort_keys=True, default=str)
+    return hashlib.blake2b(doc.encode(), digest_size=12).hexdigest()
 
 
 def _check_batch_size(name: str, batch_size: int, spec: DatasetSpec) -> None:

@@ -198,6 +198,48 @@ class BeliefsResponse(BaseModel):
     beliefs: list[Belief]
 
 
+class GroupFigures(BaseModel):
+    results: int = Field(description="Results applied at the step for prompts of the group.")
+    mean_reward: float | None = Field(description="Their successes / trials.")
+
+
+class HistoryRow(BaseModel):
+    """One closed step (docs/api.md, "Step history"; shares are null when the step had no result)."""
+
+    step: int
+    selected: int = Field(description="Prompts selected at the step: the batch sizes of its select requests.")
+    selects: int = Field(description="Select requests of the step (a request sent again counts once).")
+    observed: int = Field(description="Prompts observed at the step.")
+    results: int = Field(description="Results applied while the step was open (late ones included).")
+    rollouts: float = Field(description="Their trials.")
+    mean_reward: float | None = Field(description="Their successes / trials.")
+    all_solved: float | None = Field(description="Share of the step's results whose rollouts all succeeded.")
+    mixed: float | None = Field(description="... some but not all succeeded (a learning signal for GRPO).")
+    none_solved: float | None = Field(description="... none succeeded.")
+    dps_predicted: list[float] | None = Field(
+        description="DPS's belief (unsolved, partially solved, solved) averaged over the prompts observed "
+        "at the step, before their results."
+    )
+    dps_accuracy: float | None = Field(
+        description="Share of those prompts whose most likely DPS state was the one observed."
+    )
+    late: dict[str, int] = Field(description='Late results applied at the step by lag ("1" .. "7", "8+").')
+    strategies: dict[str, int] = Field(description="Select requests of the step by strategy.")
+    prompts_observed: int = Field(description="Prompts ever observed when the step closed.")
+    groups: dict[str, GroupFigures] | None = Field(
+        None,
+        description="Per group (metadata): the step's results and mean reward, for the 8 groups with most.",
+    )
+    groups_omitted: int | None = Field(None, description="Groups with results at the step beyond those 8.")
+
+
+class HistoryResponse(BaseModel):
+    dataset: str
+    open_step: int
+    rows: list[HistoryRow]
+    next: int = Field(description="The `since` that asks for the rows after these.")
+
+
 class ScoreRequest(_Request):
     dataset: DatasetName
     strategy: str

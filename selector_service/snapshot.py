@@ -29,14 +29,16 @@ from selector_service.core.belief_domain import check_beliefs
 from selector_service.core.beliefs import COLUMN_FIELDS, BeliefArrays, CloseStats
 from selector_service.core.coldstart import MAX_GROUPS, SharedState
 from selector_service.core.domain import BELIEF_MAX
+from selector_service.history import HISTORY_PREFIX, StepHistory
 from selector_service.state import LAG_LABELS, SHARED_PREFIX, DatasetSpec, DatasetState
 
 SNAPSHOT_MAGIC = b"RLVRSNAP"
 #: 2: DPS state only for prompts ever observed (core/beliefs.py). 3: a digest of the header follows it.
-#: Versions 1 and 2 (exports and snapshots of earlier releases) are still read; version 1, with every
-#: prompt's DPS state, is converted on load.
-SNAPSHOT_VERSION = 3
-_READABLE_VERSIONS = (1, 2, 3)
+#: 4: the step history (history.py: header "history", arrays "history.*").
+#: Versions 1 to 3 (exports and snapshots of earlier releases) are still read, with an empty history;
+#: version 1, with every prompt's DPS state, is converted on load.
+SNAPSHOT_VERSION = 4
+_READABLE_VERSIONS = (1, 2, 3, 4)
 _HEADER_DIGEST_BYTES = 16
 _MAX_HEADER_BYTES = 16 * 2**20  # a real header is a few hundred bytes
 _COMPRESS_FEED_BYTES = 4 * 2**20  # input slice handed to the compressor at a time
@@ -46,6 +48,7 @@ _INFLATE_STEP_BYTES = 32 * 2**20  # about how much one decompression call may pr
 STEP_MAX = 10**12  # the largest training step the API accepts (schemas.Step)
 _COUNTER_MAX = 2**63 - 1  # record numbers and result counts
 _CURSOR = re.compile(r"|[0-9]{1,20}-[0-9]{1,20}")  # "" (no record applied) or a log record id
+_OTHER_PREFIXES = (SHARED_PREFIX, HISTORY_PREFIX)  # snapshot arrays that are not per-prompt beliefs
 
 
 def _snapshot_prefix(header: dict[str, Any], arrays: dict[str, np.ndarray]) -> bytes:
@@ -252,7 +255,14 @@ def _parse_header(head: bytes, max_prompts: int | None) -> tuple[DatasetSpec, di
     # Dense arrays have one row per prompt, the observed set's one row per observed prompt (or, in a
     # version 1 snapshot, every array one row per prompt): checked before anything is allocated.
     BeliefArrays.check_layout(
-        {name: (dt, shape) for name, dt, shape in layout if not name.startswith(SHARED_PREFIX)}, spec.size
+        {name: (dt, shape) for name, dt, shape in layout if not name.startswith(_OTHER_PREFIXES)}, spec.size
+    )
+    StepHistory.check_layout(
+        {
+            name[len(HISTORY_PREFIX) :]: (dt, shape)
+            for name, dt, shape in layout
+            if name.startswith(HISTORY_PREFIX)
+        }
     )
     expected = sum(math.prod(shape) * dt.itemsize for _, dt, shape in layout)
     return spec, header, layout, expected
@@ -264,7 +274,7 @@ def _beliefs_from(spec: DatasetSpec, header: dict[str, Any], arrays: dict[str, n
     they were (BeliefArrays.from_arrays fills the fields)."""
     rules = spec.rules()
     group_arrays = {k[len(SHARED_PREFIX) :]: v for k, v in arrays.items() if k.startswith(SHARED_PREFIX)}
-    prompt_arrays = {k: v for k, v in arrays.items() if not k.startswith(SHARED_PREFIX)}
+    prompt_arrays = {k: v for k, v in arrays.items() if not k.startswith(_OTHER_PREFIXES)}
     if "shared" in header:
         shared = SharedState.from_parts(rules, header["shared"], group_arrays)
     elif group_arrays:
@@ -338,11 +348,23 @@ def _state_from(spec: DatasetSpec, header: dict[str, Any], arrays: dict[str, np.
             state.last_close = close
         else:
             state.last_close = None
+        state.history = _history_from(header, arrays, state)
     except (KeyError, TypeError) as exc:
         raise ValueError(f"snapshot header is incomplete or malformed: {exc!r}") from exc
     except ValueError as exc:
         raise ValueError(f"snapshot header is incomplete or malformed: {exc}") from exc
     return state
+
+
+def _history_from(header: dict[str, Any], arrays: dict[str, np.ndarray], state: DatasetState) -> StepHistory:
+    """The snapshot's step history; an empty one for a snapshot written before it existed, whose open
+    step's results so far count as on time (their lags were not kept)."""
+    if header["version"] < 4:
+        history = StepHistory()
+        history.late[0] = int(state.arrays.shared.step_counts[0])
+        return history
+    parts = {k[len(HISTORY_PREFIX) :]: v for k, v in arrays.items() if k.startswith(HISTORY_PREFIX)}
+    return StepHistory.from_parts(header.get("history"), parts, state.open_step, state.arrays.shared.n_groups)
 
 
 def deserialize_snapshot(blob: bytes, max_prompts: int | None = None) -> DatasetState:

@@ -31,6 +31,7 @@ from selector_service.core.coldstart import DatasetRules, apply_metadata
 from selector_service.core.curricula import close_open_step
 from selector_service.core.domain import K_MAX, PRIOR_STRENGTH_MAX, prior_problem
 from selector_service.core.select import TiedScores, retie, tie_index
+from selector_service.history import LAG_LABELS, StepHistory
 
 _RESULT_DTYPES = (("ids", "<i8"), ("successes", "<f8"), ("trials", "<f8"), ("states", "<i1"))
 MAX_LAG = 1000  # the most steps late an observation may be accepted (DatasetSpec.max_lag)
@@ -40,8 +41,7 @@ _LATER_FIELDS: dict[str, Any] = {"max_lag": 0, "prior_strength": 2.0, "group_dec
 _RULE_FIELDS = ("prior_strength", "group_decay", "sec_lr", "adarft_eta", "adarft_alpha", "adarft_beta")
 # Snapshot arrays of the dataset's shared state (per group, not per prompt) carry this name prefix.
 SHARED_PREFIX = "shared."
-# Late observations are counted by lag up to this value; larger lags share the label f"{LAG_LABELS}+".
-LAG_LABELS = 8
+# Late observations are counted by lag up to LAG_LABELS (history.py); larger lags share f"{LAG_LABELS}+".
 
 
 class LogGap(Exception):
@@ -254,6 +254,7 @@ class DatasetState:
         self.steps_closed = 0
         self.closes_since_snapshot = 0
         self.last_close: CloseStats | None = None
+        self.history = StepHistory()  # one row per closed step (history.py)
         self._caches: dict[tuple, _ScoreCache] = {}
         self._spare_buffer: np.ndarray | None = None
 
@@ -279,24 +280,29 @@ class DatasetState:
         step = int(get["s"])
         outcomes = unpack_results(get["p"]) if kind == "o" else None
         metadata = unpack_metadata(get["p"]) if kind == "m" else None
+        # A select's note (its strategy, batch size and request digest) on the record of its step.
+        note = StepHistory.parse_note(get["q"]) if kind == "a" and get.get("q") else None
         self.close_until(step)
+        if note is not None:
+            self.history.select(*note)
         if metadata is not None:
             # Checked again (the engine checked before appending): a log record is applied whole or
             # raises before changing anything.
             apply_metadata(self.arrays, *metadata)
         if outcomes is not None:
             ids, succ, trials, states = outcomes
-            self.apply_outcomes(ids, succ, trials, states)
             lag = min(self.open_step - step, LAG_LABELS)
+            self.apply_outcomes(ids, succ, trials, states, lag)
             self.results_by_lag[lag] = self.results_by_lag.get(lag, 0) + len(ids)
         self.cursor = log_id
         if number is not None:
             self.seq = number
 
     def apply_outcomes(
-        self, ids: np.ndarray, succ: np.ndarray, trials: np.ndarray, states: np.ndarray
+        self, ids: np.ndarray, succ: np.ndarray, trials: np.ndarray, states: np.ndarray, lag: int = 0
     ) -> None:
         s = self.spec
+        self.history.observe(self.arrays, ids, succ, trials, lag)  # before the beliefs move
         apply_results(self.arrays, ids, succ, trials, states, s.beta_decay, s.beta_prior[0], s.beta_prior[1])
         self.results += len(ids)
         self.rollouts += float(trials.sum())
@@ -308,7 +314,9 @@ class DatasetState:
         """Closes every open step below `step` (each: the walks' positions, the shared state of docs/methods.md §6
         and 7, then a DPS update over all prompts; core.close_open_step)."""
         while self.open_step < step:
+            counts = self.arrays.shared.step_counts.copy()  # the close resets them
             self.last_close = close_open_step(self.arrays, hmm_decay=self.spec.hmm_decay, key=self.spec.name)
+            self.history.close(self.open_step, counts, self.last_close, self.arrays.observed)
             self.open_step += 1
             self.steps_closed += 1
             self.closes_since_snapshot += 1
@@ -417,6 +425,7 @@ class DatasetState:
             "steps_closed": self.steps_closed,
             "last_close": list(self.last_close) if self.last_close else None,
             "shared": self.arrays.shared.header(),
+            "history": self.history.header(),
         }
 
     def snapshot_arrays(self) -> dict[str, np.ndarray]:
@@ -424,6 +433,7 @@ class DatasetState:
         arrays = dict(self.arrays.arrays())
         for name, arr in self.arrays.shared.group_arrays().items():
             arrays[SHARED_PREFIX + name] = arr
+        arrays.update(self.history.arrays())
         return arrays
 
     def copy_for_snapshot(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:

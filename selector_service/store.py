@@ -25,7 +25,8 @@ Log entries (stream fields): ``n`` sequence number (1, 2, 3, ... per dataset inc
 same script that appends, so the log is numbered without holes), ``k`` kind (``o`` observe, ``a``
 advance, ``m`` metadata), ``s`` step (a metadata record carries the open step it was appended at, so it
 closes nothing), ``r`` request id (observe), ``p`` payload (observe: packed arrays, see
-state.pack_results; metadata: state.pack_metadata).
+state.pack_results; metadata: state.pack_metadata), ``q`` a select's note for the step history (advance
+records; one at the open step advances nothing).
 
 The replica protocol (what makes replicas and restarts agree, and what a replica checks rather than
 assumes): what a replica has applied is always a contiguous prefix 1..n of the log. It reads the records
@@ -105,19 +106,33 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) 
 return 0
 """
 
-# KEYS: 1 meta, 2 log.  ARGV: 1 uid, 2 step, 3 max step gap.  Opens `step` (closing every earlier step)
-# when it is ahead by at most the gap (each closed step costs a DPS update of every prompt when applied).
+# KEYS: 1 meta, 2 log.  ARGV: 1 uid, 2 step, 3 max step gap, 4 select note ("" = none).  Opens `step`
+# (closing every earlier step) when it is ahead by at most the gap (each closed step costs a DPS update
+# of every prompt when applied). A note (history.select_note: the select's strategy, batch size and
+# request digest, for the step history) rides on the advance record, or, at the open step, on a record
+# of its own that advances nothing.
 # Returns {status, log id or "", open step}; status: ok (advanced) | same | behind | ahead | gone.
 _ADVANCE = """
 local uid = redis.call('HGET', KEYS[1], 'uid')
 if uid ~= ARGV[1] then return {'gone', '', '-1'} end
 local open = tonumber(redis.call('HGET', KEYS[1], 'open_step') or '0')
 local step = tonumber(ARGV[2])
-if step == open then return {'same', '', tostring(open)} end
+local note = ARGV[4] or ''
+if step == open then
+  if note == '' then return {'same', '', tostring(open)} end
+  local n = redis.call('HINCRBY', KEYS[1], 'seq', 1)
+  local id = redis.call('XADD', KEYS[2], '*', 'n', n, 'k', 'a', 's', ARGV[2], 'q', note)
+  return {'same', id, tostring(open)}
+end
 if step < open then return {'behind', '', tostring(open)} end
 if step - open > tonumber(ARGV[3]) then return {'ahead', '', tostring(open)} end
 local n = redis.call('HINCRBY', KEYS[1], 'seq', 1)
-local id = redis.call('XADD', KEYS[2], '*', 'n', n, 'k', 'a', 's', ARGV[2])
+local id
+if note == '' then
+  id = redis.call('XADD', KEYS[2], '*', 'n', n, 'k', 'a', 's', ARGV[2])
+else
+  id = redis.call('XADD', KEYS[2], '*', 'n', n, 'k', 'a', 's', ARGV[2], 'q', note)
+end
 redis.call('HSET', KEYS[1], 'open_step', ARGV[2])
 return {'ok', id, ARGV[2]}
 """
@@ -503,9 +518,9 @@ class Store:
         res = await self._metadata(keys=[self.keys.meta(name), self.keys.log(name)], args=[uid, payload])
         return WriteResult(_s(res[0]), _s(res[1]), int(_s(res[2])))
 
-    async def advance(self, name: str, uid: str, step: int) -> WriteResult:
+    async def advance(self, name: str, uid: str, step: int, note: str = "") -> WriteResult:
         res = await self._advance(
-            keys=[self.keys.meta(name), self.keys.log(name)], args=[uid, step, self.max_step_gap]
+            keys=[self.keys.meta(name), self.keys.log(name)], args=[uid, step, self.max_step_gap, note]
         )
         return WriteResult(_s(res[0]), _s(res[1]), int(_s(res[2])))
 

@@ -21,6 +21,8 @@ CONFIG_DOC = ROOT / "docs" / "configuration.md"
 METHODS = ("get", "post", "put", "delete", "patch")
 #: Pages FastAPI serves itself, outside the OpenAPI document.
 FASTAPI_OWN = {"/openapi.json", "/docs", "/redoc"}
+#: The dashboard's pages and files, served outside the OpenAPI document too (api.md section 8).
+PAGES = {"/ui", "/ui/{name}", "/ui/assets/{file}"}
 
 
 @pytest.fixture(scope="module")
@@ -83,9 +85,19 @@ def test_every_documented_operation_exists(openapi):
     unknown = sorted(
         f"{m} {p}"
         for m, p in documented_operations(API_DOC.read_text())
-        if p not in FASTAPI_OWN and not any(m == sm and rx.match(p) for sm, rx in served)
+        if p not in FASTAPI_OWN | PAGES and not any(m == sm and rx.match(p) for sm, rx in served)
     )
     assert not unknown, f"docs/api.md names operations the service does not serve: {unknown}"
+
+
+def test_the_pages_the_contract_names_are_served():
+    app = create_app(
+        Settings(redis_url="redis://127.0.0.1:6379/0", key_prefix=f"test-docs-{uuid.uuid4().hex[:8]}")
+    )
+    routes = {getattr(r, "path", None) for r in app.routes}
+    assert routes >= PAGES | FASTAPI_OWN
+    documented = {p for _, p in documented_operations(API_DOC.read_text())}
+    assert documented >= PAGES, "docs/api.md does not name every page"
 
 
 def test_every_request_field_and_parameter_is_documented(openapi):

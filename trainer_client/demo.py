@@ -3,8 +3,10 @@
 Starts ``selector-service serve`` on its embedded store (data under ``./runs/demo/store``) in a child
 process on a free port, waits until it answers, runs a short GRPO run in which INSIGHT picks the
 prompts (64 arithmetic prompts, B=8, K=8, 6 steps, 32 new tokens, SmolLM2-135M-Instruct; vLLM when
-installed, else transformers), prints where the metrics and the plot are, and stops the service,
-also on Ctrl-C or an error.
+installed, else transformers), prints the URL of the service's page for the run (``/ui/<dataset>``)
+and where the metrics and the plot are, keeps the service up for a minute after the last step so that
+the page can be looked at (``--linger SECONDS``; 0 stops at once, and so does Ctrl-C), and stops it,
+also on an error.
 
 The service is started with ``selector_service.launcher.ServiceProcess``, the launcher the tests and
 benchmarks use too.
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
+import time
 from pathlib import Path
 
 from selector_service.launcher import ServiceProcess, ServiceStartError
@@ -36,6 +39,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--strategy", default="insight")
     parser.add_argument("--backend", choices=["vllm", "hf"], help="default: vllm when installed, else hf")
+    parser.add_argument(
+        "--linger",
+        type=float,
+        default=60.0,
+        help="seconds the service stays up after the last step, for its page (0: stop at once)",
+    )
     return parser
 
 
@@ -65,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         return cli.EXIT_SERVICE
     try:
         print(f"selector service at {url}; training with strategy {args.strategy!r} on {backend}", flush=True)
+        print(f"watch the run at {url}/ui/{dataset}", flush=True)
         with SelectorClient(url) as client, contextlib.suppress(NotFound):
             client.delete_dataset(dataset)  # every demo starts from fresh beliefs: reproducible numbers
         options = {
@@ -86,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         code = cli.main(["train", *(str(x) for pair in options.items() for x in pair)])
         if code == 0:
             print(f"\ndemo done. metrics: {metrics.resolve()}\n           plot:    {plot.resolve()}")
+        linger(args.linger, f"{url}/ui/{dataset}")
         return code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
@@ -93,6 +104,19 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         print("stopping the selector service ...", flush=True)
         service.stop()
+
+
+def linger(seconds: float, page: str) -> None:
+    """Keeps the service up for `seconds` after the run, saying so (Ctrl-C ends the wait)."""
+    if seconds <= 0:
+        return
+    print(
+        f"the service stays up for {seconds:g} s so that you can look at {page} "
+        "(Ctrl-C stops it now; --linger sets the wait)",
+        flush=True,
+    )
+    with contextlib.suppress(KeyboardInterrupt):
+        time.sleep(seconds)
 
 
 if __name__ == "__main__":

@@ -46,12 +46,14 @@ def test_every_data_endpoint_needs_the_token(secured, method, path, body):
 
 
 DOC_PATHS = ("/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc")
+#: The pages that render the document: HTML and scripts without data, open (a browser sends no token).
+DOC_PAGES = DOC_PATHS[1:]
 
 
-@pytest.mark.parametrize("path", DOC_PATHS)
-def test_the_api_description_needs_the_token_when_one_is_set(secured, path):
+def test_the_api_description_needs_the_token_when_one_is_set(secured):
     """docs/api.md: with a token, every endpoint but /healthz, /readyz and /metrics requires it; the
-    OpenAPI document and the pages that render it are endpoints too."""
+    OpenAPI document is an endpoint too."""
+    path = "/openapi.json"
     with httpx.Client(base_url=secured.url, timeout=30) as c:
         r = c.get(path)
         assert r.status_code == 401 and r.headers.get("www-authenticate") == "Bearer"
@@ -60,10 +62,18 @@ def test_the_api_description_needs_the_token_when_one_is_set(secured, path):
         assert c.head(path).status_code == 401
         r = c.get(path, headers={"Authorization": f"Bearer {TOKEN}"})
         assert r.status_code == 200
-        if path == "/openapi.json":
-            assert "/select" in r.json()["paths"]
-        else:
-            assert r.headers["content-type"].startswith("text/html")
+        assert "/select" in r.json()["paths"]
+
+
+@pytest.mark.parametrize("path", DOC_PAGES)
+def test_the_pages_that_render_the_description_hold_none_of_it(secured, path):
+    """The pages load the document with the token they ask for (tests/service/test_ui.py drives them in
+    a browser); their HTML, open to anyone, names no operation."""
+    with httpx.Client(base_url=secured.url, timeout=30) as c:
+        r = c.get(path)
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
+        assert "/select" not in r.text and "/datasets" not in r.text
+        assert c.head(path).status_code == 200
 
 
 @pytest.mark.parametrize("path", DOC_PATHS)

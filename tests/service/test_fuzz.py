@@ -55,6 +55,7 @@ OPERATIONS = [
     ("GET", "/datasets/{name}/export"),
     ("POST", "/datasets/{name}/import"),
     ("GET", "/datasets/{name}/beliefs"),
+    ("GET", "/datasets/{name}/history"),
     ("PUT", "/datasets/{name}/metadata"),
     ("PUT", "/datasets/{name}/metadata/{field}"),
     ("POST", "/select"),

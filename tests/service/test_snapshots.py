@@ -188,8 +188,10 @@ def test_an_empty_observed_set_round_trips():
 
 def test_a_newer_version_is_refused_with_a_clear_error():
     state = _busy_state(size=50)
-    blob = serialize_snapshot(dict(state.snapshot_header(), version=4), state.arrays.arrays())
-    with pytest.raises(ValueError, match=r"version 4 is not supported \(this service reads versions 1, 2, 3"):
+    blob = serialize_snapshot(dict(state.snapshot_header(), version=5), state.arrays.arrays())
+    with pytest.raises(
+        ValueError, match=r"version 5 is not supported \(this service reads versions 1, 2, 3, 4"
+    ):
         deserialize_snapshot(blob)
 
 

@@ -1,0 +1,146 @@
+"""What the step history costs at select and observe, as ratios to the same work without it, one run.
+
+    python bench/bench_history.py [--n 1000000] [--batch 256] [--steps 60] [--redis-url URL]
+
+Two DatasetStates of N prompts apply the same log, step after step: a select record (an advance that
+carries a select's note), then an observe record of B results (K = 8), then the next step's select
+closes the step. One state keeps its history (history.py), the other has it replaced by a no-op, and
+the two alternate within every step so that both see the same load on a shared machine. Reported: the
+median time of applying each kind of record with the history over the time without it (observe, and
+select with its step close). With a Redis at --redis-url (default: 127.0.0.1:6379 when it answers), the
+store's side too: a select at the open step appends its note to the log now, where it appended
+nothing before; the ratio is the round trip of `Store.advance` with a note over one without.
+Targets: every ratio <= 1.05 (no measurable cost). Prints a table and one JSON line last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.common import OUT_DIR, add_out, emit
+from selector_service.history import select_note
+from selector_service.state import DatasetSpec, DatasetState, pack_results
+
+TARGET = 1.05
+
+
+class _NoHistory:
+    """The history's interface, doing nothing."""
+
+    def select(self, *args: Any) -> None:
+        pass
+
+    def observe(self, *args: Any) -> None:
+        pass
+
+    def close(self, *args: Any) -> None:
+        pass
+
+
+def _record(n: int, kind: str, step: int, **fields: bytes) -> tuple[str, dict[str, bytes]]:
+    return f"1-{n}", {"n": str(n).encode(), "k": kind.encode(), "s": str(step).encode(), **fields}
+
+
+def in_process(n: int, batch: int, steps: int) -> dict[str, Any]:
+    spec = DatasetSpec(name="bench-history", size=n)
+    with_h, without = DatasetState(spec), DatasetState(spec)
+    without.history = _NoHistory()  # type: ignore[assignment]
+    rng = np.random.default_rng(0)
+    times: dict[str, dict[str, list[float]]] = {k: {"on": [], "off": []} for k in ("select", "observe")}
+    seq = 0
+    for step in range(steps):
+        ids = rng.choice(n, batch, replace=False)
+        succ = rng.integers(0, 9, batch).astype(np.float64)
+        trials = np.full(batch, 8.0)
+        states = np.where(succ == 0, 1, np.where(succ == 8, 3, 2)).astype(np.int8)
+        note = select_note("insight", batch, f"{step:024x}").encode()
+        records = {
+            "select": _record(seq + 1, "a", step, q=note),
+            "observe": _record(seq + 2, "o", step, p=pack_results(ids, succ, trials, states)),
+        }
+        seq += 2
+        for kind in ("select", "observe"):
+            order = [("on", with_h), ("off", without)] if step % 2 else [("off", without), ("on", with_h)]
+            for label, state in order:
+                t0 = time.perf_counter()
+                state.apply_record(*records[kind])
+                times[kind][label].append(time.perf_counter() - t0)
+    warm = 3
+    out: dict[str, Any] = {}
+    for kind, pair in times.items():
+        on, off = statistics.median(pair["on"][warm:]), statistics.median(pair["off"][warm:])
+        out[kind] = {"with_history_ms": 1e3 * on, "without_ms": 1e3 * off, "ratio": on / off}
+    assert with_h.history.n == steps - 1
+    return out
+
+
+async def store_side(url: str, rounds: int) -> dict[str, Any] | None:
+    import redis.asyncio as aioredis
+
+    from selector_service.store import Store
+
+    client = aioredis.Redis.from_url(url)
+    try:
+        await client.ping()
+    except Exception:
+        return None
+    store = Store(client, f"bench-history-{uuid.uuid4().hex[:8]}", 3600, 1000)
+    name = "d"
+    try:
+        _, doc = await store.create_dataset(name, {"name": name, "uid": "u1", "size": 10}, "{}")
+        uid = doc["uid"] if isinstance(doc, dict) and "uid" in doc else "u1"
+        meta_uid = (await store.read_meta(name)).get("uid", uid)
+        plain, noted = [], []
+        note = select_note("insight", 256, "ab" * 12)
+        for i in range(rounds):
+            pair = [("plain", ""), ("noted", note)] if i % 2 else [("noted", note), ("plain", "")]
+            for label, text in pair:
+                t0 = time.perf_counter()
+                res = await store.advance(name, meta_uid, 0, text)
+                (plain if label == "plain" else noted).append(time.perf_counter() - t0)
+                assert res.status == "same", res
+        on, off = statistics.median(noted[20:]), statistics.median(plain[20:])
+        return {"advance_with_note_ms": 1e3 * on, "advance_without_ms": 1e3 * off, "ratio": on / off}
+    finally:
+        await store.delete_dataset(name)
+        await client.aclose()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--n", type=float, default=1e6)
+    p.add_argument("--batch", type=int, default=256)
+    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
+    p.add_argument("--rounds", type=int, default=400, help="store round trips of each kind")
+    add_out(p, OUT_DIR / "bench_history.json")
+    args = p.parse_args()
+    n = int(args.n)
+    result: dict[str, Any] = {"n": n, "batch": args.batch, "steps": args.steps, "target": TARGET}
+    result.update(in_process(n, args.batch, args.steps))
+    store = asyncio.run(store_side(args.redis_url, args.rounds))
+    if store is not None:
+        result["store_select_at_open_step"] = store
+    ratios = [v["ratio"] for v in result.values() if isinstance(v, dict)]
+    result["max_ratio"] = max(ratios)
+    result["ok"] = result["max_ratio"] <= TARGET
+    print(f"{'record':<28}{'with history':>14}{'without':>12}{'ratio':>8}")
+    for key, v in result.items():
+        if isinstance(v, dict):
+            a, b = (x for k, x in v.items() if k.endswith("_ms"))
+            print(f"{key:<28}{a:>12.3f}ms{b:>10.3f}ms{v['ratio']:>8.3f}")
+    emit(result, args.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,32 @@
+"""Step history: one row per closed step of a dataset (docs/api.md, "Step history"; selector_service/history.py)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Query
+
+from selector_service.api.deps import EngineDep, NamePath, require_token
+from selector_service.api.errors import ERRORS
+from selector_service.schemas import HistoryResponse
+
+router = APIRouter(dependencies=[Depends(require_token)], responses=ERRORS)
+
+#: The most rows one request returns (about 300 bytes of JSON each).
+MAX_LIMIT = 10_000
+
+
+@router.get("/datasets/{name}/history", response_model=HistoryResponse, summary="Step history")
+async def history(
+    name: NamePath,
+    engine: EngineDep,
+    since: Annotated[int, Query(ge=0, le=10**12, description="First step to return.")] = 0,
+    limit: Annotated[int, Query(ge=1, le=MAX_LIMIT, description="Most rows to return.")] = 1000,
+) -> HistoryResponse:
+    """One row per closed step from `since` on, oldest first: prompts selected and observed, rollouts,
+    shares of all-solved / mixed / none-solved results, mean reward, DPS predicted shares and accuracy,
+    late results by lag, select requests by strategy, per-group figures. Rows are written when a step
+    closes and are the same on every replica; the newest 100,000 steps are kept. Page with
+    `since=<next>`."""
+    rows, after, open_step = await engine.history(name, since, limit)
+    return HistoryResponse(dataset=name, open_step=open_step, rows=rows, next=after)

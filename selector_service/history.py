@@ -1,0 +1,532 @@
+"""Step history (docs/api.md, "Step history"): one row per closed step of a dataset, written when the step
+closes, from the figures the state gathered while it was open.
+
+A `DatasetState` is a pure function of the log it applied (state.py), and so is its `StepHistory`: the
+figures are taken from log records as they are applied and from the close itself, in log order, so
+every replica and every restart writes the same rows bit for bit. Snapshots and exports carry the rows
+and the open step's figures (`header` / `arrays`, checked again by `from_parts` when read back).
+
+What a row says about step s, and where it comes from:
+
+    selected, selects, strategies
+                   the select requests the store accepted for step s: each select appends its strategy,
+                   batch size and a digest of its request to the log record that opens or keeps step s
+                   open (store.advance). A request sent again (same strategy, parameters, seed, batch
+                   size: the same batch) counts once; a select that the service refused after its step
+                   was accepted (409: another trainer closed the step in between) still counts.
+    observed       prompts observed at s (several results of one prompt count once)
+    results, rollouts, mean_reward
+                   results applied while s was open (late ones included), their trials, and their
+                   successes / trials (fractional rewards summed)
+    all_solved, mixed, none_solved
+                   shares of those results whose rollouts all succeeded, some, none
+    dps_predicted  the DPS belief of step s averaged over the prompts observed at s, computed before
+                   their results: the shares of (unsolved, partially solved, solved) DPS expected
+    dps_accuracy   share of those prompts whose most likely DPS state was the state observed
+    late           results applied while s was open that were reported for an earlier step, by lag
+                   (s minus the step reported; lags of LAG_LABELS and more share one label)
+    groups         per group of the metadata: the results applied at s for its prompts and their mean
+                   reward, for the ROW_GROUPS groups with most results (then the lower group id);
+                   groups_omitted counts the others
+    prompts_observed  prompts ever observed when s closed
+
+Bound: the newest HISTORY_STEPS rows are served. Up to SLACK more are held and then dropped at once, so
+that keeping the bound costs an amortized copy of eight rows per close, and how many are held depends
+on the number of closes alone (replicas agree). At most ~40 MB per dataset at the bound (with groups;
+~17 MB without), allocated as rows arrive.
+
+Cost: per observe request a few vectorized passes over its results; per select record a string split;
+per close a row (bench/bench_history.py measures all three against the same work without history).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+#: Rows served: the newest closed steps.
+HISTORY_STEPS = 100_000
+#: Rows held beyond HISTORY_STEPS before the oldest are dropped, all at once.
+SLACK = HISTORY_STEPS // 8
+#: Groups described in one row.
+ROW_GROUPS = 8
+#: Select requests told apart per step (further distinct ones are counted without a digest check).
+MAX_DIGESTS = 4096
+#: Lags are counted up to this value; larger lags share it (the same labels as the metrics').
+LAG_LABELS = 8
+LAGS = LAG_LABELS + 1
+#: Snapshot arrays of the history carry this name prefix.
+HISTORY_PREFIX = "history."
+#: Strategy names a row may count (the registry's names are shorter and of these characters).
+_STRATEGY = re.compile(r"[a-z][a-z0-9_]{0,63}")
+_DIGEST = re.compile(r"[0-9a-f]{1,64}")
+_MAX_STRATEGIES = 64
+_COUNT_MAX = 2**62
+_STEP_MAX = 10**12
+
+# name -> (dtype, shape after the row axis) of every per-row column, in snapshot order.
+ROW_COLUMNS: dict[str, tuple[np.dtype, tuple[int, ...]]] = {
+    "step": (np.dtype(np.int64), ()),
+    "selected": (np.dtype(np.int64), ()),
+    "selects": (np.dtype(np.int64), ()),
+    "observed": (np.dtype(np.int64), ()),
+    "results": (np.dtype(np.int64), ()),
+    "rollouts": (np.dtype(np.float64), ()),
+    "successes": (np.dtype(np.float64), ()),
+    "all_solved": (np.dtype(np.int64), ()),
+    "none_solved": (np.dtype(np.int64), ()),
+    "dps_predicted": (np.dtype(np.float64), (3,)),  # NaN when no prompt was observed
+    "dps_correct": (np.dtype(np.int64), ()),
+    "prompts_observed": (np.dtype(np.int64), ()),
+    "late": (np.dtype(np.int64), (LAGS,)),  # by lag; [0] counts the results on time
+    "group_at": (np.dtype(np.int64), ()),  # first entry of the row in the group entries
+    "group_n": (np.dtype(np.int64), ()),
+    "group_omitted": (np.dtype(np.int64), ()),
+}
+#: Per-row strategy counts: one column per name in `StepHistory.names` (in order of first use).
+STRATEGY_COLUMN = "strategies"
+#: The groups of the rows, row after row (ROW_GROUPS at most per row).
+ENTRY_COLUMNS: dict[str, np.dtype] = {
+    "group": np.dtype(np.int32),
+    "group_results": np.dtype(np.int64),
+    "group_successes": np.dtype(np.float64),
+    "group_trials": np.dtype(np.float64),
+}
+#: The open step's per-group figures, indexed by group id.
+OPEN_COLUMNS: dict[str, np.dtype] = {
+    "open_group_results": np.dtype(np.int64),
+    "open_group_successes": np.dtype(np.float64),
+    "open_group_trials": np.dtype(np.float64),
+}
+_MAX_GROUPS = 65_536
+_UNIFORM = float(np.float32(1.0 / 3.0))  # the DPS prior of a never-observed prompt, as stored
+
+
+def _grown(arr: np.ndarray, rows: int) -> np.ndarray:
+    out = np.zeros((rows, *arr.shape[1:]), dtype=arr.dtype)
+    out[: arr.shape[0]] = arr
+    return out
+
+
+def _share(part: float, whole: float) -> float | None:
+    return part / whole if whole > 0 else None
+
+
+def _number(x: float) -> int | float:
+    """A whole float as an int (rollouts are whole numbers of trials), else the float."""
+    return int(x) if float(x).is_integer() else float(x)
+
+
+class StepHistory:
+    """The rows of one dataset's closed steps and the figures of its open step (module docstring)."""
+
+    def __init__(self) -> None:
+        self.n = 0  # rows held
+        self.cols = {name: np.zeros((0, *shape), dtype=dt) for name, (dt, shape) in ROW_COLUMNS.items()}
+        self.names: list[str] = []  # strategies, in order of first use: columns of `strat`
+        self.strat = np.zeros((0, 0), dtype=np.int64)
+        self.entries = {name: np.zeros(0, dtype=dt) for name, dt in ENTRY_COLUMNS.items()}
+        self.e = 0  # group entries held
+        self._reset_open()
+        self.open_groups = {name: np.zeros(0, dtype=dt) for name, dt in OPEN_COLUMNS.items()}
+
+    def _reset_open(self) -> None:
+        self.selected = 0
+        self.selects = 0
+        self.open_strategies: dict[str, int] = {}
+        self.digests: list[str] = []
+        self._digest_set: set[str] = set()
+        self.pred = np.zeros(3, dtype=np.float64)  # sum of the DPS priors of the prompts observed
+        self.fresh = 0  # prompts observed at the open step
+        self.late = np.zeros(LAGS, dtype=np.int64)
+
+    # ---- the open step ------------------------------------------------------------------------------
+    @staticmethod
+    def parse_note(note: bytes | str) -> tuple[str, int, str]:
+        """(strategy, batch size, digest) of a select's note in a log record (`select_note`); ValueError."""
+        text = note.decode() if isinstance(note, bytes) else note
+        parts = text.split(" ")
+        if len(parts) != 3 or not _STRATEGY.fullmatch(parts[0]) or not _DIGEST.fullmatch(parts[2]):
+            raise ValueError(f"malformed select note {text[:200]!r}")
+        batch = int(parts[1])
+        if not 1 <= batch <= _COUNT_MAX:
+            raise ValueError(f"select note with batch size {batch}")
+        return parts[0], batch, parts[2]
+
+    def select(self, strategy: str, batch: int, digest: str) -> None:
+        """Counts a select request at the open step (one already counted there is not counted again)."""
+        if digest in self._digest_set:
+            return
+        if len(self.digests) < MAX_DIGESTS:
+            self.digests.append(digest)
+            self._digest_set.add(digest)
+        self.selects += 1
+        self.selected += batch
+        self.open_strategies[strategy] = self.open_strategies.get(strategy, 0) + 1
+
+    def observe(self, ba: Any, ids: np.ndarray, successes: np.ndarray, trials: np.ndarray, lag: int) -> None:
+        """Counts one observe record's results at the open step; runs before the beliefs take them (the
+        DPS priors and the step states are read as they were before)."""
+        m = ids.size
+        self.late[min(lag, LAG_LABELS)] += m
+        slots = ba.hmm_slot[ids]
+        seen = slots >= 0
+        fresh = np.ones(m, dtype=bool)  # not observed at the open step before this record
+        fresh[seen] = ba.obs_state[slots[seen]] == 0
+        if m > 1:  # the first result of each prompt in the record (ids in record order)
+            first = np.unique(ids, return_index=True)[1]
+            keep = np.zeros(m, dtype=bool)
+            keep[first] = True
+            fresh &= keep
+        rows = slots[fresh & seen]  # never-observed prompts hold the uniform prior
+        count = int(np.count_nonzero(fresh))
+        if count:
+            if rows.size:
+                self.pred += ba.obs_prior[rows].sum(axis=0, dtype=np.float64)
+            self.pred += (count - rows.size) * _UNIFORM
+            self.fresh += count
+        if ba.shared.grouped:
+            groups = ba.group[ids]
+            grouped = groups >= 0
+            if grouped.any():
+                self._count_groups(groups[grouped], successes[grouped], trials[grouped], ba.shared.n_groups)
+
+    def _count_groups(
+        self, groups: np.ndarray, successes: np.ndarray, trials: np.ndarray, n_groups: int
+    ) -> None:
+        uniq, inverse = np.unique(groups, return_inverse=True)
+        if int(uniq[-1]) >= self.open_groups["open_group_results"].shape[0]:  # as many as the dataset has
+            self.open_groups = {k: _grown(v, n_groups) for k, v in self.open_groups.items()}
+        og = self.open_groups
+        og["open_group_results"][uniq] += np.bincount(inverse, minlength=uniq.size)
+        og["open_group_successes"][uniq] += np.bincount(inverse, weights=successes, minlength=uniq.size)
+        og["open_group_trials"][uniq] += np.bincount(inverse, weights=trials, minlength=uniq.size)
+
+    # ---- closing a step -----------------------------------------------------------------------------
+    def close(self, step: int, counts: np.ndarray, stats: Any, prompts_observed: int) -> None:
+        """Writes the row of `step` from the open step's figures, the shared state's step counts taken
+        before the close reset them (coldstart.STEP_*: results, all-solved, all-failed, successes,
+        trials) and the close's CloseStats; then starts the next step's figures."""
+        if self.n == self.cols["step"].shape[0]:
+            self._grow_rows()
+        i = self.n
+        c = self.cols
+        c["step"][i] = step
+        c["selected"][i] = self.selected
+        c["selects"][i] = self.selects
+        c["observed"][i] = stats.observed
+        c["results"][i] = int(counts[0])
+        c["all_solved"][i] = int(counts[1])
+        c["none_solved"][i] = int(counts[2])
+        c["successes"][i] = counts[3]
+        c["rollouts"][i] = counts[4]
+        c["dps_predicted"][i] = self.pred / self.fresh if self.fresh else np.nan
+        c["dps_correct"][i] = stats.correct
+        c["prompts_observed"][i] = prompts_observed
+        c["late"][i] = self.late
+        if self.open_strategies:
+            for name in self.open_strategies:
+                if name not in self.names:
+                    self.names.append(name)
+            if self.strat.shape[1] < len(self.names):
+                grown = np.zeros((self.strat.shape[0], len(self.names)), dtype=np.int64)
+                grown[:, : self.strat.shape[1]] = self.strat
+                self.strat = grown
+            self.strat[i] = 0
+            for name, count in self.open_strategies.items():
+                self.strat[i, self.names.index(name)] = count
+        elif self.strat.shape[1]:
+            self.strat[i] = 0
+        self._close_groups(i)
+        self.n += 1
+        self._reset_open()
+        if self.n > HISTORY_STEPS + SLACK:
+            self._drop(self.n - HISTORY_STEPS)
+
+    def _close_groups(self, i: int) -> None:
+        c = self.cols
+        c["group_at"][i] = self.e
+        og = self.open_groups
+        res = og["open_group_results"]
+        hit = np.flatnonzero(res) if res.size else res[:0]
+        if not hit.size:
+            c["group_n"][i] = 0
+            c["group_omitted"][i] = 0
+            return
+        order = hit[np.lexsort((hit, -res[hit]))][:ROW_GROUPS]
+        k = order.size
+        if self.e + k > self.entries["group"].shape[0]:
+            size = max(self.e + k, 2 * self.entries["group"].shape[0], 64)
+            self.entries = {name: _grown(arr, size) for name, arr in self.entries.items()}
+        span = slice(self.e, self.e + k)
+        self.entries["group"][span] = order
+        self.entries["group_results"][span] = res[order]
+        self.entries["group_successes"][span] = og["open_group_successes"][order]
+        self.entries["group_trials"][span] = og["open_group_trials"][order]
+        self.e += k
+        c["group_n"][i] = k
+        c["group_omitted"][i] = hit.size - k
+        for arr in og.values():
+            arr[hit] = 0
+
+    def _grow_rows(self) -> None:
+        size = min(max(64, 2 * self.cols["step"].shape[0]), HISTORY_STEPS + SLACK + 1)
+        self.cols = {name: _grown(arr, size) for name, arr in self.cols.items()}
+        self.strat = _grown(self.strat, size)
+
+    def _drop(self, k: int) -> None:
+        """Drops the k oldest rows (and their group entries)."""
+        e0 = int(self.cols["group_at"][k]) if k < self.n else self.e
+        for arr in self.cols.values():
+            arr[: self.n - k] = arr[k : self.n]
+        self.strat[: self.n - k] = self.strat[k : self.n]
+        self.cols["group_at"][: self.n - k] -= e0
+        for arr in self.entries.values():
+            arr[: self.e - e0] = arr[e0 : self.e]
+        self.n -= k
+        self.e -= e0
+
+    # ---- reading ------------------------------------------------------------------------------------
+    def first_served(self) -> int:
+        """Index of the oldest row served (the newest HISTORY_STEPS are)."""
+        return max(0, self.n - HISTORY_STEPS)
+
+    def rows(self, since: int, limit: int) -> tuple[list[dict[str, Any]], int]:
+        """Rows of steps >= `since`, oldest first, at most `limit`; and the step to ask from next."""
+        lo = self.first_served()
+        steps = self.cols["step"][lo : self.n]
+        i = lo + int(np.searchsorted(steps, since, side="left"))
+        j = min(self.n, i + limit)
+        out = [self.row(k) for k in range(i, j)]
+        return out, (int(self.cols["step"][j - 1]) + 1 if j > i else since)
+
+    def row(self, k: int) -> dict[str, Any]:
+        c = self.cols
+        results = int(c["results"][k])
+        solved, failed = int(c["all_solved"][k]), int(c["none_solved"][k])
+        trials = float(c["rollouts"][k])
+        observed = int(c["observed"][k])
+        pred = c["dps_predicted"][k]
+        late = c["late"][k]
+        row: dict[str, Any] = {
+            "step": int(c["step"][k]),
+            "selected": int(c["selected"][k]),
+            "selects": int(c["selects"][k]),
+            "observed": observed,
+            "results": results,
+            "rollouts": _number(trials),
+            "mean_reward": _share(float(c["successes"][k]), trials),
+            "all_solved": _share(solved, results),
+            "mixed": _share(results - solved - failed, results),
+            "none_solved": _share(failed, results),
+            "dps_predicted": None if math.isnan(pred[0]) else [float(x) for x in pred],
+            "dps_accuracy": _share(int(c["dps_correct"][k]), observed),
+            "late": {lag_label(lag): int(late[lag]) for lag in range(1, LAGS) if late[lag]},
+            "strategies": {
+                name: int(self.strat[k, j]) for j, name in enumerate(self.names) if self.strat[k, j]
+            },
+            "prompts_observed": int(c["prompts_observed"][k]),
+        }
+        at, n = int(c["group_at"][k]), int(c["group_n"][k])
+        if n or c["group_omitted"][k]:
+            e = self.entries
+            row["groups"] = {
+                str(int(e["group"][q])): {
+                    "results": int(e["group_results"][q]),
+                    "mean_reward": _share(float(e["group_successes"][q]), float(e["group_trials"][q])),
+                }
+                for q in range(at, at + n)
+            }
+            row["groups_omitted"] = int(c["group_omitted"][k])
+        return row
+
+    # ---- snapshots ----------------------------------------------------------------------------------
+    def header(self) -> dict[str, Any]:
+        """The history's part of a snapshot header (its arrays: `arrays`)."""
+        return {
+            "strategies": list(self.names),
+            "open": {
+                "selected": self.selected,
+                "selects": self.selects,
+                "strategies": dict(self.open_strategies),
+                "digests": list(self.digests),
+                "pred": [float(x) for x in self.pred],
+                "fresh": self.fresh,
+                "late": [int(x) for x in self.late],
+            },
+        }
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The rows held and the open step's group figures, as snapshot arrays (views: copy to keep)."""
+        out = {HISTORY_PREFIX + name: arr[: self.n] for name, arr in self.cols.items()}
+        out[HISTORY_PREFIX + STRATEGY_COLUMN] = self.strat[: self.n]
+        out.update({HISTORY_PREFIX + name: arr[: self.e] for name, arr in self.entries.items()})
+        out.update({HISTORY_PREFIX + name: arr for name, arr in self.open_groups.items()})
+        return out
+
+    @staticmethod
+    def check_layout(layout: Mapping[str, tuple[np.dtype, tuple[int, ...]]]) -> None:
+        """Checks the history arrays a snapshot header declares (names without the prefix) before
+        anything is allocated; ValueError."""
+        if not layout:
+            return
+        expected = {**{k: v[0] for k, v in ROW_COLUMNS.items()}, STRATEGY_COLUMN: np.dtype(np.int64)}
+        expected.update(ENTRY_COLUMNS)
+        expected.update(OPEN_COLUMNS)
+        if set(layout) != set(expected):
+            raise ValueError(
+                f"history arrays: missing {sorted(set(expected) - set(layout))}, "
+                f"unknown {sorted(set(layout) - set(expected))}"
+            )
+        rows = layout["step"][1][0] if layout["step"][1] else -1
+        entries = layout["group"][1][0] if layout["group"][1] else -1
+        open_g = layout["open_group_results"][1][0] if layout["open_group_results"][1] else -1
+        if not 0 <= rows <= HISTORY_STEPS + SLACK:
+            raise ValueError(f"history holds {rows} rows; at most {HISTORY_STEPS + SLACK} are kept")
+        if not 0 <= entries <= rows * ROW_GROUPS or not 0 <= open_g <= _MAX_GROUPS:
+            raise ValueError("history group arrays are larger than a history can hold")
+        strat = layout[STRATEGY_COLUMN][1]
+        shapes = {name: (rows, *shape) for name, (_, shape) in ROW_COLUMNS.items()}
+        shapes[STRATEGY_COLUMN] = (rows, strat[1] if len(strat) == 2 else -1)
+        shapes.update({name: (entries,) for name in ENTRY_COLUMNS})
+        shapes.update({name: (open_g,) for name in OPEN_COLUMNS})
+        for name, (dtype, shape) in layout.items():
+            if np.dtype(dtype) != expected[name] or tuple(shape) != shapes[name]:
+                raise ValueError(f"history array {name!r} is {np.dtype(dtype)}{tuple(shape)}")
+        if not 0 <= shapes[STRATEGY_COLUMN][1] <= _MAX_STRATEGIES:
+            raise ValueError(f"history counts {shapes[STRATEGY_COLUMN][1]} strategies")
+
+    @classmethod
+    def from_parts(
+        cls, header: Any, arrays: Mapping[str, np.ndarray], open_step: int, n_groups: int
+    ) -> StepHistory:
+        """Rebuilds a history from `header()` and `arrays()` (names without the prefix), checking that
+        every figure is one a history could hold for a dataset whose open step is `open_step` and which
+        has `n_groups` groups; ValueError otherwise. No header and no arrays (a snapshot written before
+        the history existed): an empty history."""
+        hist = cls()
+        if header is None and not arrays:
+            return hist
+        if not isinstance(header, dict) or not isinstance(header.get("open"), dict):
+            raise ValueError("the snapshot's history header is missing or malformed")
+        cls.check_layout({k: (v.dtype, v.shape) for k, v in arrays.items()})
+        names = header.get("strategies")
+        if (
+            not isinstance(names, list)
+            or len(names) != arrays[STRATEGY_COLUMN].shape[1]
+            or len(set(names)) != len(names)
+            or not all(isinstance(s, str) and _STRATEGY.fullmatch(s) for s in names)
+        ):
+            raise ValueError(f"history strategies {str(names)[:200]} do not match its counts")
+        c = {name: np.array(arrays[name]) for name in ROW_COLUMNS}
+        n = c["step"].shape[0]
+        steps = c["step"]
+        if n and (steps[0] < 0 or np.any(np.diff(steps) <= 0) or steps[-1] >= open_step):
+            raise ValueError("history steps must increase and lie below the open step")
+        counts = ("selected", "selects", "observed", "results", "all_solved", "none_solved")
+        counts += ("dps_correct", "prompts_observed", "late", "group_n", "group_omitted")
+        for name in counts:
+            if np.any(c[name] < 0) or np.any(c[name] > _COUNT_MAX):
+                raise ValueError(f"history column {name!r} holds a count out of range")
+        strat = np.array(arrays[STRATEGY_COLUMN])
+        floats = (c["rollouts"], c["successes"])
+        if (
+            np.any(strat < 0)
+            or not all(np.isfinite(f).all() and (f >= 0).all() for f in floats)
+            or np.any(c["successes"] > c["rollouts"])
+            or np.any(c["all_solved"] + c["none_solved"] > c["results"])
+            or np.any(c["late"].sum(axis=1) != c["results"])
+            or np.any(c["dps_correct"] > c["observed"])
+            or np.any(c["group_n"] > ROW_GROUPS)
+        ):
+            raise ValueError("history rows hold figures no step could have")
+        pred = c["dps_predicted"]
+        known = ~np.isnan(pred[:, 0])
+        if (
+            np.any(np.isnan(pred[known]))
+            or np.any(~np.isnan(pred[~known]))
+            or np.any((pred[known] < 0) | (pred[known] > 1))
+        ):
+            raise ValueError("history DPS predictions must be shares in [0, 1] (or absent)")
+        e = {name: np.array(arrays[name]) for name in ENTRY_COLUMNS}
+        total = e["group"].shape[0]
+        at = c["group_at"]
+        if n and (
+            at[0] != 0 or np.any(at[1:] != (at + c["group_n"])[:-1]) or at[-1] + c["group_n"][-1] != total
+        ):
+            raise ValueError("history group entries do not line up with its rows")
+        if (
+            np.any(e["group"] < 0)
+            or np.any(e["group"] >= _MAX_GROUPS)
+            or np.any(e["group_results"] < 1)
+            or not all(
+                np.isfinite(e[k]).all() and (e[k] >= 0).all() for k in ("group_successes", "group_trials")
+            )
+            or np.any(e["group_successes"] > e["group_trials"])
+        ):
+            raise ValueError("history group entries hold figures no step could have")
+        og = {name: np.array(arrays[name]) for name in OPEN_COLUMNS}
+        if (
+            og["open_group_results"].shape[0] > max(n_groups, 0)
+            or np.any(og["open_group_results"] < 0)
+            or not all(
+                np.isfinite(og[k]).all() and (og[k] >= 0).all()
+                for k in ("open_group_successes", "open_group_trials")
+            )
+        ):
+            raise ValueError("history open group figures are out of range")
+        hist.n, hist.cols, hist.names, hist.strat = n, c, list(names), strat
+        hist.entries, hist.e, hist.open_groups = e, total, og
+        hist._load_open(header["open"])
+        return hist
+
+    def _load_open(self, doc: dict[str, Any]) -> None:
+        def count(key: str, value: Any = None) -> int:
+            v = doc.get(key) if value is None else value
+            if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= _COUNT_MAX:
+                raise ValueError(f"history open figure {key!r} = {str(v)[:100]} is not a count")
+            return v
+
+        self.selected, self.selects, self.fresh = count("selected"), count("selects"), count("fresh")
+        strategies = doc.get("strategies")
+        digests = doc.get("digests")
+        pred, late = doc.get("pred"), doc.get("late")
+        if (
+            not isinstance(strategies, dict)
+            or len(strategies) > _MAX_STRATEGIES
+            or not all(isinstance(s, str) and _STRATEGY.fullmatch(s) for s in strategies)
+            or not isinstance(digests, list)
+            or len(digests) > MAX_DIGESTS
+            or len(set(digests)) != len(digests)
+            or not all(isinstance(d, str) and _DIGEST.fullmatch(d) for d in digests)
+            or not isinstance(pred, list)
+            or len(pred) != 3
+            or not isinstance(late, list)
+            or len(late) != LAGS
+        ):
+            raise ValueError("the snapshot's history of the open step is malformed")
+        self.open_strategies = {s: count(f"strategies.{s}", v) for s, v in strategies.items()}
+        if sum(self.open_strategies.values()) != self.selects or len(digests) > self.selects:
+            raise ValueError("the snapshot's history of the open step counts its selects twice")
+        self.digests, self._digest_set = list(digests), set(digests)
+        values = []
+        for x in pred:
+            if isinstance(x, bool) or not isinstance(x, int | float) or not (0 <= x <= max(self.fresh, 0)):
+                raise ValueError(f"history open figure 'pred' holds {str(x)[:50]}")
+            values.append(float(x))
+        self.pred = np.array(values, dtype=np.float64)
+        self.late = np.array([count("late", v) for v in late], dtype=np.int64)
+
+
+def lag_label(lag: int) -> str:
+    """The label of a lag in a row's `late` (and in the metrics): "1" .. "7", then "8+"."""
+    return f"{lag}+" if lag >= LAG_LABELS else str(lag)
+
+
+def select_note(strategy: str, batch_size: int, digest: str) -> str:
+    """What a select appends to the log record of its step (StepHistory.parse_note reads it)."""
+    return f"{strategy} {batch_size} {digest}"

@@ -76,8 +76,9 @@ CASES: dict[str, tuple[str, list[str], bool, bool]] = {
 }
 
 
-def compose(url: str, dataset: str, work: Path, model: Path, data: Path, case: str, steps: int,
-            resume: str | None) -> Any:
+def compose(
+    url: str, dataset: str, work: Path, model: Path, data: Path, case: str, steps: int, resume: str | None
+) -> Any:
     import verl
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
@@ -150,7 +151,9 @@ class FakeLLMClient:
     def __init__(self, policy: common.Policy) -> None:
         self.policy = policy
 
-    async def generate(self, request_id: str, *, prompt_ids: list[int], sampling_params: Any, **_: Any) -> Any:
+    async def generate(
+        self, request_id: str, *, prompt_ids: list[int], sampling_params: Any, **_: Any
+    ) -> Any:
         from verl.workers.rollout.replica import TokenOutput
 
         await asyncio.sleep(0.01)  # let other sessions interleave, as a server's batch would
@@ -195,10 +198,13 @@ class FakeLoadBalancer:
 
 
 class FakeServerManager:
-    rollout_replicas: list[Any] = []
-    server_addresses: list[str] = []
-    server_handles: list[Any] = []
-    global_load_balancer = FakeLoadBalancer()
+    """verl's LLMServerManager (rollout replicas on GPUs): no replicas, a fake load balancer."""
+
+    def __init__(self) -> None:
+        self.rollout_replicas: list[Any] = []
+        self.server_addresses: list[str] = []
+        self.server_handles: list[Any] = []
+        self.global_load_balancer = FakeLoadBalancer()
 
     def get_replicas(self) -> list[Any]:
         return []
@@ -223,7 +229,9 @@ def fake_actor_workers(sink: list[dict[str, Any]]) -> Any:
         @tqbridge()
         def compute_log_prob(self, data: Any) -> Any:
             zeros = torch.zeros_like(data["input_ids"], dtype=torch.float32)
-            return tu.get_tensordict({"log_probs": zeros, "entropy": zeros.clone()}, {"metrics": {"mfu": 0.0}})
+            return tu.get_tensordict(
+                {"log_probs": zeros, "entropy": zeros.clone()}, {"metrics": {"mfu": 0.0}}
+            )
 
         @tqbridge()
         def update_actor(self, data: Any) -> Any:
@@ -300,7 +308,10 @@ def agent_loop_manager(config: Any, policy: common.Policy, reward_workers: list[
     worker_class = plain_class(AgentLoopWorkerTQ)
     worker = Actor(
         lambda: worker_class(
-            config, llm_client=FakeLLMClient(policy), teacher_client=None, reward_loop_worker_handles=reward_workers
+            config,
+            llm_client=FakeLLMClient(policy),
+            teacher_client=None,
+            reward_loop_worker_handles=reward_workers,
         )
     )
 
@@ -339,8 +350,16 @@ def clear_transfer_queue() -> None:
             tq.kv_clear(keys=list(items), partition_id=partition)
 
 
-def run(args: argparse.Namespace, case: str, dataset: str, model: Path, data: Path, steps: int,
-        resume: str | None, work: Path) -> dict[str, Any]:
+def run(
+    args: argparse.Namespace,
+    case: str,
+    dataset: str,
+    model: Path,
+    data: Path,
+    steps: int,
+    resume: str | None,
+    work: Path,
+) -> dict[str, Any]:
     import transfer_queue as tq
     from verl.experimental.reward_loop.reward_loop import RewardLoopWorker
     from verl.trainer.ppo import v1

@@ -1,7 +1,8 @@
 """Adapters that let trainers people already use ask the selector service which prompts to train on.
 
-- `trainer_client.integrations.verl` (+ `verl_main` for verl >= 0.8): a curriculum sampler for verl's
-  PPO/GRPO trainer.
+- `trainer_client.integrations.verl` (+ `verl_main` for verl >= 0.8, `verl_v1` for verl 0.9's v1
+  trainer): a curriculum sampler for verl's PPO/GRPO trainers, and for v1 a replay buffer that reports
+  each group as it finishes.
 - `trainer_client.integrations.trl`: a `RepeatSampler`-shaped sampler, a reward-function wrapper and a
   `GRPOTrainer` subclass for TRL.
 - `trainer_client.integrations.areal`: a sampler, dataset and workflow wrapper for AReaL's asynchronous

@@ -4,7 +4,9 @@ verl 0.5 - 0.7: the PPO/GRPO trainer (``verl.trainer.ppo.ray_trainer.RayPPOTrain
 sampler from ``data.sampler.class_path`` / ``class_name`` and calls ``sampler.update(batch=...)`` after
 every training step (the last one included) when the sampler is an ``AbstractCurriculumSampler``.
 verl 0.8 removed that interface; there `trainer_client.integrations.verl_main` runs verl's legacy
-trainer with this sampler and a trainer that calls ``update`` itself. Built any other way on
+trainer with this sampler and a trainer that calls ``update`` itself, or (verl 0.9's default) the v1
+trainer with this sampler in its prompt loader and a replay buffer that reports each group
+(`trainer_client.integrations.verl_v1`; the sampler then tags each row it hands out with its step). Built any other way on
 verl >= 0.8, the sampler refuses to start rather than silently never reporting.
 
 How it plugs in (verl 0.5 - 0.7 config)::

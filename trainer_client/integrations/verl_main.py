@@ -147,8 +147,11 @@ def v1_task_runner_class() -> Any:
 
 
 def uses_v1(config: Any) -> bool:
-    """Whether verl runs its v1 trainer for this config (verl 0.9's default: ``trainer.use_v1: true``)."""
-    return bool(config.trainer.get("use_v1", False))
+    """Whether verl runs its v1 trainer for this config (verl 0.9's default: ``trainer.use_v1: true``).
+
+    The selector's v1 route is built on verl 0.9's v1 trainer; on 0.8 the legacy trainer runs."""
+    version = verl_version()
+    return bool(config.trainer.get("use_v1", False)) and (version is None or version >= (0, 9))
 
 
 def check_config(config: Any) -> None:

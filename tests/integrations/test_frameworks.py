@@ -322,6 +322,7 @@ def check_v1_run(run: dict[str, Any], n: int, filtering: bool) -> dict[str, list
             # verl's GRPO over TransferQueue, per prompt uid, from the rewards the selector saw.
             expected = grpo_advantages([0] * len(scores), scores)
             assert [row["advantage"] for row in group] == pytest.approx(expected, abs=1e-4)
+            assert uid in by_uid, f"group {uid} was trained on but never reported"
             assert sorted(scores) == sorted(by_uid[uid]), (
                 f"group {uid}: trained on other rewards than reported"
             )

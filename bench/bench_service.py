@@ -20,7 +20,8 @@ Then the cost of a rollout budget (docs/methods.md §8), at B = --rollouts-batch
 (core.allocate_rollouts on B Beta beliefs, half of them observed, half cold priors; median of 200 calls;
 target < 2 ms), and over HTTP an INSIGHT select of B prompts (the same dataset, the default pool of
 16 B candidates) with a budget of each policy against the same select without one, the requests
-interleaved so both see the same load (target: p50 ratio < 2x). `--rollouts-batch 0` skips it.
+interleaved so all see the same load, each variant first in turn (target: p50 ratio < 2x).
+`--rollouts-batch 0` skips it.
 """
 
 from __future__ import annotations
@@ -184,9 +185,11 @@ def run_rollouts(client: httpx.Client, name: str, args: argparse.Namespace) -> d
         rollouts = {"budget": budget, "min": 1, "max": top, "policy": policy}
         bodies[f"budget_{policy}"] = {**select, "rollouts": rollouts}
     samples: dict[str, list[float]] = {key: [] for key in bodies}
+    keys = list(bodies)
     for round_ in range(args.rollouts_steps + WARMUP_STEPS):
-        for key, body in bodies.items():
-            body = {**body, "seed": round_}  # another pool every round, the same for every variant
+        start = round_ % len(keys)  # each variant goes first in turn: no variant always follows another
+        for key in keys[start:] + keys[:start]:
+            body = {**bodies[key], "seed": round_}  # another pool every round, the same for every variant
             t0 = time.perf_counter()
             response = client.post("/select", json=body)
             dt = time.perf_counter() - t0

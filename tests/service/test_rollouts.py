@@ -140,3 +140,25 @@ def test_groups_of_the_allotted_sizes_are_counted_exactly(http, dsname):
     single = http.get(f"/datasets/{dsname}/beliefs", params={"ids": str(ids[0])}).json()["beliefs"][0]
     # D0 = ones, lam = 0.5, observed all solved or none: the next prior(2) is 0.30 (docs/methods.md §2)
     assert single["hmm_prior"][1] == pytest.approx(0.3, abs=1e-6)
+
+
+@pytest.mark.parametrize("prior", [[1e-3, 1e-3], [1e-3, 1e6], [1e6, 1e-3], [1e6, 1e6]])
+def test_the_edges_of_the_belief_domain_allocate_without_a_5xx(http, dsname, prior):
+    """Datasets whose priors sit at the edges of the accepted domain (docs/numerics.md), observed with
+    huge groups: every policy still fills the budget, with counts in their bounds."""
+    make(http, dsname, size=40, beta_prior=prior)
+    results = [{"prompt_id": p, "successes": 10**9 * (p % 2), "trials": 10**9} for p in range(0, 40, 3)]
+    body = {"dataset": dsname, "step": 0, "request_id": f"{dsname}-huge", "results": results}
+    assert http.post("/observe", json=body).status_code == 200
+    for policy in ROLLOUT_POLICIES:
+        req = {
+            "dataset": dsname,
+            "step": 0,
+            "batch_size": 40,
+            "strategy": "dps",
+            "rollouts": {"budget": 40 * 30, "min": 1, "max": K_MAX, "policy": policy},
+        }
+        r = http.post("/select", json=req)
+        assert r.status_code == 200, r.text
+        counts = r.json()["rollouts"]
+        assert sum(counts) == 1200 and min(counts) >= 1 and max(counts) <= K_MAX

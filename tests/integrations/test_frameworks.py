@@ -255,7 +255,14 @@ def test_openrlhf_trainer_reports_every_group_and_resumes(
 # verl 0.9's v1 trainer (trainer.use_v1=True): sync, colocate-async, separate-async
 # --------------------------------------------------------------------------------------------------
 
-V1_CASES = ["sync", "sync_filter_groups", "colocate_async", "separate_async"]
+V1_CASES = [
+    "sync",
+    "sync_filter_groups",
+    "colocate_async",
+    "separate_async",
+    "sync_budget",
+    "colocate_async_budget",
+]
 
 
 @pytest.fixture(scope="module")
@@ -302,7 +309,9 @@ def applied_beliefs_match(url: str, dataset: str, reports: list[dict[str, Any]])
         ), f"prompt {pid}"
 
 
-def check_v1_run(run: dict[str, Any], n: int, filtering: bool) -> dict[str, list[float]]:
+def check_v1_run(
+    run: dict[str, Any], n: int, filtering: bool, sizes: dict[tuple[int, int], int] | None = None
+) -> dict[str, list[float]]:
     """One trainer run: every trained group was reported with the rewards verl trained on, GRPO
     advantages come from exactly those rewards per group, and every group the policy rolled out in this
     run was reported (restored ones aside). Returns the reported rewards by group uid."""
@@ -318,7 +327,9 @@ def check_v1_run(run: dict[str, Any], n: int, filtering: bool) -> dict[str, list
             groups[row["uid"]].append(row)
         for uid, group in groups.items():
             scores = [row["score"] for row in group]
-            assert len(scores) == n, f"group {uid} trained with {len(scores)} rollouts"
+            step, prompt_id = group[0]["step"], group[0]["prompt_id"]
+            size = n if sizes is None else sizes[(step, prompt_id)]
+            assert len(scores) == size, f"group {uid} trained with {len(scores)} rollouts, not {size}"
             # verl's GRPO over TransferQueue, per prompt uid, from the rewards the selector saw.
             expected = grpo_advantages([0] * len(scores), scores)
             assert [row["advantage"] for row in group] == pytest.approx(expected, abs=1e-4)
@@ -330,6 +341,10 @@ def check_v1_run(run: dict[str, Any], n: int, filtering: bool) -> dict[str, list
                 assert 0 < sum(scores) < n, "filter_groups let a group without spread through"
             trained_uids.add(uid)
     assert trained_uids <= set(by_uid)
+    if sizes is not None:
+        # Each report carries the group's real size: the count the service gave that prompt.
+        for report in run["reports"]:
+            assert len(report["rewards"]) == sizes[(report["step"], report["prompt_id"])], report
     # Every group verl evicted (stale under `drop`, filtered by DAPO) had been reported first.
     for reason in ("stale", "filtered"):
         assert set(run["evicted"][reason]) <= set(by_uid), f"{reason} groups were evicted unreported"
@@ -427,3 +442,33 @@ def test_verl_v1_entry_point_refuses_what_it_cannot_honour(verl_v1_report: dict[
     assert "rollout_min >= 2" in guards["budget_min_1"]
     assert "runs only in verl's v1 trainer" in guards["legacy_filter_groups"]
     assert guards["legacy_kept"] == "False"
+
+
+@pytest.mark.parametrize("case", ["sync_budget", "colocate_async_budget"])
+def test_verl_v1_rolls_out_each_prompt_by_its_own_count(
+    service: Any, verl_v1_report: dict[str, Any], case: str
+) -> None:
+    """With a rollout budget the service gives each prompt its count; verl's agent loop rolls out that
+    many (``__rollout_n__``), GRPO groups them by prompt with their own sizes, verl pads the odd total
+    with no-op samples that belong to no group, and each report carries the group's real size."""
+    budget, low, high = 13, 2, 8
+    (run,) = verl_v1_report["cases"][case]["runs"]
+    sizes: dict[tuple[int, int], int] = {}
+    for selection in run["selections"]:
+        counts = selection["rollouts"]
+        assert counts is not None and sum(counts) == budget and all(low <= c <= high for c in counts)
+        sizes.update(
+            {(selection["step"], pid): c for pid, c in zip(selection["prompt_ids"], counts, strict=True)}
+        )
+    assert len(set(sizes.values())) > 1, "the budget gave every prompt the same count: nothing is tested"
+    check_v1_run(run, 4, filtering=False, sizes=sizes)
+    # verl trained on groups of several sizes and padded the batch (13 rollouts per step is not a
+    # multiple of the 12 of a mini-batch).
+    trained = {}
+    for update in run["updates"]:
+        for row in update["rows"]:
+            if not row["padding"]:
+                trained[row["uid"]] = sizes[(row["step"], row["prompt_id"])]
+    assert len(set(trained.values())) > 1
+    assert any(row["padding"] for update in run["updates"] for row in update["rows"])
+    applied_beliefs_match(service.url, verl_v1_report["cases"][case]["dataset"], run["reports"])

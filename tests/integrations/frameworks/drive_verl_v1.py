@@ -47,7 +47,7 @@ from tests.integrations.frameworks.drive_verl import Actor, FakeResources, plain
 
 N = 4  # actor_rollout_ref.rollout.n
 BATCH = 3  # data.train_batch_size: prompts per step
-BUDGET = 12  # rollouts per step with a rollout budget (N x BATCH)
+BUDGET = 13  # rollouts per step with a rollout budget: not a multiple of a mini-batch, so verl pads
 
 #: case -> (trainer mode, extra overrides, resume?, rollout budget?)
 CASES: dict[str, tuple[str, list[str], bool, bool]] = {
@@ -398,6 +398,15 @@ def run(
         if tag.get("is_prompt") and tag.get("status") == "finished"
     ]
     sampler = trainer.train_dataloader.sampler
+    selections: list[dict[str, Any]] = []
+    select = sampler.client.select
+
+    def recorded_select(*a: Any, **kw: Any) -> Any:
+        answer = select(*a, **kw)
+        selections.append({"step": answer.step, "prompt_ids": answer.prompt_ids, "rollouts": answer.rollouts})
+        return answer
+
+    sampler.client.select = recorded_select
     manager = agent_loop_manager(config, policy, reward_workers)
     trainer.fit(manager)
     wait_settled()
@@ -415,6 +424,7 @@ def run(
         "evicted": {k: [u[0] for u in v] for k, v in evicted.items()},
         "next_step": sampler.next_step,
         "run_id": sampler.run_id,
+        "selections": selections,
         "max_lag": trainer_max_lag(args.url, dataset),
         "global_steps": trainer.global_steps,
         "fed": policy.record,
@@ -469,7 +479,7 @@ def main() -> None:
     parser.add_argument("--url", required=True)
     parser.add_argument("--dataset-prefix", required=True)
     parser.add_argument("--workdir", required=True)
-    parser.add_argument("--cases", default=",".join(c for c in CASES if not c.endswith("_budget")))
+    parser.add_argument("--cases", default=",".join(CASES))
     args = parser.parse_args()
     root = Path(args.workdir)
     root.mkdir(parents=True, exist_ok=True)

@@ -210,8 +210,15 @@ def test_selector_options_rollout_budget() -> None:
     options = SelectorOptions(url="u", dataset="d")
     assert options.rollouts() is None
     options.refuse_rollout_budget("never raised without a budget")
-    options = SelectorOptions(url="u", dataset="d", rollout_budget="64", rollout_min=2, rollout_max=16)
+    options = SelectorOptions(
+        url="http://selector:8000", dataset="d", rollout_budget="64", rollout_min=2, rollout_max=16
+    )
     assert options.rollouts() == RolloutBudget(64, 2, 16, "posterior")
+    # Adapters whose trainers roll out a fixed group per prompt refuse it when they connect.
+    with pytest.raises(ValueError, match="rollout_budget=64 is not supported here"):
+        options.connect()
+    client = options.connect(per_prompt_rollouts=True)
+    client.close()
     with pytest.raises(ValueError, match="below rollout_min"):
         SelectorOptions(url="u", dataset="d", rollout_budget=64, rollout_min=4, rollout_max=2)
     with pytest.raises(ValueError, match="positive"):

@@ -63,7 +63,7 @@ class SelectorOptions:
     (docs/api.md, "Select with a rollout budget"), each prompt between ``rollout_min`` and
     ``rollout_max`` (None: the service's limit), by ``rollout_policy``; `rollouts` is what an adapter
     passes to ``select`` (None without a budget: every prompt gets the trainer's own group size). An
-    adapter that cannot give prompts their own counts refuses a budget (`refuse_rollout_budget`).
+    adapter that cannot give prompts their own counts refuses a budget (`connect`).
     """
 
     url: str | None = None
@@ -137,8 +137,17 @@ class SelectorOptions:
             )
         return cls(**values)
 
-    def connect(self) -> SelectorClient:
-        """The client to use: the given one, or a new one for ``url``."""
+    def connect(self, *, per_prompt_rollouts: bool = False) -> SelectorClient:
+        """The client to use: the given one, or a new one for ``url``.
+
+        An adapter whose trainer can roll out each prompt by its own count says so with
+        ``per_prompt_rollouts=True``; the others refuse a ``rollout_budget`` here, so that no adapter
+        ignores one silently."""
+        if not per_prompt_rollouts:
+            self.refuse_rollout_budget(
+                "this trainer rolls out the same number of completions for every prompt; per-prompt counts "
+                "are supported with verl 0.9's v1 trainer"
+            )
         if self.client is not None:
             return self.client
         assert self.url is not None  # __post_init__

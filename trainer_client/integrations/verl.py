@@ -281,7 +281,7 @@ class SelectorCurriculumSampler(_SamplerBase):  # type: ignore[misc,valid-type]
             )
         self.issued: deque[Issued] = deque()
 
-        self.client = client or self.settings.connect()
+        self.client = client or self.settings.connect(per_prompt_rollouts=report_groups)
         self.client.check_server()
         self.run_id = self.settings.run_id or f"verl-{uuid.uuid4().hex[:10]}"
         self.next_step = ensure_dataset(

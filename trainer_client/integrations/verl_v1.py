@@ -79,11 +79,10 @@ PROMPT_FIELD = "selector_prompt_id"
 ROLLOUT_N_FIELD = "__rollout_n__"  # read by verl's AgentLoopWorkerTQ._run_prompt (agent_loop_tq.py:115)
 TRAIN_PARTITION = "train"
 
-#: Advantage estimators that group trajectories by prompt uid and take any group size: those a rollout
-#: budget can be used with. The others assume ``actor_rollout_ref.rollout.n`` rollouts per prompt or
-#: no groups at all (see `check_v1_config`).
-#: GRPO (core_algos.compute_grpo_outcome_advantage) and RLOO (compute_rloo_outcome_advantage) take each
-#: uid's own group size; the others are refused with a budget.
+#: Advantage estimators a rollout budget can be used with: GRPO (``core_algos.compute_grpo_outcome_advantage``)
+#: and RLOO (``compute_rloo_outcome_advantage``) group trajectories by prompt uid and take each group's
+#: own size. The others assume ``actor_rollout_ref.rollout.n`` rollouts per prompt or no groups at all,
+#: and are refused with a budget (`check_v1_config`).
 GROUPED_ESTIMATORS = ("grpo", "rloo")
 
 

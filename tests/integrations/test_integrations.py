@@ -203,6 +203,32 @@ def test_verl_rollout_budget_is_refused_where_group_sizes_are_fixed(service: Any
         verl_adapter.SelectorCurriculumSampler(verl_rows([0, 1, 2, 3]), config)
 
 
+def test_verl_v1_reports_keep_the_first_report_and_count_late_ones(service: Any, dsname: str) -> None:
+    """A group reported again with other rewards (rolled out again after a resume) keeps its first
+    report; one older than the dataset's max_lag is counted as lost; neither stops training."""
+    from types import SimpleNamespace
+
+    from trainer_client.integrations import SelectorOptions
+    from trainer_client.integrations.verl_v1 import ReportingBuffer
+
+    with SelectorClient(service.url) as c:
+        c.create_dataset(dsname, 4, rollouts_per_prompt=2, max_lag=1)
+        buffer = ReportingBuffer()
+        buffer.selector_sampler = SimpleNamespace(  # type: ignore[assignment]
+            client=c, run_id="run", settings=SelectorOptions(url=service.url, dataset=dsname)
+        )
+        c.select(dsname, 0, 2, "uniform")
+        buffer._report("u1", 0, 1, [1.0, 0.0])
+        buffer._report("u1", 0, 1, [1.0, 0.0])  # the same group polled again: a duplicate
+        buffer._report("u1", 0, 1, [0.0, 0.0])  # rolled out again: its first report stands
+        c.select(dsname, 3, 2, "uniform")  # steps 0-2 close: step 0 is now 3 steps late
+        buffer._report("u2", 0, 2, [1.0, 1.0])
+        assert [r.get("duplicate") for r in buffer.reports[:2]] == [False, True]
+        assert buffer.superseded == [(0, 1)] and buffer.lost == [(0, 2)]
+        belief = c.beliefs(dsname, [1, 2]).beliefs
+        assert (belief[0].alpha, belief[0].beta) == (2.0, 2.0) and belief[1].observations == 0
+
+
 def test_selector_options_rollout_budget() -> None:
     from trainer_client.client import RolloutBudget
     from trainer_client.integrations import SelectorOptions

@@ -81,7 +81,7 @@ import time
 t0 = time.perf_counter()
 import numpy as np
 from selector_service.core import (BeliefArrays, apply_results, close_step, dps_scores, outcomes_from_flat,
-                                   select, STRATEGIES)
+                                   select, STRATEGIES, ROLLOUT_POLICIES, allocate_rollouts, stream)
 from selector_service.core._parallel import PARALLEL_MIN
 from selector_service.core.coldstart import apply_metadata
 t1 = time.perf_counter()
@@ -96,6 +96,9 @@ for size in (100, PARALLEL_MIN + 1):  # serial and parallel kernels
         params = {"candidate_ratio": None} if "candidate_ratio" in STRATEGIES[name].params else {}
         select(part, strategy=name, params=params, batch_size=8, step=0, seed=0, key="b", dataset_k=8)
     dps_scores(part.obs_prior[: part.observed], None, 0.1)
+for policy in ROLLOUT_POLICIES:
+    allocate_rollouts(np.ones(4), np.ones(4), np.arange(4), budget=20, max_rollouts=8, policy=policy,
+                      rng=stream("b", 0, 0, "rollouts"))
 t2 = time.perf_counter()
 print(f"{t1 - t0:.3f} {t2 - t1:.3f}")
 """

@@ -36,6 +36,7 @@ from selector_service.core import strategies
 from selector_service.core.coldstart import check_metadata
 from selector_service.core.coldstart import prior_arrays as cold_betas
 from selector_service.core.outcomes import outcomes_from_counts, outcomes_from_flat
+from selector_service.core.rollouts import RolloutError, RolloutRequest, check_rollouts
 from selector_service.errors import (
     Conflict,
     InvalidRequest,
@@ -485,8 +486,21 @@ class Engine:
             return await asyncio.to_thread(fn, state)
 
     async def select(
-        self, name: str, *, step: int, batch_size: int, strategy: str, params: dict[str, Any], seed: int
-    ) -> tuple[np.ndarray, np.ndarray | None, int]:
+        self,
+        name: str,
+        *,
+        step: int,
+        batch_size: int,
+        strategy: str,
+        params: dict[str, Any],
+        seed: int,
+        rollouts: Any = None,
+    ) -> tuple[np.ndarray, np.ndarray | None, int, np.ndarray | None]:
+        """(prompt ids, scores or None, the step, rollouts per prompt or None). `rollouts`: a rollout
+        budget (the API's RolloutBudget, or a core RolloutRequest), checked before anything moves; the
+        counts come from the state the batch was chosen from (docs/methods.md §8)."""
+        budget = rollout_request(batch_size, rollouts)
+
         async def attempt(spec: DatasetSpec) -> dict[str, Any]:
             _check_batch_size(name, batch_size, spec)
             merged = self.resolve_params(spec, strategy, params)
@@ -515,7 +529,8 @@ class Engine:
                 ids, scores = state.select(strategy, merged, batch_size, seed)
             except strategies.ParamError as exc:
                 raise InvalidRequest(str(exc)) from None
-            return ids, scores, state.open_step
+            counts = None if budget is None else state.rollout_counts(ids, budget, seed)
+            return ids, scores, state.open_step, counts
 
         return await self.read(name, run)
 
@@ -749,6 +764,21 @@ def _select_digest(strategy: str, params: dict[str, Any], seed: int, batch_size:
     """Names a select request in the step history: requests that give the same batch share it."""
     doc = json.dumps([strategy, params, seed, batch_size], sort_keys=True, default=str)
     return hashlib.blake2b(doc.encode(), digest_size=12).hexdigest()
+
+
+def rollout_request(batch_size: int, rollouts: Any) -> RolloutRequest | None:
+    """The checked rollout budget of a select (None without one): the API's RolloutBudget (budget, min,
+    max, policy) or a core RolloutRequest, checked against batch_size (InvalidRequest naming the fix)."""
+    if rollouts is None:
+        return None
+    if isinstance(rollouts, RolloutRequest):
+        fields = (rollouts.budget, rollouts.min_rollouts, rollouts.max_rollouts, rollouts.policy)
+    else:
+        fields = (rollouts.budget, rollouts.min, rollouts.max, rollouts.policy)
+    try:
+        return check_rollouts(batch_size, *fields)
+    except RolloutError as exc:
+        raise InvalidRequest(f"{exc}; nothing was applied") from None
 
 
 def _check_batch_size(name: str, batch_size: int, spec: DatasetSpec) -> None:

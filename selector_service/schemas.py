@@ -19,6 +19,7 @@ from selector_service.core.domain import (
     TRIALS_MAX,
     prior_problem,
 )
+from selector_service.core.rollouts import DEFAULT_ROLLOUT_POLICY, ROLLOUT_POLICIES, ROLLOUT_POLICY_HELP
 from selector_service.core.strategies import STRATEGIES
 from selector_service.state import MAX_LAG
 
@@ -130,6 +131,30 @@ class DatasetList(BaseModel):
     datasets: list[str]
 
 
+class RolloutBudget(_Request):
+    """How many rollouts the step has for its batch_size prompts, and how to share them out
+    (docs/methods.md §8). budget must lie in [batch_size x min, batch_size x max] (422 otherwise)."""
+
+    budget: int = Field(
+        ge=1,
+        le=10**12,
+        description="Total rollouts of the step over the batch_size prompts, in [batch_size x min, "
+        "batch_size x max].",
+    )
+    min: int = Field(1, ge=1, le=K_MAX, description="Fewest rollouts of one prompt (>= 1).")
+    max: int | None = Field(
+        None,
+        ge=1,
+        le=K_MAX,
+        description=f"Most rollouts of one prompt, >= min and at most the K limit {K_MAX}; null = {K_MAX}.",
+    )
+    policy: Literal[ROLLOUT_POLICIES] = Field(  # type: ignore[valid-type]
+        DEFAULT_ROLLOUT_POLICY,
+        description="How the budget is shared: "
+        + "; ".join(f"{name}: {help_}" for name, help_ in ROLLOUT_POLICY_HELP.items()),
+    )
+
+
 class SelectRequest(_Request):
     dataset: DatasetName
     step: Step
@@ -142,6 +167,10 @@ class SelectRequest(_Request):
     )
     seed: Seed = 0
     return_scores: bool = False
+    rollouts: RolloutBudget | None = Field(
+        None,
+        description="Optional: a rollout budget; the answer then says how many rollouts each prompt gets.",
+    )
 
 
 class SelectResponse(BaseModel):
@@ -150,6 +179,11 @@ class SelectResponse(BaseModel):
     strategy: str
     prompt_ids: list[int]
     scores: list[float] | None
+    rollouts: list[int] | None = Field(
+        None,
+        description="Only when the request carried `rollouts`: the rollouts of each prompt of prompt_ids "
+        "(same order), each in [min, max], summing to the budget exactly.",
+    )
 
 
 class Result(_Request):
@@ -270,8 +304,17 @@ class StrategyInfo(BaseModel):
     params: list[StrategyParamInfo]
 
 
+class RolloutPolicyInfo(BaseModel):
+    name: str
+    default: bool = Field(description="The policy a rollout budget without `policy` gets.")
+    help: str
+
+
 class StrategiesResponse(BaseModel):
     strategies: list[StrategyInfo]
+    rollout_policies: list[RolloutPolicyInfo] = Field(
+        default_factory=list, description="The policies a select's `rollouts.policy` accepts."
+    )
 
 
 PassRate = Annotated[float, Field(ge=0, le=1)]

@@ -27,9 +27,11 @@ import numpy as np
 
 from selector_service.core import strategies
 from selector_service.core.beliefs import BeliefArrays, CloseStats, apply_results
-from selector_service.core.coldstart import DatasetRules, apply_metadata
+from selector_service.core.coldstart import DatasetRules, apply_metadata, prior_arrays
 from selector_service.core.curricula import close_open_step
 from selector_service.core.domain import K_MAX, PRIOR_STRENGTH_MAX, prior_problem
+from selector_service.core.rng import stream
+from selector_service.core.rollouts import RolloutRequest, allocate_rollouts
 from selector_service.core.select import TiedScores, retie, tie_index
 from selector_service.history import LAG_LABELS, StepHistory
 
@@ -370,6 +372,22 @@ class DatasetState:
             key=self.spec.name,
             dataset_k=self.spec.rollouts_per_prompt,
             full_scores=full,
+        )
+
+    def rollout_counts(self, ids: np.ndarray, request: RolloutRequest, seed: int) -> np.ndarray:
+        """Rollouts per prompt of `ids` (a batch this state selected) under `request`, from each prompt's
+        Beta belief now (the cold prior for a never-observed one), with the ties of the stream
+        (dataset, open step, seed, "rollouts"): docs/methods.md §8."""
+        alpha, beta, _ = prior_arrays(self.arrays, ids)
+        return allocate_rollouts(
+            alpha,
+            beta,
+            ids,
+            budget=request.budget,
+            min_rollouts=request.min_rollouts,
+            max_rollouts=request.max_rollouts,
+            policy=request.policy,
+            rng=stream(self.spec.name, self.open_step, seed, "rollouts"),
         )
 
     def score(self, strategy: str, params: dict[str, Any], ids: np.ndarray, seed: int) -> np.ndarray:

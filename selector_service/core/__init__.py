@@ -13,7 +13,9 @@ mi (INSIGHT's weighted mutual information), scores (MoPPS, baselines, DPS score)
 learnability, AdaRFT, the shared state's step close, `close_open_step`), walks (GRESO's and SEC's walks
 and their positions), special (numba digamma), rng (the counter-based generator behind every random
 choice), select (pools, top-k with random ties, DPS over the whole dataset, epoch walks), domain (the
-accepted range of every setting and parameter), strategies (registry, validation, select / score).
+accepted range of every setting and parameter), strategies (registry, validation, select / score),
+rollouts (docs/methods.md §8: how many rollouts each selected prompt gets under a step's budget;
+`allocate_rollouts(alpha, beta, ids, *, budget, min_rollouts, max_rollouts, policy, rng)`).
 
 A step closes with `close_open_step` (walk positions, shared state, then DPS); `close_step` alone is
 the DPS update.
@@ -47,6 +49,17 @@ from .outcomes import (
     outcomes_from_rewards,
 )
 from .rng import Stream, stream
+from .rollouts import (
+    DEFAULT_ROLLOUT_POLICY,
+    ROLLOUT_POLICIES,
+    RolloutError,
+    RolloutRequest,
+    allocate_gains,
+    allocate_rollouts,
+    check_rollouts,
+    gain_table,
+    mixed_probability,
+)
 from .scores import dps_scores, expected_difficulty_scores, inverse_evidence_scores, thompson_scores
 from .select import (
     candidate_pool,
@@ -60,12 +73,14 @@ from .special import digamma, digamma_array
 from .strategies import STRATEGIES, ParamError, StrategySpec, score, select, validate_params
 
 __all__ = [
+    "DEFAULT_ROLLOUT_POLICY",
     "K_MAX",
     "MAX_GROUPS",
     "NO_GROUP",
     "PARALLEL_LOCK",
     "PARTIAL",
     "REWARD_MODES",
+    "ROLLOUT_POLICIES",
     "SOLVED",
     "STRATEGIES",
     "UNOBSERVED",
@@ -74,14 +89,19 @@ __all__ = [
     "CloseStats",
     "DatasetRules",
     "ParamError",
+    "RolloutError",
+    "RolloutRequest",
     "SharedState",
     "StrategySpec",
     "Stream",
+    "allocate_gains",
+    "allocate_rollouts",
     "apply_metadata",
     "apply_results",
     "beta_for",
     "candidate_pool",
     "check_metadata",
+    "check_rollouts",
     "close_open_step",
     "close_step",
     "combine_state",
@@ -90,9 +110,11 @@ __all__ = [
     "dps_scores",
     "epoch_permutation",
     "expected_difficulty_scores",
+    "gain_table",
     "group_rates",
     "history_batch",
     "inverse_evidence_scores",
+    "mixed_probability",
     "mopps_threshold_select",
     "mutual_information",
     "outcomes_from_counts",

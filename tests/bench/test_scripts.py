@@ -44,9 +44,11 @@ def test_bench_script_answers_help(script: str) -> None:
 
 def test_bench_service_runs_a_small_dataset(tmp_path: Path) -> None:
     """A real service (embedded store), a small dataset with half of it observed first: every request
-    of the table is timed and the JSON line names the store and the share observed."""
+    of the table is timed, so is a rollout budget of every policy, and the JSON line names the store and
+    the share observed."""
     out = tmp_path / "service.json"
     args = ["--n", "3000", "--batch", "16", "--steps", "4", "--observed", "0.5", "--create-n", "0"]
+    args += ["--rollouts-batch", "64", "--rollouts-budget", "512", "--rollouts-steps", "3"]
     proc = subprocess.run(
         [sys.executable, "bench/bench_service.py", *args, "--out", str(out)],
         cwd=ROOT,
@@ -59,4 +61,6 @@ def test_bench_service_runs_a_small_dataset(tmp_path: Path) -> None:
     assert result["store"] == "embedded-valkey" and result["observed"] == 0.5
     for key in ("observe", "select_insight", "select_dps_close"):
         assert result[f"{key}_p50_ms"] > 0 and result[f"{key}_ratio"] > 0
+    for policy in ("posterior", "knapsack", "variance", "uniform"):  # the rollout budget's cost
+        assert result[f"allocate_{policy}_ms"] > 0 and result[f"select_budget_{policy}_ratio"] > 0
     assert json.loads(out.read_text()) == result

@@ -464,3 +464,93 @@ def topk_random_ties(scores, k: int, s: int) -> list[int]:
         tied = [tied[i] for i in rng_sample(rng_child(s, 0), len(tied), need)]
     chosen = above + tied
     return sorted(chosen, key=lambda p: (-scores[p], rng_bits(rng_child(s, 1), p), p))
+
+
+# ---------------------------------------------------------------- rollout allocation (docs/methods.md §8)
+
+
+def _value_digits(a: float, b: float) -> int:
+    return 60 + 2 * int(math.log10(float(a) + float(b) + 1.0))
+
+
+def rollout_value(a: float, b: float, n: int, policy: str, value: str = "mixed"):
+    """V(n) of one prompt with belief Beta(a, b), from its definition (an mpf): the Beta moments
+    E[p^i q^j] = B(a + i, b + j) / B(a, b) for `posterior`, the point p = a / (a + b) for `knapsack` and
+    `variance` (VIP's p clipped to [1e-6, 1 - 1e-6], gamma 7e-4); 0 for `uniform`. At 60 + 2 log10(a + b)
+    digits: ln B(a, b) is ~(a + b) ln(a + b) and V(n + 1) - V(n) may be ~1 / (a + b) of V's terms."""
+    import mpmath
+
+    with mpmath.workdps(_value_digits(a, b)):
+        a, b = mpmath.mpf(a), mpmath.mpf(b)
+        if policy == "uniform":
+            return mpmath.mpf(0)
+        if policy == "posterior":
+
+            def moment(i, j):
+                return mpmath.exp(mpmath.log(mpmath.beta(a + i, b + j)) - mpmath.log(mpmath.beta(a, b)))
+
+            if value == "mixed":
+                return 1 - moment(n, 0) - moment(0, n)
+            return moment(1, 2) - moment(n + 1, 2) - moment(1, n + 2)  # E[(1 - p^n - q^n) p q^2]
+        p = a / (a + b)
+        q = b / (a + b)
+        if policy == "knapsack":
+            return (1 - p**n - q**n) * p * q * q
+        p = min(max(p, mpmath.mpf("1e-6")), 1 - mpmath.mpf("1e-6"))
+        if n == 1:
+            return -mpmath.inf
+        return -(p * (1 - p) / (n - 1) + mpmath.mpf("7e-4") * n * mpmath.log(p))
+
+
+def rollout_gains(alpha, beta, lo: int, levels: int, policy: str, value: str = "mixed") -> np.ndarray:
+    """g_i(lo + j) = V_i(lo + j + 1) - V_i(lo + j), literally (float64[B, levels], no running minimum)."""
+    import mpmath
+
+    out = np.zeros((len(alpha), levels))
+    for i, (a, b) in enumerate(zip(alpha, beta, strict=True)):
+        with mpmath.workdps(_value_digits(a, b)):
+            values = [rollout_value(a, b, lo + j, policy, value) for j in range(levels + 1)]
+            for j in range(levels):
+                if values[j] == -mpmath.inf:
+                    out[i, j] = math.inf
+                else:
+                    out[i, j] = float(values[j + 1] - values[j])
+    return out
+
+
+def allocate_greedy(gains, budget: int, lo: int, tie_keys, ids) -> list[int]:
+    """Marginal allocation one rollout at a time: each of the R = budget - B lo rollouts goes to the
+    prompt whose next gain is largest; equal gains to the prompt with the fewest rollouts, then the
+    larger tie key, then the lower id, then the lower position."""
+    batch, width = len(gains), len(gains[0]) if len(gains) else 0
+    taken = [0] * batch
+    for _ in range(budget - batch * lo):
+        best = None
+        for i in range(batch):
+            if taken[i] == width:
+                continue
+            rank = (float(gains[i][taken[i]]), -taken[i], int(tie_keys[i]), -int(ids[i]), -i)
+            if best is None or rank > best[0]:
+                best = (rank, i)
+        taken[best[1]] += 1
+    return [lo + k for k in taken]
+
+
+def allocate_dp(gains, budget: int, lo: int) -> float:
+    """The largest sum of gains any counts in [lo, lo + width] summing to `budget` can take: a dynamic
+    program over prompts and rollouts spent (Knapsack RL's, for a table of values), float64."""
+    batch = len(gains)
+    width = len(gains[0]) if batch else 0
+    spare = budget - batch * lo
+    best = np.full(spare + 1, -np.inf)
+    best[0] = 0.0
+    for i in range(batch):
+        prefix = np.concatenate([[0.0], np.cumsum(gains[i])])
+        nxt = np.full(spare + 1, -np.inf)
+        for used in range(spare + 1):
+            if best[used] == -np.inf:
+                continue
+            for k in range(min(width, spare - used) + 1):
+                nxt[used + k] = max(nxt[used + k], best[used] + prefix[k])
+        best = nxt
+    return float(best[spare])

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import uuid
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
@@ -93,7 +94,7 @@ def grpo_advantages(prompt_ids: list[int], scores: list[float]) -> list[float]:
 VERL_CASES = [
     pytest.param("verl07", "default", id="verl-0.7.1-default-grpo"),
     pytest.param("verl06", "async", id="verl-0.6.1-async-rollout"),
-    pytest.param("verl09", "main", id="verl-0.9.1-entry-point"),
+    pytest.param("verl09", "main", id="verl-0.9.1-legacy-trainer"),
 ]
 
 
@@ -248,3 +249,226 @@ def test_openrlhf_trainer_reports_every_group_and_resumes(
         assert len(first["updates"]) == 3 and len(resumed["updates"]) == 2
         assert first["open_step"] == 2 and resumed["open_step"] == 4
     assert_beliefs_match(service.url, dsname, report["fed"], n)
+
+
+# --------------------------------------------------------------------------------------------------
+# verl 0.9's v1 trainer (trainer.use_v1=True): sync, colocate-async, separate-async
+# --------------------------------------------------------------------------------------------------
+
+V1_CASES = [
+    "sync",
+    "sync_filter_groups",
+    "colocate_async",
+    "separate_async",
+    "sync_budget",
+    "colocate_async_budget",
+]
+
+
+@pytest.fixture(scope="module")
+def verl_v1_report(service: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One driver run for every v1 case (it starts Ray and TransferQueue once: most of its cost)."""
+    work = tmp_path_factory.mktemp("verl-v1")
+    prefix = f"v1-{uuid.uuid4().hex[:8]}"
+    return run_driver(
+        "verl09",
+        "drive_verl_v1.py",
+        [
+            "--url",
+            service.url,
+            "--dataset-prefix",
+            prefix,
+            "--workdir",
+            str(work),
+            "--cases",
+            ",".join(V1_CASES),
+        ],
+        timeout=1800,
+    )
+
+
+def applied_beliefs_match(url: str, dataset: str, reports: list[dict[str, Any]]) -> None:
+    """The service holds exactly the applied reports: Beta posteriors = prior + their rewards, one
+    observation each."""
+    applied = [r for r in reports if "refused" not in r and not r["duplicate"]]
+    assert len({(r["step"], r["prompt_id"]) for r in applied}) == len(applied), "a group was applied twice"
+    fed = [[r["prompt_id"], reward] for r in applied for reward in r["rewards"]]
+    successes: dict[int, float] = defaultdict(float)
+    trials: dict[int, int] = defaultdict(int)
+    for prompt_id, reward in fed:
+        successes[int(prompt_id)] += reward >= 1.0
+        trials[int(prompt_id)] += 1
+    with SelectorClient(url) as client:
+        info = client.get_dataset(dataset)
+        assert info.observations == len(applied) and info.rollouts == len(fed)
+        beliefs = client.beliefs(dataset, sorted(trials)).beliefs
+    for belief in beliefs:
+        pid = belief.prompt_id
+        assert (belief.alpha, belief.beta) == pytest.approx(
+            (1.0 + successes[pid], 1.0 + trials[pid] - successes[pid])
+        ), f"prompt {pid}"
+
+
+def check_v1_run(
+    run: dict[str, Any], n: int, filtering: bool, sizes: dict[tuple[int, int], int] | None = None
+) -> dict[str, list[float]]:
+    """One trainer run: every trained group was reported with the rewards verl trained on, GRPO
+    advantages come from exactly those rewards per group, and every group the policy rolled out in this
+    run was reported (restored ones aside). Returns the reported rewards by group uid."""
+    by_uid: dict[str, list[float]] = {}
+    for report in run["reports"]:
+        assert report["uid"] not in by_uid, f"group {report['uid']} reported twice in one run"
+        by_uid[report["uid"]] = report["rewards"]
+    trained_uids = set()
+    for update in run["updates"]:
+        rows = [row for row in update["rows"] if not row["padding"]]
+        groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for row in rows:
+            groups[row["uid"]].append(row)
+        for uid, group in groups.items():
+            scores = [row["score"] for row in group]
+            step, prompt_id = group[0]["step"], group[0]["prompt_id"]
+            size = n if sizes is None else sizes[(step, prompt_id)]
+            assert len(scores) == size, f"group {uid} trained with {len(scores)} rollouts, not {size}"
+            # verl's GRPO over TransferQueue, per prompt uid, from the rewards the selector saw.
+            expected = grpo_advantages([0] * len(scores), scores)
+            assert [row["advantage"] for row in group] == pytest.approx(expected, abs=1e-4)
+            assert uid in by_uid, f"group {uid} was trained on but never reported"
+            assert sorted(scores) == sorted(by_uid[uid]), (
+                f"group {uid}: trained on other rewards than reported"
+            )
+            if filtering:
+                assert 0 < sum(scores) < n, "filter_groups let a group without spread through"
+            trained_uids.add(uid)
+    assert trained_uids <= set(by_uid)
+    if sizes is not None:
+        # Each report carries the group's real size: the count the service gave that prompt.
+        for report in run["reports"]:
+            assert len(report["rewards"]) == sizes[(report["step"], report["prompt_id"])], report
+    # Every group verl evicted (stale under `drop`, filtered by DAPO) had been reported first.
+    for reason in ("stale", "filtered"):
+        assert set(run["evicted"][reason]) <= set(by_uid), f"{reason} groups were evicted unreported"
+    # Every sample the fake policy generated in this run reached a report (groups a resumed run's
+    # TransferQueue restored as finished were generated by the earlier run).
+    restored = set(run["restored_finished"])
+    earned: dict[int, list[float]] = defaultdict(list)
+    for prompt_id, reward in run["fed"]:
+        earned[int(prompt_id)].append(reward)
+    reported: dict[int, list[float]] = defaultdict(list)
+    for report in run["reports"]:
+        if report["uid"] not in restored:
+            reported[report["prompt_id"]].extend(report["rewards"])
+    assert {p: sorted(v) for p, v in reported.items()} == {p: sorted(v) for p, v in earned.items()}
+    assert run["lost"] == [], "groups were refused as too late"
+    assert all(0 <= r.get("lag", 0) <= run["max_lag"] for r in run["reports"])
+    return by_uid
+
+
+@pytest.mark.parametrize("case", ["sync", "colocate_async", "separate_async"])
+def test_verl_v1_mode_reports_every_group_and_resumes(
+    service: Any, verl_v1_report: dict[str, Any], case: str
+) -> None:
+    n, batch = 4, 3
+    result = verl_v1_report["cases"][case]
+    first, resumed = result["runs"]
+    verl_class = {"sync": "PPOTrainerSync", "colocate_async": "PPOTrainerColocateAsync"}.get(
+        case, "PPOTrainerSeparateAsync"
+    )
+    assert first["trainer"] == f"Selector{verl_class}" and first["sampler"] == "SelectorCurriculumSampler"
+    assert first["buffer"] == ("SelectorReplayBuffer" if case == "sync" else "SelectorReplayBufferAsync")
+    # Three trainer steps, each training `batch` groups (separate-async: three local updates of one).
+    trained = [row["uid"] for u in first["updates"] for row in u["rows"] if not row["padding"]]
+    assert len(set(trained)) == 3 * batch and first["global_steps"] == 4
+    filtering = case == "separate_async"
+    seen = check_v1_run(first, n, filtering)
+    assert all("refused" not in r and not r["duplicate"] for r in first["reports"])
+    if case == "sync":
+        # Sync: each step is selected, rolled out and reported before the next is selected.
+        assert [r["step"] for r in first["reports"]] == [0] * batch + [1] * batch + [2] * batch
+        assert all(r["lag"] == 0 for r in first["reports"]) and first["max_lag"] == 0
+    else:
+        # Asynchronous: the warm-up batch runs ahead, so groups arrive after the next step was selected
+        # and the service takes them as late evidence.
+        assert max(r["lag"] for r in first["reports"]) >= 1
+        assert first["max_lag"] >= 2
+    if case == "separate_async":
+        # max_off_policy_threshold=1 and filter_groups: verl dropped stale groups and filtered groups
+        # without spread; both had been reported (checked in check_v1_run).
+        assert first["evicted"]["stale"] and first["evicted"]["filtered"]
+    # The resumed run (from the checkpoint of step 2) trains steps 3 and 4 and selects after the last
+    # service step the first run used; a group it reports again is a duplicate or keeps its first
+    # report, never counted twice.
+    resumed_trained = {row["uid"] for u in resumed["updates"] for row in u["rows"] if not row["padding"]}
+    assert len(resumed_trained) == 2 * batch and resumed["global_steps"] == 5
+    assert resumed["run_id"] == first["run_id"] and resumed["next_step"] > first["next_step"]
+    check_v1_run(resumed, n, filtering)
+    for report in resumed["reports"]:
+        if report["uid"] not in seen:
+            assert report["step"] >= first["next_step"], "the resumed run selected an old step again"
+        else:
+            assert report.get("duplicate") or report["refused"], report
+    if case == "sync":
+        assert all(r["uid"] not in seen for r in resumed["reports"])
+    else:
+        # TransferQueue's checkpoint brought back groups the first run had finished and reported.
+        assert resumed["restored_finished"] and set(resumed["restored_finished"]) <= set(seen)
+    applied_beliefs_match(service.url, result["dataset"], first["reports"] + resumed["reports"])
+
+
+def test_verl_v1_filter_groups_reports_the_groups_it_drops(
+    service: Any, verl_v1_report: dict[str, Any]
+) -> None:
+    n = 4
+    result = verl_v1_report["cases"]["sync_filter_groups"]
+    (run,) = result["runs"]
+    # verl forces one prompt per fetch with filter_groups; a service step is still a training batch.
+    assert run["gen_batch_size"] == 1
+    check_v1_run(run, n, filtering=True)
+    # DAPO dropped groups whose rewards were all equal, after they were reported; the refills were the
+    # next steps' selections.
+    assert run["evicted"]["filtered"]
+    dropped = {r["uid"] for r in run["reports"]} - {
+        row["uid"] for u in run["updates"] for row in u["rows"] if not row["padding"]
+    }
+    assert dropped
+    assert max(r["step"] for r in run["reports"]) >= 3
+    applied_beliefs_match(service.url, result["dataset"], run["reports"])
+
+
+def test_verl_v1_entry_point_refuses_what_it_cannot_honour(verl_v1_report: dict[str, Any]) -> None:
+    guards = verl_v1_report["guards"]
+    assert "custom_sampler" in guards["custom_sampler"]
+    assert "adv_estimator=gae" in guards["budget_with_gae"]
+    assert "rollout_min >= 2" in guards["budget_min_1"]
+    assert "runs only in verl's v1 trainer" in guards["legacy_filter_groups"]
+    assert guards["legacy_kept"] == "False"
+
+
+@pytest.mark.parametrize("case", ["sync_budget", "colocate_async_budget"])
+def test_verl_v1_rolls_out_each_prompt_by_its_own_count(
+    service: Any, verl_v1_report: dict[str, Any], case: str
+) -> None:
+    """With a rollout budget the service gives each prompt its count; verl's agent loop rolls out that
+    many (``__rollout_n__``), GRPO groups them by prompt with their own sizes, verl pads the odd total
+    with no-op samples that belong to no group, and each report carries the group's real size."""
+    budget, low, high = 13, 2, 8
+    (run,) = verl_v1_report["cases"][case]["runs"]
+    sizes: dict[tuple[int, int], int] = {}
+    for selection in run["selections"]:
+        counts = selection["rollouts"]
+        assert counts is not None and sum(counts) == budget and all(low <= c <= high for c in counts)
+        sizes.update(
+            {(selection["step"], pid): c for pid, c in zip(selection["prompt_ids"], counts, strict=True)}
+        )
+    assert len(set(sizes.values())) > 1, "the budget gave every prompt the same count: nothing is tested"
+    check_v1_run(run, 4, filtering=False, sizes=sizes)
+    # verl trained on groups of several sizes and padded the batch (13 rollouts per step is not a
+    # multiple of the 12 of a mini-batch).
+    trained = {}
+    for update in run["updates"]:
+        for row in update["rows"]:
+            if not row["padding"]:
+                trained[row["uid"]] = sizes[(row["step"], row["prompt_id"])]
+    assert len(set(trained.values())) > 1
+    assert any(row["padding"] for update in run["updates"] for row in update["rows"])
+    applied_beliefs_match(service.url, verl_v1_report["cases"][case]["dataset"], run["reports"])

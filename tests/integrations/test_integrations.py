@@ -170,6 +170,160 @@ def test_verl_version_gate(monkeypatch: pytest.MonkeyPatch) -> None:
         verl_adapter._check_verl_version(trainer_reports=False)
 
 
+def test_verl_v1_sampler_steps_are_training_batches_and_tag_each_row(service: Any, dsname: str) -> None:
+    """On the v1 route verl fetches one prompt at a time (gen_batch_size=1) but a service step is still
+    a training batch, and every row handed out is queued with its step and prompt id."""
+    config = verl_config(service.url, dsname, 1) | {"gen_batch_size": 1}
+    sampler = verl_adapter.SelectorCurriculumSampler(
+        verl_rows([3, 0, 2, 1, 5, 4, 8, 6, 7]), config, step_size=3, report_groups=True, max_lag=4
+    )
+    it = iter(sampler)
+    rows = [next(it) for _ in range(4)]
+    issued = sampler.take_issued(4)
+    assert [item.step for item in issued] == [0, 0, 0, 1]
+    assert [item.prompt_id for item in issued] == [sampler.prompt_of[row] for row in rows]
+    assert len({item.prompt_id for item in issued[:3]}) == 3
+    assert all(item.rollouts is None for item in issued)
+    with pytest.raises(RuntimeError, match="dataloader_num_workers=0"):
+        sampler.take_issued(1)
+    with SelectorClient(service.url) as c:
+        assert c.get_dataset(dsname).max_lag == 4
+    # A checkpoint in the middle of step 1: the resumed iterator skips the rest of that step (the
+    # crashed run may have rolled it out) and selects step 2 next.
+    state = it.state_dict()  # type: ignore[attr-defined]
+    resumed = iter(sampler)
+    resumed.load_state_dict(state)  # type: ignore[attr-defined]
+    next(resumed)
+    assert sampler.take_issued(1)[0].step == 2
+
+
+def test_verl_rollout_budget_is_refused_where_group_sizes_are_fixed(service: Any, dsname: str) -> None:
+    config = verl_config(service.url, dsname, 2, rollout_budget=8, rollout_min=2)
+    with pytest.raises(ValueError, match=r"rollout_budget=8 is not supported here: .*trainer.use_v1=True"):
+        verl_adapter.SelectorCurriculumSampler(verl_rows([0, 1, 2, 3]), config)
+
+
+def test_verl_v1_reports_keep_the_first_report_and_count_late_ones(service: Any, dsname: str) -> None:
+    """A group reported again with other rewards (rolled out again after a resume) keeps its first
+    report; one older than the dataset's max_lag is counted as lost; neither stops training."""
+    from types import SimpleNamespace
+
+    from trainer_client.integrations import SelectorOptions
+    from trainer_client.integrations.verl_v1 import ReportingBuffer
+
+    with SelectorClient(service.url) as c:
+        c.create_dataset(dsname, 4, rollouts_per_prompt=2, max_lag=1)
+        buffer = ReportingBuffer()
+        buffer.selector_sampler = SimpleNamespace(  # type: ignore[assignment]
+            client=c, run_id="run", settings=SelectorOptions(url=service.url, dataset=dsname)
+        )
+        c.select(dsname, 0, 2, "uniform")
+        buffer._report("u1", 0, 1, [1.0, 0.0])
+        buffer._report("u1", 0, 1, [1.0, 0.0])  # the same group polled again: a duplicate
+        buffer._report("u1", 0, 1, [0.0, 0.0])  # rolled out again: its first report stands
+        c.select(dsname, 3, 2, "uniform")  # steps 0-2 close: step 0 is now 3 steps late
+        buffer._report("u2", 0, 2, [1.0, 1.0])
+        assert [r.get("duplicate") for r in buffer.reports[:2]] == [False, True]
+        assert buffer.superseded == [(0, 1)] and buffer.lost == [(0, 2)]
+        belief = c.beliefs(dsname, [1, 2]).beliefs
+        assert (belief[0].alpha, belief[0].beta) == (2.0, 2.0) and belief[1].observations == 0
+
+
+def test_selector_options_rollout_budget() -> None:
+    from trainer_client.client import RolloutBudget
+    from trainer_client.integrations import SelectorOptions
+
+    options = SelectorOptions(url="u", dataset="d")
+    assert options.rollouts() is None
+    options.refuse_rollout_budget("never raised without a budget")
+    options = SelectorOptions(
+        url="http://selector:8000", dataset="d", rollout_budget="64", rollout_min=2, rollout_max=16
+    )
+    assert options.rollouts() == RolloutBudget(64, 2, 16, "posterior")
+    # Adapters whose trainers roll out a fixed group per prompt refuse it when they connect.
+    with pytest.raises(ValueError, match="rollout_budget=64 is not supported here"):
+        options.connect()
+    client = options.connect(per_prompt_rollouts=True)
+    client.close()
+    with pytest.raises(ValueError, match="below rollout_min"):
+        SelectorOptions(url="u", dataset="d", rollout_budget=64, rollout_min=4, rollout_max=2)
+    with pytest.raises(ValueError, match="positive"):
+        SelectorOptions(url="u", dataset="d", rollout_budget=0)
+
+
+def v1_config(mode: str = "sync", **extra: Any) -> dict[str, Any]:
+    config: dict[str, Any] = {
+        "trainer": {
+            "v1": {
+                "trainer_mode": mode,
+                "sampler": {"max_off_policy_threshold": 8, "custom_sampler": {"path": None, "name": None}},
+                "colocate_async": {"num_warmup_batches": 1},
+                "separate_async": {"num_warmup_batches": 1.5},
+            }
+        },
+        "algorithm": {
+            "adv_estimator": "grpo",
+            "filter_groups": {"enable": False, "max_inflight_gen_batches": 1},
+        },
+        "data": {"dataloader_num_workers": 0, "sampler": {"selector": {}}},
+    }
+    for dotted, value in extra.items():
+        node = config
+        *path, last = dotted.split("__")
+        for part in path:
+            node = node.setdefault(part, {})
+        node[last] = value
+    return config
+
+
+@pytest.mark.parametrize(
+    ("mode", "extra", "lag"),
+    [
+        ("sync", {}, 0),
+        ("sync", {"algorithm__filter_groups__enable": True}, 2),
+        (
+            "sync",
+            {
+                "algorithm__filter_groups__enable": True,
+                "algorithm__filter_groups__max_inflight_gen_batches": 3,
+            },
+            4,
+        ),
+        ("colocate_async", {}, 1 + 8 + 1),
+        ("colocate_async", {"trainer__v1__sampler__max_off_policy_threshold": 2}, 1 + 2 + 1),
+        ("colocate_async", {"trainer__v1__sampler__max_off_policy_threshold": None}, 1 + 8 + 1),
+        ("separate_async", {"algorithm__filter_groups__enable": True}, 2 + 8 + 1 + 1),
+    ],
+)
+def test_verl_v1_default_max_lag(mode: str, extra: dict[str, Any], lag: int) -> None:
+    from trainer_client.integrations.verl_v1 import default_max_lag
+
+    assert default_max_lag(v1_config(mode, **extra)) == lag
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"trainer__v1__sampler__custom_sampler": {"path": "pkg://x", "name": "Buffer"}}, "custom_sampler"),
+        ({"data__sampler__class_path": "pkg://trainer_client.integrations.verl"}, "0.5-0.7 route"),
+        ({"data__dataloader_num_workers": 2}, "dataloader_num_workers must be 0"),
+        (
+            {"data__sampler__selector__rollout_budget": 32, "algorithm__adv_estimator": "gae"},
+            "adv_estimator=gae",
+        ),
+        ({"data__sampler__selector__rollout_budget": 32, "data__sampler__selector__rollout_min": 1}, ">= 2"),
+    ],
+)
+def test_verl_v1_refusals(extra: dict[str, Any], message: str) -> None:
+    from trainer_client.integrations.verl_v1 import check_v1_config
+
+    with pytest.raises(ValueError, match=message):
+        check_v1_config(v1_config(**extra))
+    check_v1_config(
+        v1_config(data__sampler__selector__rollout_budget=32, data__sampler__selector__rollout_min=2)
+    )
+
+
 # --------------------------------------------------------------------------------------------------
 # TRL (real classes)
 # --------------------------------------------------------------------------------------------------

@@ -38,6 +38,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
+from selector_service.core.rollouts import ROLLOUT_POLICIES
 from selector_service.core.strategies import STRATEGIES as REGISTRY
 from tests.utils import ServiceProcess
 
@@ -192,6 +193,13 @@ def _aim_at_seed(case, seed: Seed, data: st.DataObject) -> None:
         body["step"] = data.draw(st.sampled_from([body["step"], open_step, open_step + 1]), label="step")
     if "batch_size" in body:
         body["batch_size"] = data.draw(st.integers(1, SEED_SIZE), label="batch_size")
+    budget = body.get("rollouts")
+    if isinstance(budget, dict) and isinstance(body.get("batch_size"), int):  # a budget the batch can take
+        lo = data.draw(st.integers(1, 4), label="rollouts.min")
+        hi = data.draw(st.integers(lo, 64), label="rollouts.max")
+        batch = body["batch_size"]
+        budget.update(min=lo, max=hi, budget=data.draw(st.integers(batch * lo, batch * hi), label="budget"))
+        budget["policy"] = data.draw(st.sampled_from(ROLLOUT_POLICIES), label="rollouts.policy")
     if "strategy" in body:
         body["strategy"] = data.draw(st.sampled_from(STRATEGIES), label="strategy")
         if data.draw(st.booleans(), label="default params"):

@@ -25,6 +25,7 @@ from trainer_client.client import (
     InvalidRequest,
     NotFound,
     Result,
+    RolloutBudget,
     SelectorClient,
     SelectorError,
     ServiceUnavailable,
@@ -226,6 +227,33 @@ def test_select_observe_beliefs_score(client, dataset) -> None:
     assert scores.open_step == 0 and len(scores.scores) == 3
     info = client.get_dataset(dataset)
     assert info.observations == 2 and info.rollouts == 8
+
+
+def test_select_with_a_rollout_budget(client, service_url, dataset) -> None:
+    """RolloutBudget against the real service: counts per prompt, summing to the budget, within the
+    bounds, the same batch as without a budget; max None is the service's K limit; a budget the batch
+    cannot take is an InvalidRequest naming the fix; the async client agrees."""
+    plain = client.select(dataset, 0, 5, "insight")
+    assert plain.rollouts is None
+    budget = RolloutBudget(budget=37, min=2, max=12, policy="posterior")
+    shared = client.select(dataset, 0, 5, "insight", rollouts=budget)
+    assert shared.prompt_ids == plain.prompt_ids
+    assert shared.rollouts is not None and len(shared.rollouts) == 5
+    assert sum(shared.rollouts) == 37 and all(2 <= n <= 12 for n in shared.rollouts)
+    for policy in ("uniform", "knapsack", "variance"):
+        other = client.select(dataset, 0, 5, "insight", rollouts=RolloutBudget(37, 2, 12, policy))
+        assert sum(other.rollouts) == 37
+    wide = client.select(dataset, 0, 2, "uniform", rollouts=RolloutBudget(budget=2000))
+    assert wide.rollouts == [1000, 1000]  # max None: up to the K limit (1024)
+    with pytest.raises(InvalidRequest) as small:
+        client.select(dataset, 0, 5, "insight", rollouts=RolloutBudget(budget=9, min=2))
+    assert small.value.status == 422 and "at least 10" in small.value.detail
+
+    async def via_async() -> list[int] | None:
+        async with AsyncSelectorClient(service_url, token=TOKEN) as c:
+            return (await c.select(dataset, 0, 5, "insight", rollouts=budget)).rollouts
+
+    assert asyncio.run(via_async()) == shared.rollouts
 
 
 def test_invalid_requests_are_typed(client, dataset) -> None:

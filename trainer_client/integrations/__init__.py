@@ -1,7 +1,8 @@
 """Adapters that let trainers people already use ask the selector service which prompts to train on.
 
-- `trainer_client.integrations.verl` (+ `verl_main` for verl >= 0.8): a curriculum sampler for verl's
-  PPO/GRPO trainer.
+- `trainer_client.integrations.verl` (+ `verl_main` for verl >= 0.8, `verl_v1` for verl 0.9's v1
+  trainer): a curriculum sampler for verl's PPO/GRPO trainers, and for v1 a replay buffer that reports
+  each group as it finishes.
 - `trainer_client.integrations.trl`: a `RepeatSampler`-shaped sampler, a reward-function wrapper and a
   `GRPOTrainer` subclass for TRL.
 - `trainer_client.integrations.areal`: a sampler, dataset and workflow wrapper for AReaL's asynchronous
@@ -26,7 +27,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from trainer_client.client import NotFound, Result, SelectorClient, first_step
+from trainer_client.client import NotFound, Result, RolloutBudget, SelectorClient, first_step
 
 __all__ = [
     "SelectorOptions",
@@ -57,6 +58,12 @@ class SelectorOptions:
     config where the adapter can (group size; staleness of asynchronous rollout). ``reward_key`` names
     the trainer field whose value is reported (None: the adapter's default). ``id_column`` is the
     dataset column holding the service prompt id (verl reads ``extra_info.index`` instead).
+
+    ``rollout_budget`` asks the service to share that many rollouts per step over the step's prompts
+    (docs/api.md, "Select with a rollout budget"), each prompt between ``rollout_min`` and
+    ``rollout_max`` (None: the service's limit), by ``rollout_policy``; `rollouts` is what an adapter
+    passes to ``select`` (None without a budget: every prompt gets the trainer's own group size). An
+    adapter that cannot give prompts their own counts refuses a budget (`connect`).
     """
 
     url: str | None = None
@@ -77,6 +84,10 @@ class SelectorOptions:
     beta_decay: float = 1.0
     hmm_decay: float = 0.7
     reward_key: str | None = None
+    rollout_budget: int | None = None
+    rollout_min: int = 1
+    rollout_max: int | None = None
+    rollout_policy: str = "posterior"
 
     def __post_init__(self) -> None:
         if not self.dataset:
@@ -85,6 +96,25 @@ class SelectorOptions:
             raise ValueError("SelectorOptions needs the service url (url=...) or a client")
         self.seed = int(self.seed)
         self.params = dict(self.params or {})
+        if self.rollout_budget is not None:
+            self.rollout_budget = int(self.rollout_budget)
+            self.rollout_min = int(self.rollout_min)
+            self.rollout_max = None if self.rollout_max is None else int(self.rollout_max)
+            if self.rollout_budget < 1 or self.rollout_min < 1:
+                raise ValueError("rollout_budget and rollout_min must be positive integers")
+            if self.rollout_max is not None and self.rollout_max < self.rollout_min:
+                raise ValueError(f"rollout_max={self.rollout_max} is below rollout_min={self.rollout_min}")
+
+    def rollouts(self) -> RolloutBudget | None:
+        """The rollout budget a select asks for, or None (every prompt gets the trainer's group size)."""
+        if self.rollout_budget is None:
+            return None
+        return RolloutBudget(self.rollout_budget, self.rollout_min, self.rollout_max, self.rollout_policy)
+
+    def refuse_rollout_budget(self, why: str) -> None:
+        """For adapters whose trainer gives every prompt the same group size: refuse a budget."""
+        if self.rollout_budget is not None:
+            raise ValueError(f"rollout_budget={self.rollout_budget} is not supported here: {why}")
 
     @classmethod
     def resolve(
@@ -107,8 +137,17 @@ class SelectorOptions:
             )
         return cls(**values)
 
-    def connect(self) -> SelectorClient:
-        """The client to use: the given one, or a new one for ``url``."""
+    def connect(self, *, per_prompt_rollouts: bool = False) -> SelectorClient:
+        """The client to use: the given one, or a new one for ``url``.
+
+        An adapter whose trainer can roll out each prompt by its own count says so with
+        ``per_prompt_rollouts=True``; the others refuse a ``rollout_budget`` here, so that no adapter
+        ignores one silently."""
+        if not per_prompt_rollouts:
+            self.refuse_rollout_budget(
+                "this trainer rolls out the same number of completions for every prompt; per-prompt counts "
+                "are supported with verl 0.9's v1 trainer"
+            )
         if self.client is not None:
             return self.client
         assert self.url is not None  # __post_init__

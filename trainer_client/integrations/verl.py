@@ -4,7 +4,9 @@ verl 0.5 - 0.7: the PPO/GRPO trainer (``verl.trainer.ppo.ray_trainer.RayPPOTrain
 sampler from ``data.sampler.class_path`` / ``class_name`` and calls ``sampler.update(batch=...)`` after
 every training step (the last one included) when the sampler is an ``AbstractCurriculumSampler``.
 verl 0.8 removed that interface; there `trainer_client.integrations.verl_main` runs verl's legacy
-trainer with this sampler and a trainer that calls ``update`` itself. Built any other way on
+trainer with this sampler and a trainer that calls ``update`` itself, or (verl 0.9's default) the v1
+trainer with this sampler in its prompt loader and a replay buffer that reports each group
+(`trainer_client.integrations.verl_v1`; the sampler then tags each row it hands out with its step). Built any other way on
 verl >= 0.8, the sampler refuses to start rather than silently never reporting.
 
 How it plugs in (verl 0.5 - 0.7 config)::
@@ -42,9 +44,10 @@ from __future__ import annotations
 import logging
 import os
 import uuid
+from collections import deque
 from collections.abc import Iterator, Mapping, Sized
 from importlib import metadata
-from typing import Any
+from typing import Any, NamedTuple
 
 from torch.utils.data import Sampler
 
@@ -159,6 +162,8 @@ class _StepIterator(Iterator[int]):
 
     It has ``state_dict``/``load_state_dict`` so torchdata's StatefulDataLoader checkpoints the
     position instead of fast-forwarding on resume (which would select, and close, extra steps).
+    Each row handed out is also queued on the sampler (`SelectorCurriculumSampler.take_issued`) with
+    its step, prompt id and rollout count, for trainers that tag every prompt with them (verl v1).
     """
 
     def __init__(self, owner: SelectorCurriculumSampler, steps: int) -> None:
@@ -166,25 +171,60 @@ class _StepIterator(Iterator[int]):
         self.steps_left = steps
         self.rows: list[int] = []
         self.position = 0
+        self.step: int | None = None
+        self.counts: list[int] | None = None
 
     def __next__(self) -> int:
         if self.position == len(self.rows):
             if self.steps_left == 0:
                 raise StopIteration
-            self.rows = self.owner._select_next()
+            self.step, self.rows, self.counts = self.owner._select_next()
             self.position = 0
             self.steps_left -= 1
         row = self.rows[self.position]
+        count = None if self.counts is None else self.counts[self.position]
         self.position += 1
+        if self.owner.report_groups:
+            assert self.step is not None
+            self.owner.issued.append(Issued(self.step, self.owner.prompt_of[row], count))
         return row
 
     def state_dict(self) -> dict[str, Any]:
-        return {"steps_left": self.steps_left, "rows": list(self.rows), "position": self.position}
+        return {
+            "steps_left": self.steps_left,
+            "rows": list(self.rows),
+            "position": self.position,
+            "step": self.step,
+            "counts": None if self.counts is None else list(self.counts),
+        }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.steps_left = int(state["steps_left"])
         self.rows = [int(r) for r in state["rows"]]
         self.position = int(state["position"])
+        self.step = None if state.get("step") is None else int(state["step"])
+        counts = state.get("counts")
+        self.counts = None if counts is None else [int(c) for c in counts]
+        if self.owner.report_groups and self.position < len(self.rows):
+            # The rest of a step selected before the checkpoint: the run that crashed after it may
+            # have rolled out and reported those prompts already, so they are dropped, not rolled
+            # out again; the next row starts a new step after the last one the service saw.
+            logger.info(
+                "resuming in the middle of service step %s: its %d prompts not yet rolled out at the "
+                "checkpoint are skipped",
+                self.step,
+                len(self.rows) - self.position,
+            )
+            self.position = len(self.rows)
+
+
+class Issued(NamedTuple):
+    """A row the sampler handed out: the service step it was selected at, its prompt id, and its
+    rollout count (None: the trainer's own group size)."""
+
+    step: int
+    prompt_id: int
+    rollouts: int | None
 
 
 class SelectorCurriculumSampler(_SamplerBase):  # type: ignore[misc,valid-type]
@@ -201,8 +241,16 @@ class SelectorCurriculumSampler(_SamplerBase):  # type: ignore[misc,valid-type]
         *,
         client: SelectorClient | None = None,
         trainer_reports: bool = False,
+        step_size: int | None = None,
+        report_groups: bool = False,
+        max_lag: int = 0,
     ) -> None:
-        _check_verl_version(trainer_reports)
+        """``trainer_reports``: the trainer calls `update` itself (verl >= 0.8, `verl_main`).
+        ``report_groups``: the trainer reports each group as it finishes instead of calling `update`
+        (verl's v1 trainer, `verl_v1`), and each step is ``step_size`` prompts however many the loader
+        fetches at a time; ``max_lag`` is then how many steps late those reports may come."""
+        _check_verl_version(trainer_reports or report_groups)
+        self.report_groups = report_groups
         sampler_config = _config_get(data_config, "sampler")
         self.settings = resolve_options(_config_get(sampler_config, "selector"), os.environ)
         workers = _config_get(data_config, "dataloader_num_workers", 0)
@@ -211,8 +259,10 @@ class SelectorCurriculumSampler(_SamplerBase):  # type: ignore[misc,valid-type]
                 f"data.dataloader_num_workers={workers}: worker processes prefetch indices before the previous "
                 "step is reported, so set data.dataloader_num_workers=0 with this sampler"
             )
-        batch_size = _config_get(data_config, "gen_batch_size") or _config_get(
-            data_config, "train_batch_size"
+        batch_size = (
+            step_size
+            or _config_get(data_config, "gen_batch_size")
+            or _config_get(data_config, "train_batch_size")
         )
         if not batch_size or int(batch_size) < 1:
             raise ValueError("data.train_batch_size (or data.gen_batch_size) must be a positive integer")
@@ -223,8 +273,15 @@ class SelectorCurriculumSampler(_SamplerBase):  # type: ignore[misc,valid-type]
                 f"batch size {self.batch_size} exceeds the {self.num_rows} prompts of the dataset"
             )
         self._row_of = check_permutation(_row_prompt_ids(data_source), "verl train dataset extra_info.index")
+        self.prompt_of = {row: pid for pid, row in self._row_of.items()}
+        if not report_groups:
+            self.settings.refuse_rollout_budget(
+                "verl's trainer here rolls out actor_rollout_ref.rollout.n completions of every prompt; "
+                "per-prompt counts need verl 0.9's v1 trainer (trainer.use_v1=True)"
+            )
+        self.issued: deque[Issued] = deque()
 
-        self.client = client or self.settings.connect()
+        self.client = client or self.settings.connect(per_prompt_rollouts=report_groups)
         self.client.check_server()
         self.run_id = self.settings.run_id or f"verl-{uuid.uuid4().hex[:10]}"
         self.next_step = ensure_dataset(
@@ -232,7 +289,7 @@ class SelectorCurriculumSampler(_SamplerBase):  # type: ignore[misc,valid-type]
             self.settings,
             self.num_rows,
             self.settings.rollouts_per_prompt or DEFAULT_ROLLOUTS,
-            max_lag=self.settings.max_lag or 0,
+            max_lag=self.settings.max_lag if self.settings.max_lag is not None else max_lag,
         )
         self.open_step: int | None = None
         self.open_ids: list[int] = []
@@ -244,8 +301,17 @@ class SelectorCurriculumSampler(_SamplerBase):  # type: ignore[misc,valid-type]
     def __iter__(self) -> Iterator[int]:
         return _StepIterator(self, self.num_rows // self.batch_size)
 
-    def _select_next(self) -> list[int]:
-        if self.open_step is not None:
+    def take_issued(self, count: int) -> list[Issued]:
+        """The step, prompt id and rollout count of the next ``count`` rows handed out, in order."""
+        if count > len(self.issued):
+            raise RuntimeError(
+                f"{count} rows fetched but the sampler handed out {len(self.issued)}: the loader must use "
+                "this sampler with data.dataloader_num_workers=0"
+            )
+        return [self.issued.popleft() for _ in range(count)]
+
+    def _select_next(self) -> tuple[int, list[int], list[int] | None]:
+        if self.open_step is not None and not self.report_groups:
             logger.warning(
                 "step %d was selected but never reported (update() was not called); the service closes it "
                 "without observations",
@@ -253,10 +319,22 @@ class SelectorCurriculumSampler(_SamplerBase):  # type: ignore[misc,valid-type]
             )
         step = self.next_step
         s = self.settings
-        selection = self.client.select(s.dataset, step, self.batch_size, s.strategy, s.params or None, s.seed)
-        self.open_step, self.open_ids = step, list(selection.prompt_ids)
+        budget = s.rollouts() if self.report_groups else None
+        selection = self.client.select(
+            s.dataset, step, self.batch_size, s.strategy, s.params or None, s.seed, rollouts=budget
+        )
+        if budget is not None and (
+            selection.rollouts is None or len(selection.rollouts) != len(selection.prompt_ids)
+        ):
+            raise RuntimeError(
+                f"the selector answered step {step} without a rollout count per prompt; it does not "
+                "implement the rollout budget (docs/api.md): upgrade it or leave rollout_budget unset"
+            )
+        if not self.report_groups:
+            self.open_step, self.open_ids = step, list(selection.prompt_ids)
         self.next_step = step + 1
-        return [self._row_of[pid] for pid in selection.prompt_ids]
+        counts = None if budget is None else [int(n) for n in selection.rollouts or []]
+        return step, [self._row_of[pid] for pid in selection.prompt_ids], counts
 
     # --- verl curriculum hook ------------------------------------------------------------------------
     def update(self, batch: Any) -> None:

@@ -2,23 +2,21 @@
 by the selector service, for verl >= 0.8.
 
 verl 0.8 removed the curriculum-sampler hook (``data.sampler.class_path`` and ``sampler.update``) that
-`trainer_client.integrations.verl.SelectorCurriculumSampler` plugs into on verl 0.5-0.7. What remains:
+`trainer_client.integrations.verl.SelectorCurriculumSampler` plugs into on verl 0.5-0.7. This entry
+point composes verl's own ``ppo_trainer.yaml`` with the same overrides as ``python -m
+verl.trainer.main_ppo``, runs verl's ``validate_config``, and then, as verl's ``main`` does, picks the
+trainer by ``trainer.use_v1``:
 
-- ``RayPPOTrainer(train_sampler=...)`` (the legacy trainer, ``trainer.use_v1=False``) takes any sampler,
-  so selection before rollout still works, but nothing calls the sampler back after a step.
-- ``data.custom_cls`` datasets get ``on_batch_end(batch)``, but only after the checkpoint of a step and
-  never for the last step (the loop returns first), and the sampler is still verl's.
-- The v1 trainer (``trainer.use_v1=True``, 0.9's default) takes a custom ``ReplayBuffer``
-  (``trainer.v1.sampler.custom_sampler``): it chooses among groups that have *already been rolled out*,
-  which is not selection before rollout; its prompt loader is verl's random/sequential sampler.
-
-So this entry point runs verl's own legacy ``TaskRunner`` (``verl.trainer.main_ppo_v0``) with two
-substitutions made inside the Ray task runner process: ``create_rl_sampler`` returns a
-`SelectorCurriculumSampler`, and the trainer is `SelectorRayPPOTrainer`, which reports every step's
-groups (last step included) from ``_update_actor``, i.e. after rewards and advantages and before the
-step's checkpoint. Everything else is verl's: the same hydra config (``ppo_trainer.yaml``), overrides,
-workers, rollout and reward. ``trainer.use_v1`` is set to False (the v1 trainer cannot select before
-rollout); a v1-only option such as ``algorithm.filter_groups`` is refused.
+- ``trainer.use_v1=True`` (verl 0.9's default): verl's ``TaskRunnerV1`` (``verl/trainer/main_ppo.py``)
+  with the v1 trainer of ``trainer.v1.trainer_mode`` (``sync``, ``colocate_async``,
+  ``separate_async``), after `trainer_client.integrations.verl_v1.install` inside the Ray task runner
+  process: the prompt loader's sampler is the selector's and the replay buffer reports every group
+  (see that module).
+- ``trainer.use_v1=False``: verl's legacy ``TaskRunner`` (``verl.trainer.main_ppo_v0``) with
+  ``create_rl_sampler`` and ``RayPPOTrainer`` replaced by the selector sampler and
+  `SelectorRayPPOTrainer`, which reports every step's groups (last step included) from
+  ``_update_actor``, i.e. after rewards and advantages and before the step's checkpoint. The legacy
+  trainer has no ``filter_groups``: that setting is refused there.
 
 Launch (same overrides as ``python -m verl.trainer.main_ppo``)::
 
@@ -41,7 +39,12 @@ from typing import Any
 
 from trainer_client.integrations.verl import SelectorCurriculumSampler, verl_version
 
-__all__ = ["install", "main", "selector_sampler"]  # and SelectorRayPPOTrainer, built on first access
+__all__ = [
+    "check_config",
+    "install",
+    "main",
+    "selector_sampler",
+]  # and SelectorRayPPOTrainer, built on first access
 
 logger = logging.getLogger(__name__)
 
@@ -126,10 +129,38 @@ def task_runner_class() -> Any:
     return ray.remote(num_cpus=1)(SelectorTaskRunner)
 
 
-def check_config(config: Any) -> None:
-    """Refuse settings this route cannot honour, before Ray starts."""
-    from omegaconf import open_dict
+def v1_task_runner_class() -> Any:
+    """A Ray actor class running verl's ``TaskRunnerV1.run`` after `verl_v1.install()`."""
+    import ray
+    import verl.trainer.main_ppo as main_ppo
 
+    verl_class = _plain_class(main_ppo.TaskRunnerV1)
+
+    class SelectorTaskRunnerV1(verl_class):  # type: ignore[misc,valid-type]
+        def run(self, config: Any) -> None:
+            from trainer_client.integrations import verl_v1
+
+            verl_v1.install()
+            verl_class.run(self, config)
+
+    return ray.remote(SelectorTaskRunnerV1)
+
+
+def uses_v1(config: Any) -> bool:
+    """Whether verl runs its v1 trainer for this config (verl 0.9's default: ``trainer.use_v1: true``).
+
+    The selector's v1 route is built on verl 0.9's v1 trainer; on 0.8 the legacy trainer runs."""
+    version = verl_version()
+    return bool(config.trainer.get("use_v1", False)) and (version is None or version >= (0, 9))
+
+
+def check_config(config: Any) -> None:
+    """Refuse settings the chosen trainer route cannot honour, before Ray starts."""
+    if uses_v1(config):
+        from trainer_client.integrations.verl_v1 import check_v1_config
+
+        check_v1_config(config)
+        return
     if config.get("data", {}).get("sampler", {}).get("class_path"):
         raise ValueError(
             "data.sampler.class_path is the verl 0.5-0.7 route; with this entry point leave it out and keep "
@@ -139,14 +170,9 @@ def check_config(config: Any) -> None:
     filter_groups = algorithm.get("filter_groups") if hasattr(algorithm, "get") else None
     if filter_groups is not None and filter_groups.get("enable", False):
         raise ValueError(
-            "algorithm.filter_groups.enable=True runs only in verl's v1 trainer, which cannot select prompts "
-            "before rollout; turn it off with this entry point (DAPO's Dynamic Sampling is the service's "
-            "job here: select with strategy=dps or insight)"
+            "algorithm.filter_groups.enable=True runs only in verl's v1 trainer; with trainer.use_v1=False "
+            "nothing would filter. Use trainer.use_v1=True (verl's default), or turn filter_groups off"
         )
-    if config.trainer.get("use_v1", False):
-        logger.warning("trainer.use_v1=True is replaced by the legacy trainer: only it can take a sampler")
-    with open_dict(config):
-        config.trainer.use_v1 = False
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -175,8 +201,17 @@ def main(argv: list[str] | None = None) -> None:
             auto_set_device(config)
         except ImportError:  # pragma: no cover - older layouts
             pass
+        from verl.trainer.ppo.utils import need_critic, need_reference_policy
+        from verl.utils.config import validate_config
+
+        validate_config(
+            config=config,
+            use_reference_policy=need_reference_policy(config),
+            use_critic=need_critic(config),
+        )
         check_config(config)
-        run_ppo(config, task_runner_class=task_runner_class())
+        runner = v1_task_runner_class() if uses_v1(config) else task_runner_class()
+        run_ppo(config, task_runner_class=runner)
 
     if argv is not None:
         sys.argv = [sys.argv[0], *argv]

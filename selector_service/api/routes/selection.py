@@ -11,11 +11,13 @@ from pydantic import ValidationError
 from selector_service.api.deps import EngineDep, SettingsDep, require_token
 from selector_service.api.errors import ERRORS
 from selector_service.api.openapi import json_body
+from selector_service.core.rollouts import DEFAULT_ROLLOUT_POLICY, ROLLOUT_POLICY_HELP
 from selector_service.core.strategies import STRATEGIES
 from selector_service.errors import PayloadTooLarge
 from selector_service.schemas import (
     ObserveRequest,
     ObserveResponse,
+    RolloutPolicyInfo,
     ScoreRequest,
     ScoreResponse,
     SelectRequest,
@@ -28,33 +30,42 @@ from selector_service.schemas import (
 router = APIRouter(dependencies=[Depends(require_token)], responses=ERRORS)
 
 
-@router.post("/select", response_model=SelectResponse, summary="Select a batch of prompts")
+@router.post(
+    "/select",
+    response_model=SelectResponse,
+    response_model_exclude_unset=True,  # `rollouts` only when asked: other answers stay as they were
+    summary="Select a batch of prompts",
+)
 async def select(body: SelectRequest, engine: EngineDep, settings: SettingsDep) -> SelectResponse:
     """The `batch_size` distinct prompts the strategy picks for training step `step`, from the beliefs
-    after every observation of earlier steps (docs/methods.md describes the strategies).
+    after every observation of earlier steps (docs/methods.md describes the strategies). With
+    `rollouts`, also how many rollouts each of them gets (docs/methods.md §8).
 
     A step later than the open one first closes the steps before it; a step already closed is a 409.
-    The same dataset, step, strategy, params, seed and batch_size with no observation of that step in
-    between give the same prompt_ids, on every replica.
+    The same dataset, step, strategy, params, seed and batch_size (and rollouts) with no observation of
+    that step in between give the same prompt_ids (and counts), on every replica.
     """
     if body.batch_size > settings.max_batch_size:
         raise PayloadTooLarge(
             f"batch_size {body.batch_size} is over this service's limit of {settings.max_batch_size}"
         )
-    ids, scores, step = await engine.select(
+    ids, scores, step, rollouts = await engine.select(
         body.dataset,
         step=body.step,
         batch_size=body.batch_size,
         strategy=body.strategy,
         params=body.params or {},
         seed=body.seed,
+        rollouts=body.rollouts,
     )
+    extra = {} if rollouts is None else {"rollouts": rollouts.tolist()}
     return SelectResponse(
         dataset=body.dataset,
         step=step,
         strategy=body.strategy,
         prompt_ids=ids.tolist(),
         scores=scores.tolist() if body.return_scores and scores is not None else None,
+        **extra,
     )
 
 
@@ -81,8 +92,8 @@ async def observe(request: Request, engine: EngineDep) -> ObserveResponse:
 @router.get("/strategies", response_model=StrategiesResponse, summary="List the strategies")
 async def strategies() -> StrategiesResponse:
     """Every strategy `/select` accepts, with its parameters, their defaults and what each does (the
-    accepted range of each: docs/numerics.md). A client can check a strategy and its parameter names
-    here before it creates anything."""
+    accepted range of each: docs/numerics.md), and the policies a rollout budget may name. A client can
+    check a strategy and its parameter names here before it creates anything."""
     return StrategiesResponse(
         strategies=[
             StrategyInfo(
@@ -97,7 +108,11 @@ async def strategies() -> StrategiesResponse:
                 ],
             )
             for spec in STRATEGIES.values()
-        ]
+        ],
+        rollout_policies=[
+            RolloutPolicyInfo(name=name, default=name == DEFAULT_ROLLOUT_POLICY, help=help_)
+            for name, help_ in ROLLOUT_POLICY_HELP.items()
+        ],
     )
 
 

@@ -77,7 +77,9 @@ def compose(args: argparse.Namespace, model: Path, data: Path, steps: int, resum
             "data.sampler.class_name=SelectorCurriculumSampler",
         ]
     else:
-        sampler = []
+        # verl 0.9's legacy trainer, which verl_main runs when v1 is switched off (drive_verl_v1.py
+        # drives the v1 trainer, verl's default).
+        sampler = ["trainer.use_v1=False"] if VERSION >= (0, 9) else []
     overrides = [
         *sampler,
         *selector,

@@ -506,34 +506,33 @@ def mixed_probability(alpha: np.ndarray, beta: np.ndarray, n: np.ndarray) -> np.
     """E[1 - p^n - (1-p)^n] under Beta(alpha, beta), per prompt: the probability that a group of n
     rollouts has both a success and a failure (float64; n integers in [1, K_MAX]). The sum of the gains
     g(1) .. g(n-1) of `posterior` (a group of one is never mixed), so it is exactly what that policy
-    maximises; without cancellation."""
+    maximises, without cancellation; O(n) per prompt and no table, for any number of prompts."""
     alpha, beta = _beta_arrays(alpha, beta)
-    n = np.asarray(n, dtype=np.int64)
+    n = np.ascontiguousarray(n, dtype=np.int64)
     if n.shape != alpha.shape or (n.size and (int(n.min()) < 1 or int(n.max()) > K_MAX)):
         raise ValueError(f"n must hold one integer in [1, {K_MAX}] per prompt")
-    if n.size == 0:
-        return np.zeros(0)
-    top = int(n.max())
-    gains = np.empty((alpha.size, top - 1), dtype=np.float64)
-    _gains_raw(alpha, beta, top - 1, gains)
-    sums = np.concatenate([np.zeros((alpha.size, 1)), np.cumsum(gains, axis=1)], axis=1)
-    return sums[np.arange(alpha.size), n - 1]
+    out = np.empty(alpha.size, dtype=np.float64)
+    _mixed_kernel(alpha, beta, n, out)
+    return out
 
 
 @numba.njit(nogil=True, cache=True)
-def _gains_raw(alpha, beta, levels, out):
-    """The mixed-group gains g(1 + j), j < levels, without the running minimum (exact values)."""
+def _mixed_kernel(alpha, beta, counts, out):
+    """out[i] = g(1) + ... + g(counts[i] - 1), the mixed-group gains of `posterior` (no running minimum:
+    the exact values), summed in order."""
     for i in range(alpha.size):
         a = alpha[i]
         b = beta[i]
         s = a + b
-        pn = a / s
+        pn = a / s  # E[p^1]
         qn = b / s
-        for j in range(levels):
-            n = np.float64(1 + j)
-            out[i, j] = pn * (b / (s + n)) + qn * (a / (s + n))
-            pn *= (a + n) / (s + n)
-            qn *= (b + n) / (s + n)
+        total = 0.0
+        for j in range(counts[i] - 1):
+            m = np.float64(1 + j)
+            total += pn * (b / (s + m)) + qn * (a / (s + m))
+            pn *= (a + m) / (s + m)
+            qn *= (b + m) / (s + m)
+        out[i] = total
 
 
 def knapsack_value(p: np.ndarray, n: np.ndarray) -> np.ndarray:

@@ -376,6 +376,16 @@ class DatasetState:
             dataset_k=self.spec.rollouts_per_prompt,
         )
 
+    # ---- memory ---------------------------------------------------------------------------------
+    def memory_bytes(self) -> int:
+        """What this dataset is charged against the process's memory budget (selector_service/memory.py):
+        its arrays twice (live, and the copy a snapshot or an export takes) and its score caches."""
+        caches = [c.scores for c in self._caches.values()]
+        caches += [c.tied.odd for c in self._caches.values() if c.tied is not None]
+        if self._spare_buffer is not None:
+            caches.append(self._spare_buffer)
+        return 2 * self.arrays.nbytes + sum(arr.nbytes for arr in caches)
+
     # ---- summaries ------------------------------------------------------------------------------
     def prompts_observed(self) -> int:
         return self.arrays.observed

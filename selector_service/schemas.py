@@ -6,8 +6,10 @@ instead of a silently ignored field or a poisoned posterior.
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
+import msgspec
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from selector_service.core.coldstart import MAX_GROUPS
@@ -281,3 +283,50 @@ class ErrorBody(BaseModel):
 class Health(BaseModel):
     status: Literal["ok", "ready", "not ready"]
     detail: str | None = None
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The observe body's fast twin. POST /observe is the hot write path and its bodies reach 16 MiB (480k
+# results): pydantic builds a model object per result (36x the body in memory) inside one C call that
+# holds the GIL for seconds, stalling the event loop even from a worker thread. msgspec decodes the same
+# JSON into slotted structs about 30x faster and 6x smaller, so that one decode holds the GIL for tens of
+# milliseconds. The structs below are ObserveRequest field for field (ObserveRequest stays the contract:
+# the OpenAPI document describes it, and its messages answer bodies these structs refuse);
+# tests/service/test_observe_parse.py checks that both accept and refuse the same bodies.
+
+_NAME = msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_REQUEST_ID = msgspec.Meta(min_length=1, max_length=128, pattern=r"^[^\x00-\x1f\x7f]+$")
+
+
+class FastResult(msgspec.Struct, forbid_unknown_fields=True):
+    prompt_id: Annotated[int, msgspec.Meta(ge=0, le=2**62)]
+    rewards: Annotated[list[float], msgspec.Meta(max_length=65536)] | None = None
+    successes: Annotated[float, msgspec.Meta(ge=0)] | None = None
+    trials: Annotated[int, msgspec.Meta(ge=1, le=TRIALS_MAX)] | None = None
+
+
+class FastObserve(msgspec.Struct, forbid_unknown_fields=True):
+    dataset: Annotated[str, _NAME]
+    step: Annotated[int, msgspec.Meta(ge=0, le=10**12)]
+    request_id: Annotated[str, _REQUEST_ID]
+    results: Annotated[list[FastResult], msgspec.Meta(min_length=1)]
+
+
+_FAST_DECODER = msgspec.json.Decoder(FastObserve)
+_AT = re.compile(r" - at `\$(.*)`$")
+
+
+def decode_observe(raw: bytes) -> tuple[FastObserve | None, str]:
+    """(the observe body, "") decoded by the fast twin, or (None, why it was refused) in the words of
+    validation_message: `field.path: problem`, or `body is not valid JSON (...)`."""
+    try:
+        return _FAST_DECODER.decode(raw), ""
+    except msgspec.ValidationError as exc:
+        text = str(exc)
+        match = _AT.search(text)
+        where = match.group(1) if match else ""
+        loc = re.sub(r"\[(\d+)\]", r".\1", where).strip(".")
+        problem = text[: match.start()] if match else text
+        return None, f"{loc}: {problem}" if loc else problem
+    except msgspec.DecodeError as exc:
+        return None, f"body is not valid JSON ({exc}): send UTF-8 JSON; NaN and Infinity are not allowed"

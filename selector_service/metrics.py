@@ -40,6 +40,13 @@ LATENCY = Histogram(
     ["endpoint", "method"],
     buckets=LATENCY_BUCKETS,
 )
+CONNECTIONS_REFUSED = Counter(
+    "selector_http_connections_refused",
+    "Connections the HTTP server closed before the app answered, by status: 431 (head too large), 408 "
+    "(head or body too slow), 503 (over SELECTOR_MAX_CONNECTIONS); 'closed' for a body too slow after "
+    "its answer.",
+    ["status"],
+)
 CATCHUP = Histogram(
     "selector_store_catchup_seconds",
     "Time to catch up with a dataset's log before answering.",

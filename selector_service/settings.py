@@ -84,6 +84,52 @@ class Settings(BaseSettings):
         ge=1024,
         description="Largest dataset export accepted by POST /datasets/{name}/import (bytes): 413 above it.",
     )
+    max_header_bytes: int = Field(
+        64 * 2**10,
+        ge=1024,
+        le=2**30,
+        description="Largest request head the HTTP server reads: the request line (with the URL) and every "
+        "header together (bytes). Above it: 431 and the connection is closed, before authentication. It also "
+        "bounds URLs, so GET .../beliefs?ids= carries at most a few thousand ids.",
+    )
+    max_headers: int = Field(
+        100,
+        ge=8,
+        le=10_000,
+        description="Most headers one request may carry: 431 above it, connection closed.",
+    )
+    header_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        le=3600,
+        allow_inf_nan=False,
+        description="A request head must arrive whole within this long (seconds, from the connection's opening "
+        "or from the first byte of a later request on it): else 408 and the connection is closed. An idle "
+        "keep-alive connection is closed after 5 s by the server (uvicorn's timeout_keep_alive).",
+    )
+    body_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        le=3600,
+        allow_inf_nan=False,
+        description="A request body may take this long plus one second per body_min_bytes_per_s bytes received "
+        "(seconds): a client sending at least that fast is never cut off, one that trickles is answered 408 (or "
+        "closed, once its answer went out) about this long after its head. Time the server itself stops reading "
+        "(its app has not consumed what arrived) does not count.",
+    )
+    body_min_bytes_per_s: int = Field(
+        64 * 2**10,
+        ge=1,
+        description="The slowest upload rate (bytes per second) a request body may keep beyond body_timeout_s.",
+    )
+    max_connections: int = Field(
+        1000,
+        ge=1,
+        le=1_000_000,
+        description="Most open client connections per service process (each worker of --workers has its own): a "
+        "connection beyond it is answered 503 and closed at once. Keep it below the process's open-files limit "
+        "(`ulimit -n`).",
+    )
     max_batch_size: int = Field(
         1_000_000, ge=1, description="Largest batch_size a /select may ask for: 413 above it."
     )

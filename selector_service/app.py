@@ -70,7 +70,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         redoc_url=None,
     )
     app.state.settings = settings
-    app.state.scrape = metrics.Scrape(settings.max_group_labels, settings.metrics_wait_s)
+    app.state.scrape = metrics.Scrape(
+        settings.max_group_labels, settings.metrics_wait_s, settings.metrics_max_datasets
+    )
     app.include_router(datasets.router)
     app.include_router(selection.router)
     app.include_router(ops.router)

@@ -262,6 +262,10 @@ class Engine:
     async def list_datasets(self) -> list[str]:
         return await self._io(self.store.list_datasets())
 
+    async def record_counts(self, names: list[str]) -> dict[str, int]:
+        """How many log records each dataset has had appended (its activity, as /metrics ranks it)."""
+        return await self._io(self.store.read_seqs(names))
+
     async def delete_dataset(self, name: str) -> None:
         async with self._lock(name):
             existed = await self._io(self.store.delete_dataset(name))

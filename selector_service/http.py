@@ -42,6 +42,8 @@ log = logging.getLogger("selector_service.http")
 
 #: How often a connection receiving a request head or body checks its deadline (seconds).
 TICK_S = 0.25
+#: How long a refused connection's late bytes are read and dropped before it is closed (seconds).
+LINGER_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -101,6 +103,7 @@ class BoundedProtocol(HttpToolsProtocol):
                 "Service Unavailable",
                 f"this server already holds {self.limits.max_connections} connections "
                 "(SELECTOR_MAX_CONNECTIONS); retry later",
+                linger=False,  # nothing read yet, and a refused connection must not stay
             )
             return
         self._head_started = time.monotonic()
@@ -215,7 +218,10 @@ class BoundedProtocol(HttpToolsProtocol):
                 return
         self._refuse(408, "Request Timeout", why)
 
-    def _refuse(self, status: int, reason: str, detail: str) -> None:
+    def _refuse(self, status: int, reason: str, detail: str, linger: bool = True) -> None:
+        """Answers `status` and closes. With `linger`, the answer is followed by the end of the stream
+        and what the client still sends is read and dropped for up to LINGER_S before the close: a
+        client still writing its head would otherwise get a reset instead of the answer."""
         self._refused = True
         REFUSED.labels(str(status)).inc()
         log.debug("closing a connection from %s: %s %s", self.client, status, detail)
@@ -223,7 +229,13 @@ class BoundedProtocol(HttpToolsProtocol):
             self.cycle.disconnected = True
             self.cycle.message_event.set()
         self.transport.write(_answer(status, reason, detail))
-        self.transport.close()
+        if linger and self.transport.can_write_eof():
+            self.transport.write_eof()
+            if self.flow is not None:
+                self.flow.resume_reading()
+            self.loop.call_later(LINGER_S, self.transport.close)
+        else:
+            self.transport.close()
 
 
 def protocol_class(settings: Any) -> type[BoundedProtocol]:

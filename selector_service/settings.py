@@ -163,6 +163,14 @@ class Settings(BaseSettings):
         description="Per-group Prometheus gauges (selector_group_*) only for datasets with at most this many "
         "groups (docs/methods.md §6): each group is a label value, and label values must stay few.",
     )
+    metrics_max_datasets: int = Field(
+        50,
+        ge=0,
+        le=100_000,
+        description="Datasets with Prometheus series of their own (about 35 each), the most active ones (log "
+        "moved most recently, then most records); every other dataset is summed into series labelled "
+        'dataset="_other". A scrape costs about (this + 1) x 35 lines whatever the number of datasets.',
+    )
     max_step_gap: int = Field(
         1000,
         ge=1,

@@ -206,32 +206,35 @@ class Engine:
             raise InvalidRequest(
                 f"size {spec.size} exceeds this service's limit of {self.settings.max_dataset_size} prompts"
             )
+        token = None
         async with self._lock(spec.name):
-            held = self._states.get(spec.name)
-            fresh = None
-            if held is None or held.spec.fingerprint() != spec.fingerprint():
-                need = admission_bytes(spec.size, min(spec.size, _INITIAL_CAPACITY))
-                token = self._admit(spec.name, need, "create")
-                try:
-                    # Materialized now, so that the first select does not pay for allocating the arrays.
-                    fresh = await asyncio.to_thread(DatasetState, spec)
-                except MemoryError:
-                    raise self._out_of_memory(spec.name, "create") from None
-                finally:
-                    self._unreserve(token)
-            status, doc = await self._io(
-                self.store.create_dataset(spec.name, spec.public(), spec.fingerprint())
-            )
-            stored = DatasetSpec.from_doc(doc)
-            if status == "conflict":
-                raise Conflict(
-                    f"dataset {spec.name!r} already exists with a different spec "
-                    f"({json.dumps(stored.public(), sort_keys=True)}); "
-                    "use another name, or DELETE it first"
+            try:
+                held = self._states.get(spec.name)
+                fresh = None
+                if held is None or held.spec.fingerprint() != spec.fingerprint():
+                    need = admission_bytes(spec.size, min(spec.size, _INITIAL_CAPACITY))
+                    token = self._admit(spec.name, need, "create")  # held until the state is installed
+                    try:
+                        # Materialized now, so that the first select does not pay for allocating the arrays.
+                        fresh = await asyncio.to_thread(DatasetState, spec)
+                    except MemoryError:
+                        raise self._out_of_memory(spec.name, "create") from None
+                status, doc = await self._io(
+                    self.store.create_dataset(spec.name, spec.public(), spec.fingerprint())
                 )
-            if status == "created" and fresh is not None:
-                fresh.spec = stored
-                self._states[spec.name] = fresh
+                stored = DatasetSpec.from_doc(doc)
+                if status == "conflict":
+                    raise Conflict(
+                        f"dataset {spec.name!r} already exists with a different spec "
+                        f"({json.dumps(stored.public(), sort_keys=True)}); "
+                        "use another name, or DELETE it first"
+                    )
+                if status == "created" and fresh is not None:
+                    fresh.spec = stored
+                    self._states[spec.name] = fresh
+            finally:
+                if token is not None:
+                    self._unreserve(token)
         return status == "created", stored
 
     async def create_dataset_from(self, request: DatasetCreate) -> tuple[bool, DatasetSpec]:

@@ -27,14 +27,15 @@ reported as the base answers them. Prints a table, then one JSON line last (also
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import json
 import os
 import shutil
 import socket
 import statistics
+import subprocess
 import sys
-import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Iterator
@@ -75,36 +76,51 @@ class Service(ServiceProcess):
         return env
 
 
+_PROBE = """
+import sys, threading, time, httpx
+stop = threading.Event()
+threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
+samples, failures = [], 0
+with httpx.Client(base_url=sys.argv[1], timeout=60) as http:
+    print("ready", flush=True)
+    while not stop.is_set():
+        started = time.perf_counter()
+        try:
+            http.get("/healthz")
+            samples.append(time.perf_counter() - started)
+        except httpx.HTTPError:
+            failures += 1
+        stop.wait(float(sys.argv[2]))
+print(repr((samples, failures)), flush=True)
+"""
+
+
 class HealthProbe:
-    """Calls /healthz every HEALTH_EVERY_S on its own connection while a case runs; `worst` is the
-    slowest answer (seconds)."""
+    """Calls /healthz every HEALTH_EVERY_S on its own connection, from a process of its own (a thread of
+    this one would wait for this process's own GIL), while a case runs; `worst` is the slowest answer."""
 
     def __init__(self, url: str) -> None:
         self.url = url
         self.samples: list[float] = []
         self.failures = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        with httpx.Client(base_url=self.url, timeout=60) as http:
-            while not self._stop.is_set():
-                started = time.perf_counter()
-                try:
-                    http.get("/healthz")
-                    self.samples.append(time.perf_counter() - started)
-                except httpx.HTTPError:
-                    self.failures += 1
-                self._stop.wait(HEALTH_EVERY_S)
+        self._proc: subprocess.Popen | None = None
 
     def __enter__(self) -> HealthProbe:
-        self._thread.start()
+        self._proc = subprocess.Popen(
+            [sys.executable, "-c", _PROBE, self.url, str(HEALTH_EVERY_S)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self._proc.stdout is not None
+        self._proc.stdout.readline()  # "ready"
         time.sleep(0.1)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(60)
+        assert self._proc is not None
+        out, _ = self._proc.communicate("", timeout=120)
+        self.samples, self.failures = ast.literal_eval(out.strip().splitlines()[-1])
 
     @property
     def worst(self) -> float | None:
@@ -132,8 +148,9 @@ def measure(svc: ServiceProcess, action: Callable[[], Any]) -> dict[str, Any]:
 
 
 def observe_body(name: str, n: int) -> bytes:
-    results = [{"prompt_id": i % 1000, "rewards": [float(i % 2)]} for i in range(n)]
-    return json.dumps({"dataset": name, "step": 0, "request_id": f"{name}-{n}", "results": results}).encode()
+    results = [{"prompt_id": i % 1000, "rewards": [i % 2]} for i in range(n)]
+    body = {"dataset": name, "step": 0, "request_id": f"{name}-{n}", "results": results}
+    return json.dumps(body, separators=(",", ":")).encode()  # 480k results: 15.9 MiB
 
 
 def stream(head: bytes, total: int, piece: int = MIB) -> Iterator[bytes]:

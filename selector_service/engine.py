@@ -49,7 +49,7 @@ from selector_service.errors import (
     Unavailable,
 )
 from selector_service.memory import admission_bytes, default_budget, human
-from selector_service.schemas import Belief, DatasetCreate
+from selector_service.schemas import Belief, DatasetCreate, PackedResults
 from selector_service.settings import Settings
 from selector_service.snapshot import (
     iter_snapshot_chunks,
@@ -911,6 +911,8 @@ def outcome_payload(spec: DatasetSpec, step: int, results: Sequence[Any]) -> tup
     A result is any object with the attributes `prompt_id`, `rewards`, `successes`, `trials` (the API's
     validated models; reading attributes avoids re-serializing thousands of rewards per request).
     """
+    if isinstance(results, PackedResults):
+        return _packed_payload(spec, step, results)
     n = len(results)
     if n == 0:
         raise InvalidRequest("results is empty: send at least one result")
@@ -979,6 +981,63 @@ def outcome_payload(spec: DatasetSpec, step: int, results: Sequence[Any]) -> tup
     )
 
 
+def _packed_payload(spec: DatasetSpec, step: int, pr: PackedResults) -> tuple[bytes, str]:
+    """outcome_payload of results decoded as arrays (schemas.PackedResults): the same checks in the
+    same order (the first row with a problem is named, with the first problem of that row, in the words
+    of the loop above), the same payload and the same digest, in a few array passes."""
+    n = len(pr)
+    if n == 0:
+        raise InvalidRequest("results is empty: send at least one result")
+    ids, has_r, s, t = pr.ids, pr.has_rewards, pr.successes, pr.trials
+    lengths = np.diff(pr.offsets)
+    has_s, has_t = ~np.isnan(s), ~np.isnan(t)
+    counts = ~has_r
+    with np.errstate(invalid="ignore"):
+        s_, t_ = np.nan_to_num(s), np.nan_to_num(t, nan=1.0)
+        checks = (
+            (~((ids >= 0) & (ids < spec.size)),
+             lambda i: f"results[{i}].prompt_id {ids[i]} is out of range: ids must be in 0..{spec.size - 1}"),
+            (has_r & (has_s | has_t),
+             lambda i: f"results[{i}]: send either rewards or successes + trials, not both"),
+            (has_r & (lengths == 0), lambda i: f"results[{i}].rewards is empty: send one reward per rollout"),
+            (counts & ~(has_s & has_t), lambda i: f"results[{i}]: send rewards, or both successes and trials"),
+            (counts & ((t_ < 1) | (t_ != np.floor(t_))),
+             lambda i: f"results[{i}].trials is {int(t[i])}: it must be a whole number >= 1"),
+            (counts & (s_ < 0), lambda i: f"results[{i}].successes is {s[i]}: it must be >= 0"),
+            (counts & (s_ > t_), lambda i: f"results[{i}]: successes ({s[i]}) > trials ({int(t[i])})"),
+            (counts & (s_ != np.floor(s_)) & (spec.reward_mode == "binary"),
+             lambda i: f"results[{i}].successes is {s[i]}: a binary-mode dataset counts whole successes "
+             "(create the dataset with reward_mode 'fractional' for fractional rewards)"),
+        )  # fmt: skip
+    bad = [(int(np.argmax(mask)), order) for order, (mask, _) in enumerate(checks) if mask.any()]
+    if bad:
+        row, order = min(bad)
+        raise InvalidRequest(checks[order][1](row))
+    values = pr.values
+    reward_rows = np.flatnonzero(has_r)
+    count_rows = np.flatnonzero(counts)
+    offsets = np.zeros(reward_rows.size + 1, dtype=np.int64)
+    np.cumsum(lengths[reward_rows], out=offsets[1:])
+    if not np.isfinite(values).all():
+        bad_value = int(np.flatnonzero(~np.isfinite(values))[0])
+        row = int(reward_rows[int(np.searchsorted(offsets, bad_value, side="right")) - 1])
+        raise InvalidRequest(
+            f"results[{row}].rewards contains {values[bad_value]}: rewards must be finite numbers"
+        )
+    succ = np.empty(n, dtype=np.float64)
+    trials = np.empty(n, dtype=np.float64)
+    states = np.empty(n, dtype=np.int8)
+    if reward_rows.size:
+        rs, rt, rst = outcomes_from_flat(values, offsets, spec.reward_mode, spec.success_threshold)
+        succ[reward_rows], trials[reward_rows], states[reward_rows] = rs, rt, rst
+    if count_rows.size:
+        succ[count_rows], trials[count_rows] = s[count_rows], t[count_rows]
+        states[count_rows] = outcomes_from_counts(succ[count_rows], trials[count_rows])
+    return pack_results(ids, succ, trials, states), _body_digest(
+        spec.name, step, ids, values, offsets, reward_rows, succ, trials, count_rows
+    )
+
+
 def _body_digest(name, step, ids, values, offsets, reward_rows, succ, trials, count_rows) -> str:
     """blake2b of an observe body in a canonical binary form: each part length-prefixed, numbers as
     little-endian int64/float64 (so 1 and 1.0 are the same reward, as they are the same number in JSON)."""
@@ -996,8 +1055,8 @@ def _body_digest(name, step, ids, values, offsets, reward_rows, succ, trials, co
         (offsets, "<i8"),
         (values, "<f8"),
         (count_rows, "<i8"),
-        (succ[count_rows] if count_rows else (), "<f8"),
-        (trials[count_rows] if count_rows else (), "<f8"),
+        (succ[count_rows] if len(count_rows) else (), "<f8"),
+        (trials[count_rows] if len(count_rows) else (), "<f8"),
     ):
         part(np.ascontiguousarray(arr, dtype=dtype).tobytes())
     return h.hexdigest()

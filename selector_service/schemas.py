@@ -25,6 +25,7 @@ from selector_service.core.domain import (
     prior_problem,
 )
 from selector_service.core.strategies import STRATEGIES
+from selector_service.jsonscan import array_separators
 from selector_service.state import MAX_LAG
 
 
@@ -318,21 +319,40 @@ class FastObserve(msgspec.Struct, gc=False):
 
 
 class _ObserveHead(msgspec.Struct, forbid_unknown_fields=True, gc=False):
-    """FastObserve with each result left as its raw JSON (syntax checked, not decoded)."""
+    """The observe body with its results left as raw JSON (its syntax checked, nothing decoded)."""
 
     dataset: Annotated[str, _NAME]
     step: Annotated[int, msgspec.Meta(ge=0, le=10**12)]
     request_id: Annotated[str, _REQUEST_ID]
-    results: Annotated[list[msgspec.Raw], msgspec.Meta(min_length=1)]
+    results: msgspec.Raw
+
+
+class _ObserveWhole(msgspec.Struct, forbid_unknown_fields=True, gc=False):
+    """The observe body decoded in one call: only to word the refusal of a body whose results are not
+    a non-empty array (the batches never see such a body)."""
+
+    dataset: Annotated[str, _NAME]
+    step: Annotated[int, msgspec.Meta(ge=0, le=10**12)]
+    request_id: Annotated[str, _REQUEST_ID]
+    results: Annotated[list[FastResult], msgspec.Meta(min_length=1)]
 
 
 _HEAD_DECODER = msgspec.json.Decoder(_ObserveHead)
+_WHOLE_DECODER = msgspec.json.Decoder(_ObserveWhole)
 _RESULTS_DECODER = msgspec.json.Decoder(list[FastResult])
 #: Results decoded per call. One call holds the GIL throughout (a few milliseconds per ten thousand
 #: results): between calls the event loop's thread gets it back, so a 16 MiB body never stalls the loop
 #: for more than one batch.
 RESULTS_PER_CALL = 8192
 _AT = re.compile(r" - at `\$(.*)`$")
+
+
+def _opening(array: memoryview) -> int:
+    """Index of the opening bracket of a JSON array's text (JSON whitespace may precede it)."""
+    i = 0
+    while i < len(array) and array[i] in b" \t\r\n":
+        i += 1
+    return i
 
 
 def _problem(exc: msgspec.ValidationError, first: int | None = None) -> str:
@@ -352,8 +372,9 @@ def decode_observe(raw: bytes) -> tuple[FastObserve | None, str]:
     """(the observe body, "") decoded by the fast twin, or (None, why it was refused) in the words of
     validation_message: `field.path: problem`, or `body is not valid JSON (...)`.
 
-    The body is read in two passes: its fields with every result kept as raw JSON (one call, no result
-    decoded), then the results RESULTS_PER_CALL at a time. The cyclic garbage collector is off
+    The body is read in passes: its fields with the results array kept as raw JSON (one call that
+    checks its syntax and decodes none of it), the array's top-level commas (jsonscan, without the GIL),
+    then the results RESULTS_PER_CALL at a time. The cyclic garbage collector is off
     meanwhile: the decode makes hundreds of thousands of short-lived lists, which reference counting
     frees, and which would otherwise trigger full collections of about 100 ms each, every one holding
     the GIL the event loop's thread waits for.
@@ -375,15 +396,26 @@ def _decode_observe(raw: bytes) -> tuple[FastObserve | None, str]:
     except msgspec.DecodeError as exc:
         return None, f"body is not valid JSON ({exc}): send UTF-8 JSON; NaN and Infinity are not allowed"
     head_fields = (head.dataset, head.step, head.request_id)
-    packed = _Packer(len(head.results))
-    pieces = head.results
-    for lo in range(0, len(pieces), RESULTS_PER_CALL):
-        batch = b"[" + b",".join(pieces[lo : lo + RESULTS_PER_CALL]) + b"]"
+    array = memoryview(head.results).cast("B")
+    seps = array_separators(array)
+    opening = _opening(array)
+    if seps is None or (seps.size == 1 and not bytes(array[opening + 1 : int(seps[0])]).strip()):
+        try:  # not a non-empty array: the one-call decoder words the refusal (a small body, then)
+            _WHOLE_DECODER.decode(raw)
+        except msgspec.ValidationError as exc:
+            return None, _problem(exc)
+        return None, "results: Expected `array` of length >= 1"
+    count = int(seps.size)
+    packed = _Packer(count)
+    for lo in range(0, count, RESULTS_PER_CALL):
+        hi = min(lo + RESULTS_PER_CALL, count)
+        first = opening + 1 if lo == 0 else int(seps[lo - 1]) + 1
+        batch = b"[" + array[first : int(seps[hi - 1])] + b"]"
         try:
             packed.add(_RESULTS_DECODER.decode(batch))
         except msgspec.ValidationError as exc:
             return None, _problem(exc, lo)
-    del head, pieces
+    del head, array
     return FastObserve(head_fields[0], head_fields[1], head_fields[2], packed.done()), ""  # type: ignore[arg-type]
 
 

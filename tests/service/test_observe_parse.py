@@ -134,6 +134,19 @@ def test_both_parsers_refuse_what_is_not_an_observe_body(raw):
         b'\xef\xbb\xbf{"dataset": "ds", "step": 1, "request_id": "r", "results": [{"prompt_id": 1}]}',
         b'{"dataset": "ds", "step": 1, "request_id": "r", "results": [{"prompt_id": 1, "rewards": [1]}]} x',
         b'  {"dataset": "ds", "step": 1, "request_id": "r", "results": [{"prompt_id": 1, "rewards": [1]}]}\n',
+        b'{"dataset": "ds", "step": 1, "request_id": "r", "results": [{"prompt_id": 1, "x": "a\\",]}{"}]}',
+        b'{"dataset": "ds", "step": 1, "request_id": ",]", "results": [1, [2], "a,]"]}',
+        b'{"dataset": "ds", "step": 1, "request_id": "r", "results": "[{}]"}',
+        b'{"dataset": "ds", "step": 1, "request_id": "r", "results": [\n {"prompt_id": 1,\n "rewards": [1, 0]} ,\n\t{"trials": 2, "successes": 1, "prompt_id": 3}\n]}',
+        json.dumps(
+            {
+                "dataset": "ds",
+                "step": 2,
+                "request_id": "r",
+                "results": [{"prompt_id": i, "rewards": [i % 2] * (i % 3 + 1)} for i in range(20000)],
+            },
+            indent=1,
+        ).encode(),
     ],
 )
 def test_edge_bodies_are_read_alike(raw):

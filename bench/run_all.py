@@ -80,6 +80,14 @@ BENCHMARKS = (
         needs_redis=True,
     ),
     Benchmark(
+        "bench_limits",
+        "bench_limits.py",
+        quick=("--observe-results", "30000,120000", "--magic-mib", "64", "--import-n", "1e5", "--create-n", "1e6",
+               "--datasets", "200", "--out", "{out}/limits.json"),
+        full=("--magic-mib", "128,512,1024", "--out", "{out}/limits.json"),
+        headline=("worst_peak_over_body_observe", "worst_healthz_ms", "metrics.scrape_lines"),
+    ),
+    Benchmark(
         "load_test",
         "load_test.py",
         quick=("--duration", "15", "--warmup", "3", "--size", "5000", "--out", "{out}/load.json"),

@@ -20,6 +20,7 @@ from selector_service.api.middleware import BodyLimit, InternalErrors, RequestMe
 from selector_service.api.openapi import document_models
 from selector_service.api.routes import datasets, docs, history, ops, selection, ui
 from selector_service.engine import Engine
+from selector_service.memory import human
 from selector_service.schemas import ObserveRequest
 from selector_service.settings import Settings
 from selector_service.store import Store, connect, durability_problems
@@ -42,6 +43,11 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     store = Store(client, settings.key_prefix, settings.request_id_ttl_s, settings.max_step_gap)
     engine = Engine(store, settings)
     engine.catchup_observer = metrics.CATCHUP.observe
+    log.info(
+        "memory budget for datasets: %s (SELECTOR_MEMORY_BUDGET_BYTES%s)",
+        human(engine.memory_budget),
+        "" if settings.memory_budget_bytes else ", automatic",
+    )
     app.state.engine = engine
     try:
         yield
@@ -65,7 +71,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         redoc_url=None,
     )
     app.state.settings = settings
-    app.state.scrape = metrics.Scrape(settings.max_group_labels, settings.metrics_wait_s)
+    app.state.scrape = metrics.Scrape(
+        settings.max_group_labels, settings.metrics_wait_s, settings.metrics_max_datasets
+    )
     app.include_router(datasets.router)
     app.include_router(history.router)
     app.include_router(selection.router)

@@ -187,7 +187,14 @@ def _run_uvicorn(settings: Settings) -> int:
     url = f"http://{host}:{port}"
     # Workers (and the app factory) read their settings from the environment.
     os.environ["SELECTOR_REDIS_URL"] = settings.redis_url or ""
-    for key in ("key_prefix", "max_body_bytes", "max_batch_size", "max_ids_per_request", "log_level"):
+    for key in (
+        "key_prefix",
+        "max_body_bytes",
+        "max_batch_size",
+        "max_ids_per_request",
+        "log_level",
+        "workers",  # the memory budget's default is divided between them
+    ):
         os.environ[f"SELECTOR_{key.upper()}"] = str(getattr(settings, key))
     if settings.api_token is not None:
         os.environ["SELECTOR_API_TOKEN"] = settings.api_token.get_secret_value()
@@ -207,11 +214,18 @@ def _run_uvicorn(settings: Settings) -> int:
                 workers=settings.workers,
                 log_level=settings.log_level,
                 access_log=False,
+                http="selector_service.http:WorkerProtocol",  # the bounds of http.py, from the environment
             )
         else:
             from selector_service.app import create_app
+            from selector_service.http import protocol_class
 
-            config = uvicorn.Config(create_app(settings), log_level=settings.log_level, access_log=False)
+            config = uvicorn.Config(
+                create_app(settings),
+                log_level=settings.log_level,
+                access_log=False,
+                http=protocol_class(settings),  # header size and count, timeouts, connection limit
+            )
             uvicorn.Server(config).run(sockets=[sock])
     finally:
         stop.set()

@@ -9,6 +9,10 @@ service process, persisting with an append-only file under the data directory.
 - If Valkey dies while the service runs, `watch` tells the service, which stops (a service without its
   store would answer 503 forever) so that its supervisor restarts it on the same files.
 - One service per data directory (an exclusive lock file); a second one is refused with a clear message.
+- Private to the user who runs it, whatever the umask: the data directory and everything in it are 0700
+  (directories) and 0600 (files). Valkey runs with umask 077, so the files it creates later (the AOF and
+  its rewrites, its log) are born private, and `start` fixes the modes of a directory an older version
+  left readable. The AOF holds every dataset's spec, request ids and results.
 """
 
 from __future__ import annotations
@@ -51,8 +55,28 @@ def _valkey_binary() -> str:
     return path
 
 
+#: Modes of the data directory's entries (owner only) and the umask Valkey runs with.
+DIR_MODE, FILE_MODE, VALKEY_UMASK = 0o700, 0o600, 0o077
+
+
+def secure_tree(root: Path) -> None:
+    """Makes `root` and everything under it private to its owner: directories 0700, files 0600 (symbolic
+    links are left alone: their target is not ours to change)."""
+    os.chmod(root, DIR_MODE)
+    for base, dirs, files in os.walk(root):
+        for name in dirs:
+            path = os.path.join(base, name)
+            if not os.path.islink(path):
+                os.chmod(path, DIR_MODE)
+        for name in files:
+            path = os.path.join(base, name)
+            if not os.path.islink(path):
+                os.chmod(path, FILE_MODE)
+
+
 def _die_with_parent() -> None:  # runs in the child between fork and exec
     die_with_parent(signal.SIGTERM)
+    os.umask(VALKEY_UMASK)  # the AOF, its rewrites and the log are created private
     os.setsid()  # not in the service's process group: a Ctrl-C reaches the service, which stops it cleanly
 
 
@@ -79,7 +103,8 @@ class EmbeddedValkey:
         if self.data_dir.exists() and not self.data_dir.is_dir():
             raise DataDirError(f"cannot use {self.data_dir} as the data directory: it is not a directory")
         try:
-            self.data_dir.mkdir(parents=True, exist_ok=True)
+            self.data_dir.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+            secure_tree(self.data_dir)  # also a directory an older version left world-readable
             self._take_lock()
         except OSError as exc:
             reason = exc.strerror or str(exc)

@@ -19,13 +19,15 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import hashlib
 import json
 import logging
 import math
+import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -33,12 +35,14 @@ import numpy as np
 from redis.exceptions import RedisError
 
 from selector_service.core import strategies
+from selector_service.core.beliefs import _INITIAL_CAPACITY
 from selector_service.core.coldstart import check_metadata
 from selector_service.core.coldstart import prior_arrays as cold_betas
 from selector_service.core.outcomes import outcomes_from_counts, outcomes_from_flat
 from selector_service.core.rollouts import RolloutError, RolloutRequest, check_rollouts
 from selector_service.errors import (
     Conflict,
+    InsufficientMemory,
     InvalidRequest,
     NotFound,
     PayloadTooLarge,
@@ -46,10 +50,10 @@ from selector_service.errors import (
     Unavailable,
 )
 from selector_service.history import select_note
-from selector_service.schemas import Belief, DatasetCreate
+from selector_service.memory import admission_bytes, default_budget, human
+from selector_service.schemas import Belief, DatasetCreate, PackedResults
 from selector_service.settings import Settings
 from selector_service.snapshot import (
-    deserialize_snapshot,
     iter_snapshot_chunks,
     load_snapshot_chunks,
     serialize_snapshot,
@@ -82,6 +86,8 @@ SNAPSHOT_PACING_MIN_S = 1.0
 # The snapshot lock expires this long after its holder last renewed it (it renews while it writes), so
 # a process killed mid-snapshot holds up the dataset's next snapshot for at most this long.
 SNAPSHOT_LOCK_TTL_MS = 30_000
+# An import's body is handed from the event loop to the decoding thread in pieces of about this size.
+IMPORT_PIECE_BYTES = 1 << 20
 
 
 @dataclass
@@ -104,6 +110,11 @@ class Engine:
         self._maintaining: dict[str, asyncio.Task] = {}  # catch-ups started by writes (see observe)
         self.sync_stats: dict[str, SyncStats] = {}
         self.catchup_observer: Callable[[float], None] | None = None
+        # Memory admission (selector_service/memory.py): every dataset held or coming in is charged.
+        self.memory_budget = settings.memory_budget_bytes or default_budget(settings.workers)
+        self._reserved: dict[object, tuple[str, int]] = {}  # admitted, not allocated yet
+        self._incoming: dict[str, DatasetState] = {}  # allocated by a catch-up, not installed yet
+        self._budget_lock = threading.Lock()  # admission runs on the loop and in decoding threads
 
     # ---- plumbing -------------------------------------------------------------------------------
     async def _io(self, coro: Awaitable[T]) -> T:
@@ -125,6 +136,55 @@ class Engine:
             lock = self._locks[name] = asyncio.Lock()
         return lock
 
+    # ---- memory admission ---------------------------------------------------------------------
+    def memory_held(self, replacing: str | None = None) -> int:
+        """Bytes charged now: every dataset held (but `replacing`'s, about to be replaced), every one
+        allocated and not installed yet, every admission not allocated yet."""
+        states = [s for n, s in list(self._states.items()) if n != replacing]
+        states += list(self._incoming.values())
+        return sum(s.memory_bytes() for s in states) + sum(b for _, b in list(self._reserved.values()))
+
+    def _admit(self, name: str, nbytes: int, action: str, replacing: str | None = None) -> object:
+        """Reserves `nbytes` for dataset `name` (InsufficientMemory when they do not fit in the budget);
+        returns the token `_unreserve` takes once the dataset is allocated and counted, or given up."""
+        with self._budget_lock:
+            held = self.memory_held(replacing)
+            if held + nbytes > self.memory_budget:
+                raise self._no_room(name, nbytes, held, action)
+            token = object()
+            self._reserved[token] = (name, nbytes)
+            return token
+
+    def _unreserve(self, token: object) -> None:
+        with self._budget_lock:
+            self._reserved.pop(token, None)
+
+    def _no_room(self, name: str, nbytes: int, held: int, action: str) -> InsufficientMemory:
+        after = {
+            "create": "nothing was created",
+            "import": "nothing was imported",
+            "load": "it stays intact in the store; serve it from a replica with room for it",
+        }[action]
+        return InsufficientMemory(
+            f"dataset {name!r} needs about {human(nbytes)} of memory in this process (43 bytes per prompt "
+            f"plus 65 per observed prompt, twice: live and a snapshot's copy) and the datasets it holds "
+            f"already take {human(held)} of its {human(self.memory_budget)} memory budget "
+            f"(SELECTOR_MEMORY_BUDGET_BYTES); {after}. Delete datasets no longer needed, or give the "
+            "service more memory and a larger SELECTOR_MEMORY_BUDGET_BYTES"
+        )
+
+    def _out_of_memory(self, name: str, action: str) -> InsufficientMemory:
+        done = {
+            "create": "nothing was created",
+            "import": "nothing was imported",
+            "load": "the store keeps it",
+        }
+        return InsufficientMemory(
+            f"the process ran out of memory allocating dataset {name!r} ({done[action]}): its memory "
+            f"budget ({human(self.memory_budget)}, SELECTOR_MEMORY_BUDGET_BYTES) is larger than what the "
+            "machine or its limits (ulimit, cgroup) allow; lower it"
+        )
+
     async def ready(self) -> bool:
         try:
             return await asyncio.wait_for(self.store.ping(), self.settings.store_timeout_s)
@@ -139,23 +199,44 @@ class Engine:
 
     # ---- datasets -------------------------------------------------------------------------------
     async def create_dataset(self, spec: DatasetSpec) -> tuple[bool, DatasetSpec]:
-        """Returns (created, stored spec); Conflict when the name holds a different spec."""
+        """Returns (created, stored spec); Conflict when the name holds a different spec.
+
+        The dataset is admitted against the memory budget and its beliefs allocated before the store
+        hears of it: a create refused for memory (507) or failing to allocate leaves nothing behind.
+        """
         if spec.size > self.settings.max_dataset_size:
             raise InvalidRequest(
                 f"size {spec.size} exceeds this service's limit of {self.settings.max_dataset_size} prompts"
             )
-        status, doc = await self._io(self.store.create_dataset(spec.name, spec.public(), spec.fingerprint()))
-        stored = DatasetSpec.from_doc(doc)
-        if status == "conflict":
-            raise Conflict(
-                f"dataset {spec.name!r} already exists with a different spec "
-                f"({json.dumps(stored.public(), sort_keys=True)}); "
-                "use another name, or DELETE it first"
-            )
-        if status == "created":
-            # Materialize now so the first select does not pay for allocating the arrays.
-            async with self._lock(spec.name):
-                self._states[spec.name] = await asyncio.to_thread(DatasetState, stored)
+        token = None
+        async with self._lock(spec.name):
+            try:
+                held = self._states.get(spec.name)
+                fresh = None
+                if held is None or held.spec.fingerprint() != spec.fingerprint():
+                    need = admission_bytes(spec.size, min(spec.size, _INITIAL_CAPACITY))
+                    token = self._admit(spec.name, need, "create")  # held until the state is installed
+                    try:
+                        # Materialized now, so that the first select does not pay for allocating the arrays.
+                        fresh = await asyncio.to_thread(DatasetState, spec)
+                    except MemoryError:
+                        raise self._out_of_memory(spec.name, "create") from None
+                status, doc = await self._io(
+                    self.store.create_dataset(spec.name, spec.public(), spec.fingerprint())
+                )
+                stored = DatasetSpec.from_doc(doc)
+                if status == "conflict":
+                    raise Conflict(
+                        f"dataset {spec.name!r} already exists with a different spec "
+                        f"({json.dumps(stored.public(), sort_keys=True)}); "
+                        "use another name, or DELETE it first"
+                    )
+                if status == "created" and fresh is not None:
+                    fresh.spec = stored
+                    self._states[spec.name] = fresh
+            finally:
+                if token is not None:
+                    self._unreserve(token)
         return status == "created", stored
 
     async def create_dataset_from(self, request: DatasetCreate) -> tuple[bool, DatasetSpec]:
@@ -185,6 +266,10 @@ class Engine:
 
     async def list_datasets(self) -> list[str]:
         return await self._io(self.store.list_datasets())
+
+    async def record_counts(self, names: list[str]) -> dict[str, int]:
+        """How many log records each dataset has had appended (its activity, as /metrics ranks it)."""
+        return await self._io(self.store.read_seqs(names))
 
     async def delete_dataset(self, name: str) -> None:
         async with self._lock(name):
@@ -245,6 +330,12 @@ class Engine:
         from there) when it belongs to another incarnation, or when the next record is not the next
         number (`_behind_a_trim`): a state only ever applies a contiguous prefix of the log.
         """
+        try:
+            return await self._sync(name)
+        finally:
+            self._incoming.pop(name, None)  # installed, or given up
+
+    async def _sync(self, name: str) -> DatasetState:
         t0 = time.perf_counter()
         batch = self.settings.sync_batch
         state = self._states.get(name)
@@ -294,11 +385,34 @@ class Engine:
             raise NotFound(f"dataset {name!r} was deleted while this request ran")
         spec = DatasetSpec.from_doc(doc)
         snap = meta.get("snap")
-        if not snap:
-            return await asyncio.to_thread(DatasetState, spec)
-        chunks = self._snapshot_chunks(name, snap, int(meta["snap_chunks"]))
+        tokens: list[object] = []
+
+        def admit(spec: DatasetSpec, layout: list) -> None:  # in the decoding thread, before allocating
+            need = admission_bytes(spec.size, _observed_rows(spec, layout))
+            tokens.append(self._admit(name, need, "load", replacing=name))
+
+        state = None
         try:
-            state = await self._io(asyncio.to_thread(load_snapshot_chunks, chunks))
+            if not snap:
+                admit(spec, [])
+                state = await asyncio.to_thread(DatasetState, spec)
+            else:
+                state = await self._load_snapshot(name, uid, snap, int(meta["snap_chunks"]), admit)
+            if state is not None:
+                self._incoming[name] = state  # charged until sync installs it or gives it up
+        except MemoryError:
+            raise self._out_of_memory(name, "load") from None
+        finally:
+            for token in tokens:
+                self._unreserve(token)
+        return state
+
+    async def _load_snapshot(
+        self, name: str, uid: str, snap: str, count: int, admit: Callable[[DatasetSpec, list], None]
+    ) -> DatasetState | None:
+        chunks = self._snapshot_chunks(name, snap, count)
+        try:
+            state = await self._io(asyncio.to_thread(load_snapshot_chunks, chunks, None, admit))
         except Unavailable as exc:
             if isinstance(exc.__cause__, SnapshotMissing):
                 current = await self._io(self.store.read_meta(name))
@@ -431,46 +545,83 @@ class Engine:
         header, arrays = await self.read(name, lambda st: st.copy_for_snapshot())
         return await asyncio.to_thread(serialize_snapshot, header, arrays)
 
-    async def import_dataset(self, name: str, blob: bytes, replace: bool = False) -> DatasetSpec:
-        """Creates dataset `name` from an exported blob: same spec and beliefs, a fresh log and uid."""
+    async def import_dataset(
+        self, name: str, body: bytes | AsyncIterable[bytes], replace: bool = False
+    ) -> DatasetSpec:
+        """Creates dataset `name` from an export: same spec and beliefs, a fresh log and uid.
+
+        `body` is the export, whole or as the request's stream: it is decoded as it arrives (read_export:
+        the header is checked first, so a body that is not an export is refused after its first piece,
+        and the dataset is admitted against the memory budget before its arrays are allocated), then
+        compressed again chunk by chunk into the store, and committed in one step (with `replace`, the
+        dataset of that name is deleted only once the new chunks are in the store). Peak memory: the
+        dataset's arrays plus about one store chunk and one body piece.
+        """
+        tokens: list[object] = []
+
+        def admit(spec: DatasetSpec, layout: list) -> None:  # in the decoding thread, before allocating
+            need = admission_bytes(spec.size, _observed_rows(spec, layout))
+            tokens.append(self._admit(name, need, "import", replacing=name if replace else None))
+
+        if isinstance(body, bytes | bytearray | memoryview):
+            chunks: Iterable[bytes] = [bytes(body)]
+        else:
+            chunks = _pull_pieces(body, asyncio.get_running_loop(), IMPORT_PIECE_BYTES)
         try:
-            state = await asyncio.to_thread(deserialize_snapshot, blob, self.settings.max_dataset_size)
-        except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
-            raise InvalidRequest(f"not a valid dataset export: {exc}") from exc
-        spec = DatasetSpec.from_doc(dict(state.spec.public(), name=name, uid=uuid.uuid4().hex))
-        problem = spec.problems()
-        if problem:
-            raise InvalidRequest(f"the export's dataset spec is invalid: {problem}")
-        for strategy, params in spec.defaults.items():
-            self.resolve_params(spec, strategy, params)
-        state.spec = spec
-        state.cursor = IMPORTED_CURSOR
-        state.seq = 0  # the new incarnation's log starts empty: its first record is number 1
-        # The state is not shared yet: its arrays are compressed in place, no copy. Chunks are made in
-        # a worker thread (slicing one blob would copy it on the event loop).
-        header, arrays = state.snapshot_header(), state.snapshot_arrays()
-        size = self.settings.snapshot_chunk_bytes
-        chunks = await asyncio.to_thread(lambda: list(iter_snapshot_chunks(header, arrays, size)))
-        async with self._lock(name):
-            if replace:
-                await self._io(self.store.delete_dataset(name))
-                self._states.pop(name, None)
-            ok = await self._io(
-                self.store.import_dataset(
-                    name,
-                    spec.public(),
-                    spec.fingerprint(),
-                    spec.uid,
-                    IMPORTED_CURSOR,
-                    state.open_step,
-                    chunks,
-                )
+            try:
+                state = await asyncio.to_thread(read_export, chunks, self.settings.max_dataset_size, admit)
+            except MemoryError:
+                raise self._out_of_memory(name, "import") from None
+            spec = DatasetSpec.from_doc(dict(state.spec.public(), name=name, uid=uuid.uuid4().hex))
+            state.spec = spec
+            state.cursor = IMPORTED_CURSOR
+            state.seq = 0  # the new incarnation's log starts empty: its first record is number 1
+            # The state is not shared yet: its arrays are compressed in place, no copy, one chunk at a
+            # time in a worker thread, each written to the store before the next is made.
+            pieces = iter_snapshot_chunks(
+                state.snapshot_header(), state.snapshot_arrays(), self.settings.snapshot_chunk_bytes
             )
-            if not ok:
-                raise Conflict(
-                    f"dataset {name!r} already exists; import under another name or pass replace=true"
-                )
-            self._states[name] = state
+
+            async def compressed() -> AsyncIterator[memoryview]:
+                while (chunk := await asyncio.to_thread(next, pieces, None)) is not None:
+                    yield chunk
+                    del chunk
+
+            try:
+                snap_id, count = await self._io(self.store.write_import_chunks(name, compressed()))
+            except MemoryError:
+                raise self._out_of_memory(name, "import") from None
+            committed = False
+            try:
+                async with self._lock(name):
+                    ok = await self._io(
+                        self.store.commit_import(
+                            name,
+                            spec.public(),
+                            spec.fingerprint(),
+                            spec.uid,
+                            IMPORTED_CURSOR,
+                            state.open_step,
+                            snap_id,
+                            count,
+                            replace=replace,
+                        )
+                    )
+                    committed = True
+                    if replace:
+                        self._states.pop(name, None)
+                    if not ok:
+                        raise Conflict(
+                            f"dataset {name!r} already exists; import under another name or pass replace=true"
+                        )
+                    self._states[name] = state
+            finally:
+                if not committed:
+                    with contextlib.suppress(RedisError, OSError):
+                        await self.store.discard_chunks(name, snap_id, count)
+        finally:
+            for token in tokens:
+                self._unreserve(token)
         return spec
 
     # ---- operations -----------------------------------------------------------------------------
@@ -803,6 +954,8 @@ def outcome_payload(spec: DatasetSpec, step: int, results: Sequence[Any]) -> tup
     A result is any object with the attributes `prompt_id`, `rewards`, `successes`, `trials` (the API's
     validated models; reading attributes avoids re-serializing thousands of rewards per request).
     """
+    if isinstance(results, PackedResults):
+        return _packed_payload(spec, step, results)
     n = len(results)
     if n == 0:
         raise InvalidRequest("results is empty: send at least one result")
@@ -871,6 +1024,63 @@ def outcome_payload(spec: DatasetSpec, step: int, results: Sequence[Any]) -> tup
     )
 
 
+def _packed_payload(spec: DatasetSpec, step: int, pr: PackedResults) -> tuple[bytes, str]:
+    """outcome_payload of results decoded as arrays (schemas.PackedResults): the same checks in the
+    same order (the first row with a problem is named, with the first problem of that row, in the words
+    of the loop above), the same payload and the same digest, in a few array passes."""
+    n = len(pr)
+    if n == 0:
+        raise InvalidRequest("results is empty: send at least one result")
+    ids, has_r, s, t = pr.ids, pr.has_rewards, pr.successes, pr.trials
+    lengths = np.diff(pr.offsets)
+    has_s, has_t = ~np.isnan(s), ~np.isnan(t)
+    counts = ~has_r
+    with np.errstate(invalid="ignore"):
+        s_, t_ = np.nan_to_num(s), np.nan_to_num(t, nan=1.0)
+        checks = (
+            (~((ids >= 0) & (ids < spec.size)),
+             lambda i: f"results[{i}].prompt_id {ids[i]} is out of range: ids must be in 0..{spec.size - 1}"),
+            (has_r & (has_s | has_t),
+             lambda i: f"results[{i}]: send either rewards or successes + trials, not both"),
+            (has_r & (lengths == 0), lambda i: f"results[{i}].rewards is empty: send one reward per rollout"),
+            (counts & ~(has_s & has_t), lambda i: f"results[{i}]: send rewards, or both successes and trials"),
+            (counts & ((t_ < 1) | (t_ != np.floor(t_))),
+             lambda i: f"results[{i}].trials is {int(t[i])}: it must be a whole number >= 1"),
+            (counts & (s_ < 0), lambda i: f"results[{i}].successes is {s[i]}: it must be >= 0"),
+            (counts & (s_ > t_), lambda i: f"results[{i}]: successes ({s[i]}) > trials ({int(t[i])})"),
+            (counts & (s_ != np.floor(s_)) & (spec.reward_mode == "binary"),
+             lambda i: f"results[{i}].successes is {s[i]}: a binary-mode dataset counts whole successes "
+             "(create the dataset with reward_mode 'fractional' for fractional rewards)"),
+        )  # fmt: skip
+    bad = [(int(np.argmax(mask)), order) for order, (mask, _) in enumerate(checks) if mask.any()]
+    if bad:
+        row, order = min(bad)
+        raise InvalidRequest(checks[order][1](row))
+    values = pr.values
+    reward_rows = np.flatnonzero(has_r)
+    count_rows = np.flatnonzero(counts)
+    offsets = np.zeros(reward_rows.size + 1, dtype=np.int64)
+    np.cumsum(lengths[reward_rows], out=offsets[1:])
+    if not np.isfinite(values).all():
+        bad_value = int(np.flatnonzero(~np.isfinite(values))[0])
+        row = int(reward_rows[int(np.searchsorted(offsets, bad_value, side="right")) - 1])
+        raise InvalidRequest(
+            f"results[{row}].rewards contains {values[bad_value]}: rewards must be finite numbers"
+        )
+    succ = np.empty(n, dtype=np.float64)
+    trials = np.empty(n, dtype=np.float64)
+    states = np.empty(n, dtype=np.int8)
+    if reward_rows.size:
+        rs, rt, rst = outcomes_from_flat(values, offsets, spec.reward_mode, spec.success_threshold)
+        succ[reward_rows], trials[reward_rows], states[reward_rows] = rs, rt, rst
+    if count_rows.size:
+        succ[count_rows], trials[count_rows] = s[count_rows], t[count_rows]
+        states[count_rows] = outcomes_from_counts(succ[count_rows], trials[count_rows])
+    return pack_results(ids, succ, trials, states), _body_digest(
+        spec.name, step, ids, values, offsets, reward_rows, succ, trials, count_rows
+    )
+
+
 def _body_digest(name, step, ids, values, offsets, reward_rows, succ, trials, count_rows) -> str:
     """blake2b of an observe body in a canonical binary form: each part length-prefixed, numbers as
     little-endian int64/float64 (so 1 and 1.0 are the same reward, as they are the same number in JSON)."""
@@ -888,8 +1098,79 @@ def _body_digest(name, step, ids, values, offsets, reward_rows, succ, trials, co
         (offsets, "<i8"),
         (values, "<f8"),
         (count_rows, "<i8"),
-        (succ[count_rows] if count_rows else (), "<f8"),
-        (trials[count_rows] if count_rows else (), "<f8"),
+        (succ[count_rows] if len(count_rows) else (), "<f8"),
+        (trials[count_rows] if len(count_rows) else (), "<f8"),
     ):
         part(np.ascontiguousarray(arr, dtype=dtype).tobytes())
     return h.hexdigest()
+
+
+def _observed_rows(spec: DatasetSpec, layout: list) -> int:
+    """Rows of the observed set a snapshot's layout declares (a fresh dataset's first capacity when it
+    declares none; a version 1 snapshot, converted on load, at most every prompt)."""
+    for name, _dtype, shape in layout:
+        if name == "obs_ids":
+            return int(shape[0])
+    if any(name == "hmm_d" for name, _, _ in layout):
+        return spec.size
+    return min(spec.size, _INITIAL_CAPACITY)
+
+
+def read_export(
+    chunks: Iterable[bytes],
+    max_prompts: int | None,
+    admit: Callable[[DatasetSpec, list], None] | None = None,
+) -> DatasetState:
+    """Decodes an export (POST /datasets/{name}/import) and checks it the way an import does; anything
+    that is not an intact export of a valid dataset is InvalidRequest (422), naming what is wrong.
+
+    The codec checks the header before it allocates anything (then `admit(spec, layout)` may refuse),
+    the declared body size before it inflates, every checksum, and every value against the domain the
+    service itself produces; the spec and its strategy defaults are then checked like a create's.
+    Errors of `chunks` itself (a body too large, a client gone) and of `admit` pass through unchanged.
+    """
+    try:
+        state = load_snapshot_chunks(chunks, max_prompts, admit)
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
+        raise InvalidRequest(f"not a valid dataset export: {exc}") from exc
+    spec = state.spec
+    problem = spec.problems()
+    if problem:
+        raise InvalidRequest(f"the export's dataset spec is invalid: {problem}")
+    for strategy, params in spec.defaults.items():
+        if not isinstance(params, dict):
+            raise InvalidRequest(
+                f"the export's dataset spec is invalid: defaults[{strategy!r}] is not an object of parameters"
+            )
+        Engine.resolve_params(spec, strategy, params)
+    return state
+
+
+def _pull_pieces(
+    source: AsyncIterable[bytes], loop: asyncio.AbstractEventLoop, piece: int
+) -> Iterator[bytes]:
+    """The bytes of `source` (an async iterable on `loop`), for a worker thread: each next() runs on the
+    loop until about `piece` bytes arrived (or the source ended) and hands them over. InvalidRequest when
+    the source is empty; its own errors (a body over the limit, a client gone) are raised here."""
+    stream = aiter(source)
+
+    async def gather() -> bytes:
+        parts, size = [], 0
+        while size < piece:
+            try:
+                part = await anext(stream)
+            except StopAsyncIteration:
+                break
+            parts.append(part)
+            size += len(part)
+        return b"".join(parts)
+
+    first = True
+    while True:
+        data = asyncio.run_coroutine_threadsafe(gather(), loop).result()
+        if not data:
+            if first:
+                raise InvalidRequest("the body is empty: send the bytes of a dataset export")
+            return
+        first = False
+        yield data

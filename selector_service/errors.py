@@ -5,7 +5,8 @@ ServiceError                  base; `detail` says what was wrong and what to do
 ├── PayloadTooLarge           413  body or list beyond the configured limits
 ├── NotFound                  404  unknown dataset
 ├── Conflict                  409  name taken with another spec; step already closed
-└── Unavailable               503  the store cannot be reached (retry later)
+├── Unavailable               503  the store cannot be reached (retry later)
+└── InsufficientMemory        507  a dataset would not fit in this process's memory budget
 """
 
 from __future__ import annotations
@@ -37,3 +38,10 @@ class Conflict(ServiceError):
 
 class Unavailable(ServiceError):
     status_code = 503
+
+
+class InsufficientMemory(ServiceError):
+    """507 Insufficient Storage: the dataset this request needs in memory does not fit in the process's
+    memory budget (SELECTOR_MEMORY_BUDGET_BYTES), or an allocation failed; nothing was changed."""
+
+    status_code = 507

@@ -4,6 +4,15 @@ Request metrics are ordinary counters/histograms; with several worker processes 
 PROMETHEUS_MULTIPROC_DIR and they are aggregated from every worker's files. Dataset metrics are computed
 at scrape time from the serving process's beliefs after it caught up with the store, so every worker
 reports the same values (they are functions of the shared log).
+
+Dataset series are capped: each dataset has about 35 of them, so at most SELECTOR_METRICS_MAX_DATASETS
+datasets get their own (`dataset="<name>"`), the most active ones: those whose log moved most recently,
+then those with the most records. Every other dataset is summed into one set of series labelled
+`dataset="_other"` (prompts, observed prompts, results, rollouts, steps, lags, the posterior-mean
+histogram; evidence and DPS shares are means weighted by prompts, the open step the largest); per-group
+series only for datasets of their own. A scrape then costs about (cap + 1) x 35 lines whatever the
+number of datasets. When a dataset enters or leaves the cap, `_other`'s counters step by its totals
+(Prometheus reads a step down as a counter reset).
 """
 
 from __future__ import annotations
@@ -11,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -20,13 +30,15 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from selector_service.core.coldstart import group_statistics
-from selector_service.errors import NotFound, ServiceError
+from selector_service.errors import InsufficientMemory, NotFound, ServiceError
 from selector_service.state import LAG_LABELS, DatasetState
 
 if TYPE_CHECKING:
     from selector_service.engine import Engine
 
 log = logging.getLogger("selector_service")
+#: The `dataset` label value of the series that sum every dataset beyond the cap.
+OTHER = "_other"
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 MEAN_BUCKETS = tuple(round(x, 2) for x in np.linspace(0.05, 1.0, 20))
@@ -40,6 +52,13 @@ LATENCY = Histogram(
     ["endpoint", "method"],
     buckets=LATENCY_BUCKETS,
 )
+CONNECTIONS_REFUSED = Counter(
+    "selector_http_connections_refused",
+    "Connections the HTTP server closed before the app answered, by status: 431 (head too large), 408 "
+    "(head or body too slow), 503 (over SELECTOR_MAX_CONNECTIONS); 'closed' for a body too slow after "
+    "its answer.",
+    ["status"],
+)
 CATCHUP = Histogram(
     "selector_store_catchup_seconds",
     "Time to catch up with a dataset's log before answering.",
@@ -50,11 +69,14 @@ CATCHUP = Histogram(
 class DatasetCollector:
     """Per-dataset gauges from the beliefs this process holds (call `update` before collecting)."""
 
-    def __init__(self, max_group_labels: int = 64) -> None:
+    def __init__(self, max_group_labels: int = 64, max_datasets: int = 50) -> None:
         self._rows: dict[str, dict[str, Any]] = {}
         self._cache: dict[str, tuple[tuple, dict[str, Any]]] = {}
         #: Per-group gauges only for datasets with at most this many groups (bounded label values).
         self.max_group_labels = max_group_labels
+        #: Series of their own for at most this many datasets, in `ranking` order; the rest in `_other`.
+        self.max_datasets = max_datasets
+        self.ranking: list[str] | None = None
 
     def row(self, st: DatasetState) -> dict[str, Any]:
         """The dataset's statistics (O(N) work, cached until its beliefs move). Call with the lock held."""
@@ -65,9 +87,27 @@ class DatasetCollector:
             self._cache[st.spec.name] = cached
         return cached[1]
 
-    def update(self, rows: dict[str, dict[str, Any]], lags: dict[str, int]) -> None:
-        self._rows = {name: dict(row, lag=lags.get(name, 0)) for name, row in rows.items()}
-        self._cache = {k: v for k, v in self._cache.items() if k in rows}
+    def put(self, name: str, row: dict[str, Any], lag: int) -> None:
+        """Publishes one dataset's row as soon as it is computed (a refresh goes on with the next)."""
+        self._rows[name] = dict(row, lag=lag)
+
+    def keep(self, names: Iterable[str]) -> None:
+        """Forgets the rows of datasets not in `names` (deleted since)."""
+        names = set(names)
+        self._rows = {k: v for k, v in self._rows.items() if k in names}
+        self._cache = {k: v for k, v in self._cache.items() if k in names}
+
+    def shown(self) -> dict[str, dict[str, Any]]:
+        """label value -> row: the ranked datasets of their own (at most `max_datasets`), then `_other`
+        summing the rest, when there is a rest."""
+        ranked = self.ranking if self.ranking is not None else sorted(self._rows)
+        own = [name for name in ranked if name in self._rows][: self.max_datasets]
+        chosen = set(own)
+        rest = [row for name, row in self._rows.items() if name not in chosen]
+        out = {name: self._rows[name] for name in own}
+        if rest:
+            out[OTHER] = _aggregate(rest)
+        return out
 
     def collect(self) -> Iterable[Any]:
         fam = {
@@ -136,7 +176,7 @@ class DatasetCollector:
             "Distribution of the prompts' posterior means.",
             labels=["dataset"],
         )
-        for name, r in self._rows.items():
+        for name, r in self.shown().items():
             fam["prompts"].add_metric([name], r["size"])
             fam["open_step"].add_metric([name], r["open_step"])
             fam["observed"].add_metric([name], r["observed"])
@@ -159,6 +199,35 @@ class DatasetCollector:
                 fam["group_rate"].add_metric([name, group], rate)
         yield from fam.values()
         yield from (results, rollouts, closed, by_lag, hist)
+
+
+def _aggregate(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """One row for many datasets: counts summed, evidence and shares weighted by prompts, the open step
+    the largest, no per-group rows and no last-step ratios (they describe one dataset's close)."""
+    size = sum(r["size"] for r in rows)
+    weight = [r["size"] / max(size, 1) for r in rows]
+    by_lag: dict[str, float] = {}
+    for r in rows:
+        for lag, count in r["by_lag"].items():
+            by_lag[lag] = by_lag.get(lag, 0) + count
+    buckets = [(le, sum(r["buckets"][i][1] for r in rows)) for i, (le, _) in enumerate(rows[0]["buckets"])]
+    return {
+        "size": size,
+        "open_step": max(r["open_step"] for r in rows),
+        "observed": sum(r["observed"] for r in rows),
+        "evidence": sum(w * r["evidence"] for w, r in zip(weight, rows, strict=True)),
+        "eff": None,
+        "acc": None,
+        "shares": [sum(w * r["shares"][i] for w, r in zip(weight, rows, strict=True)) for i in range(3)],
+        "results": sum(r["results"] for r in rows),
+        "rollouts": sum(r["rollouts"] for r in rows),
+        "steps_closed": sum(r["steps_closed"] for r in rows),
+        "by_lag": dict(sorted(by_lag.items())),
+        "buckets": buckets,
+        "mean_sum": sum(r["mean_sum"] for r in rows),
+        "groups": [],
+        "lag": sum(r.get("lag", 0) for r in rows),
+    }
 
 
 def _group_rows(st: DatasetState, max_labels: int) -> list[tuple[str, float, float, float]]:
@@ -242,10 +311,12 @@ class Scrape:
     report the last complete figures until it ends. One refresh runs at a time.
     """
 
-    def __init__(self, max_group_labels: int, wait_s: float) -> None:
-        self.collector = DatasetCollector(max_group_labels)
+    def __init__(self, max_group_labels: int, wait_s: float, max_datasets: int = 50) -> None:
+        self.collector = DatasetCollector(max_group_labels, max_datasets)
         self.wait_s = wait_s
         self._task: asyncio.Task | None = None
+        self._records: dict[str, int] = {}  # each dataset's record count at the last refresh
+        self._moved: dict[str, float] = {}  # when its record count was last seen to change
 
     async def render(self, engine: Engine) -> bytes:
         task = self._task
@@ -259,15 +330,32 @@ class Scrape:
         if self._task is not None:
             self._task.cancel()
 
+    def rank(self, records: dict[str, int]) -> list[str]:
+        """The datasets by activity: most recently moved first (a record appended since the previous
+        refresh), then most records, then name. The first refresh knows only the record counts."""
+        now = time.monotonic()
+        for name, count in records.items():
+            if name in self._records and count != self._records[name]:
+                self._moved[name] = now
+        self._records = dict(records)
+        self._moved = {k: v for k, v in self._moved.items() if k in records}
+        return sorted(records, key=lambda n: (-self._moved.get(n, 0.0), -records[n], n))
+
     async def _refresh(self, engine: Engine) -> None:
+        """Catches up with every dataset, most active first, publishing each row as it is computed: a
+        scrape that stops waiting shows the top datasets first (after a restart too, when every
+        dataset is loaded again)."""
         try:
             names = await engine.list_datasets()
-            rows = {}
-            for name in names:
+            order = self.rank(await engine.record_counts(names))
+            self.collector.ranking = order
+            self.collector.keep(order)
+            for name in order:
                 try:
-                    rows[name] = await engine.read(name, self.collector.row)
-                except NotFound:
-                    continue
-            self.collector.update(rows, {n: s.records for n, s in engine.sync_stats.items()})
+                    row = await engine.read(name, self.collector.row)
+                except (NotFound, InsufficientMemory):
+                    continue  # deleted meanwhile, or not held by this process (its budget says why)
+                stats = engine.sync_stats.get(name)
+                self.collector.put(name, row, stats.records if stats else 0)
         except ServiceError as exc:
             log.warning("metrics keep their last dataset gauges: %s", exc.detail)

@@ -84,6 +84,52 @@ class Settings(BaseSettings):
         ge=1024,
         description="Largest dataset export accepted by POST /datasets/{name}/import (bytes): 413 above it.",
     )
+    max_header_bytes: int = Field(
+        64 * 2**10,
+        ge=1024,
+        le=2**30,
+        description="Largest request head the HTTP server reads: the request line (with the URL) and every "
+        "header together (bytes). Above it: 431 and the connection is closed, before authentication. It also "
+        "bounds URLs, so GET .../beliefs?ids= carries at most a few thousand ids.",
+    )
+    max_headers: int = Field(
+        100,
+        ge=8,
+        le=10_000,
+        description="Most headers one request may carry: 431 above it, connection closed.",
+    )
+    header_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        le=3600,
+        allow_inf_nan=False,
+        description="A request head must arrive whole within this long (seconds, from the connection's opening "
+        "or from the first byte of a later request on it): else 408 and the connection is closed. An idle "
+        "keep-alive connection is closed after 5 s by the server (uvicorn's timeout_keep_alive).",
+    )
+    body_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        le=3600,
+        allow_inf_nan=False,
+        description="A request body may take this long plus one second per body_min_bytes_per_s bytes received "
+        "(seconds): a client sending at least that fast is never cut off, one that trickles is answered 408 (or "
+        "closed, once its answer went out) about this long after its head. Time the server itself stops reading "
+        "(its app has not consumed what arrived) does not count.",
+    )
+    body_min_bytes_per_s: int = Field(
+        64 * 2**10,
+        ge=1,
+        description="The slowest upload rate (bytes per second) a request body may keep beyond body_timeout_s.",
+    )
+    max_connections: int = Field(
+        1000,
+        ge=1,
+        le=1_000_000,
+        description="Most open client connections per service process (each worker of --workers has its own): a "
+        "connection beyond it is answered 503 and closed at once. Keep it below the process's open-files limit "
+        "(`ulimit -n`).",
+    )
     max_batch_size: int = Field(
         1_000_000, ge=1, description="Largest batch_size a /select may ask for: 413 above it."
     )
@@ -100,12 +146,30 @@ class Settings(BaseSettings):
         "plus 65 per prompt ever observed (108 when all are; 10.8 GB at the default) in every service process "
         "that serves the dataset: size the hosts for it.",
     )
+    memory_budget_bytes: int = Field(
+        0,
+        ge=0,
+        description="Memory one service process may spend on the datasets it holds (bytes; 0 = automatic: "
+        "75% of the machine's memory or of its container's cgroup limit, whichever is lower, divided by "
+        "workers, and within an address-space limit). Each dataset is charged its beliefs twice (43 bytes per "
+        "prompt plus 65 per observed prompt, live and a snapshot's copy) and its score caches. A create, an "
+        "import or the first load of a dataset that would pass the budget is refused with 507 and nothing "
+        "changes; the datasets already held keep growing as prompts are observed (docs/operations.md#limits).",
+    )
     max_group_labels: int = Field(
         64,
         ge=0,
         le=65536,
         description="Per-group Prometheus gauges (selector_group_*) only for datasets with at most this many "
         "groups (docs/methods.md §6): each group is a label value, and label values must stay few.",
+    )
+    metrics_max_datasets: int = Field(
+        50,
+        ge=0,
+        le=100_000,
+        description="Datasets with Prometheus series of their own (about 35 each), the most active ones (log "
+        "moved most recently, then most records); every other dataset is summed into series labelled "
+        'dataset="_other". A scrape costs about (this + 1) x 35 lines whatever the number of datasets.',
     )
     max_step_gap: int = Field(
         1000,

@@ -19,7 +19,7 @@ import json
 import math
 import re
 import struct
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -29,6 +29,7 @@ from selector_service.core.belief_domain import check_beliefs
 from selector_service.core.beliefs import COLUMN_FIELDS, BeliefArrays, CloseStats
 from selector_service.core.coldstart import MAX_GROUPS, SharedState
 from selector_service.core.domain import BELIEF_MAX
+from selector_service.core.strategies import ParamError
 from selector_service.history import HISTORY_PREFIX, StepHistory
 from selector_service.state import LAG_LABELS, SHARED_PREFIX, DatasetSpec, DatasetState
 
@@ -49,6 +50,10 @@ STEP_MAX = 10**12  # the largest training step the API accepts (schemas.Step)
 _COUNTER_MAX = 2**63 - 1  # record numbers and result counts
 _CURSOR = re.compile(r"|[0-9]{1,20}-[0-9]{1,20}")  # "" (no record applied) or a log record id
 _OTHER_PREFIXES = (SHARED_PREFIX, HISTORY_PREFIX)  # snapshot arrays that are not per-prompt beliefs
+#: A header this codec writes nests 4 levels (spec -> defaults -> strategy -> parameter); deeper is forged.
+_MAX_HEADER_DEPTH = 16
+#: What a forged header's values (any JSON in any place) raise when read as the fields they stand for.
+_MALFORMED = (KeyError, TypeError, IndexError, AttributeError, OverflowError, ArithmeticError, ParamError)
 
 
 def _snapshot_prefix(header: dict[str, Any], arrays: dict[str, np.ndarray]) -> bytes:
@@ -201,46 +206,66 @@ class _ChunkSource:
         self._pushed_back = data + self._pushed_back
 
 
-def _header_version(head: bytes) -> int:
-    """The version a header names, read before anything else of it is trusted."""
+def _header_json(head: bytes) -> dict[str, Any]:
+    """The header's JSON object, read before anything else of it is trusted: not JSON, not an object, or
+    nested deeper than any header this codec writes (_MAX_HEADER_DEPTH) is a ValueError."""
     try:
-        version = json.loads(head).get("version")
-    except (ValueError, UnicodeDecodeError, AttributeError) as exc:
-        raise ValueError(f"snapshot header is not a valid JSON object: {exc}") from exc
-    if version not in _READABLE_VERSIONS:
+        header = json.loads(head)
+    except RecursionError:  # the decoder's own stack: thousands of levels
         raise ValueError(
-            f"snapshot version {version} is not supported (this service reads versions "
+            f"snapshot header nests deeper than {_MAX_HEADER_DEPTH} levels; not an export of this service"
+        ) from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ValueError(f"snapshot header is not valid JSON: {exc}") from exc
+    if not isinstance(header, dict):
+        raise ValueError("snapshot header is not a JSON object")
+    if _depth(header) > _MAX_HEADER_DEPTH:
+        # Below the decoder's limit but still far deeper than a real header: copying or printing such a
+        # value (the spec is copied into every answer) recurses once per level.
+        raise ValueError(
+            f"snapshot header nests deeper than {_MAX_HEADER_DEPTH} levels; not an export of this service"
+        )
+    return header
+
+
+def _depth(doc: object) -> int:
+    """How deeply lists and objects nest in a decoded JSON value (a scalar is 0), without recursion."""
+    deepest, stack = 0, [(doc, 1)]
+    while stack:
+        node, level = stack.pop()
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else None
+        if children is None:
+            continue
+        deepest = max(deepest, level)
+        if level > _MAX_HEADER_DEPTH:
+            return level
+        stack.extend((child, level + 1) for child in children)
+    return deepest
+
+
+def _header_version(header: dict[str, Any]) -> int:
+    """The version a header names, read before anything else of it is trusted."""
+    version = header.get("version")
+    if isinstance(version, bool) or version not in _READABLE_VERSIONS:
+        raise ValueError(
+            f"snapshot version {version!r} is not supported (this service reads versions "
             f"{', '.join(map(str, _READABLE_VERSIONS))}; a newer service wrote it?)"
         )
     return version
 
 
-def _parse_header(head: bytes, max_prompts: int | None) -> tuple[DatasetSpec, dict, list, int]:
+def _parse_header(header: dict[str, Any], max_prompts: int | None) -> tuple[DatasetSpec, dict, list, int]:
     """Checks a snapshot header before any allocation; returns (spec, header, layout, body bytes)."""
-    try:
-        header = json.loads(head)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ValueError(f"snapshot header is not valid JSON: {exc}") from exc
-    if not isinstance(header, dict):
-        raise ValueError("snapshot header is not a JSON object")
-    if header.get("version") not in _READABLE_VERSIONS:
-        raise ValueError(
-            f"snapshot version {header.get('version')} is not supported (this service reads versions "
-            f"{', '.join(map(str, _READABLE_VERSIONS))}; a newer service wrote it?)"
-        )
+    _header_version(header)
     try:
         spec = DatasetSpec.from_doc(header["spec"])
         layout = [
             (str(name), np.dtype(dtype), tuple(int(d) for d in shape))
             for name, dtype, shape in header["arrays"]
         ]
-    except (
-        KeyError,
-        TypeError,
-        ValueError,
-        IndexError,
-        SyntaxError,
-    ) as exc:  # np.dtype may raise SyntaxError
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError, OverflowError, SyntaxError) as exc:
+        # A forged header can put any JSON anywhere: a list where the spec's object goes (AttributeError),
+        # 1e400 as a number (OverflowError), a dtype string numpy cannot parse (SyntaxError).
         raise ValueError(f"snapshot header is incomplete or malformed: {exc!r}") from exc
     if spec.size < 1:
         raise ValueError(f"snapshot spec has size {spec.size}; a dataset has at least one prompt")
@@ -420,7 +445,9 @@ def _inflate_into(source: _ChunkSource, views: Iterable[memoryview]) -> None:
 
 
 def load_snapshot_chunks(
-    chunks: Iterable[bytes | memoryview], max_prompts: int | None = None
+    chunks: Iterable[bytes | memoryview],
+    max_prompts: int | None = None,
+    admit: Callable[[DatasetSpec, list[tuple[str, np.dtype, tuple[int, ...]]]], None] | None = None,
 ) -> DatasetState:
     """Rebuilds a DatasetState from a snapshot's chunks, inflating them as a stream into the arrays.
 
@@ -430,7 +457,9 @@ def load_snapshot_chunks(
     It never joins the chunks: each array is allocated once
     and filled straight from the decompressor, so a load costs the arrays plus about one chunk. Raises
     ValueError on any corruption or truncation (never a silent reset); errors raised by the chunk
-    iterator itself (a missing chunk, an unreachable store) pass through unchanged.
+    iterator itself (a missing chunk, an unreachable store) pass through unchanged, and so do those of
+    `admit(spec, layout)`, called once the header is checked and before any array is allocated (the
+    engine's memory admission).
     """
     source = _ChunkSource(chunks)
     if source.read_exact(len(SNAPSHOT_MAGIC), "magic") != SNAPSHOT_MAGIC:
@@ -440,11 +469,14 @@ def load_snapshot_chunks(
     if hlen > _MAX_HEADER_BYTES:
         raise ValueError(f"snapshot header claims {hlen} bytes; at most {_MAX_HEADER_BYTES} are accepted")
     head = source.read_exact(hlen, "header")
-    if _header_version(head) >= 3:  # versions 1 and 2 carry no header digest
+    header = _header_json(head)
+    if _header_version(header) >= 3:  # versions 1 and 2 carry no header digest
         digest = source.read_exact(_HEADER_DIGEST_BYTES, "header digest")
         if digest != _header_digest(SNAPSHOT_MAGIC + raw_len + head):
             raise ValueError("snapshot header is corrupt (its digest does not match)")
-    spec, header, layout, expected = _parse_header(head, max_prompts)
+    spec, header, layout, expected = _parse_header(header, max_prompts)
+    if admit is not None:
+        admit(spec, layout)
     frame_head = bytearray()
     while len(frame_head) < _ZSTD_FRAME_HEADER_MAX and (part := source.read(_ZSTD_FRAME_HEADER_MAX)):
         frame_head += part
@@ -461,4 +493,8 @@ def load_snapshot_chunks(
         _inflate_into(source, _fill_targets(arrays))
     except zstandard.ZstdError as exc:
         raise ValueError(f"snapshot body is corrupt: {exc}") from exc
-    return _state_from(spec, header, arrays)
+    try:
+        return _state_from(spec, header, arrays)
+    except _MALFORMED as exc:
+        # The shared state and the counters come from the header too: any JSON may stand there.
+        raise ValueError(f"snapshot header is incomplete or malformed: {exc!r}") from exc

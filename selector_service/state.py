@@ -402,6 +402,16 @@ class DatasetState:
             dataset_k=self.spec.rollouts_per_prompt,
         )
 
+    # ---- memory ---------------------------------------------------------------------------------
+    def memory_bytes(self) -> int:
+        """What this dataset is charged against the process's memory budget (selector_service/memory.py):
+        its arrays twice (live, and the copy a snapshot or an export takes) and its score caches."""
+        held = list(self._caches.values())  # a copy: a select in another thread may change the dict
+        caches = [c.scores for c in held] + [c.tied.odd for c in held if c.tied is not None]
+        if self._spare_buffer is not None:
+            caches.append(self._spare_buffer)
+        return 2 * self.arrays.nbytes + sum(arr.nbytes for arr in caches)
+
     # ---- summaries ------------------------------------------------------------------------------
     def prompts_observed(self) -> int:
         return self.arrays.observed

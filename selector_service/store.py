@@ -417,6 +417,57 @@ class Store:
         await self.r.sadd(self.keys.registry, name)
         return _s(status), json.loads(_s(stored))
 
+    async def write_import_chunks(
+        self, name: str, chunks: AsyncIterable[bytes | memoryview]
+    ) -> tuple[str, int]:
+        """Writes the chunks of an imported snapshot as they arrive; returns (snapshot id, chunk count).
+        Nothing refers to them until `commit_import`; on an error they are removed and it re-raises."""
+        snap_id = uuid.uuid4().hex[:16]
+        count = 0
+        try:
+            async for chunk in chunks:
+                await self.r.set(self.keys.snap_chunk(name, snap_id, count), chunk)
+                count += 1
+                del chunk  # released before the producer makes the next one
+        except BaseException:
+            with contextlib.suppress(RedisError, OSError):
+                await self._delete_chunks(name, snap_id, count + 1)
+            raise
+        return snap_id, count
+
+    async def commit_import(
+        self,
+        name: str,
+        spec: dict[str, Any],
+        fingerprint: str,
+        uid: str,
+        covered_id: str,
+        open_step: int,
+        snap_id: str,
+        count: int,
+        replace: bool = False,
+    ) -> bool:
+        """Creates `name` from the chunks `write_import_chunks` wrote; with `replace`, deletes the dataset
+        of that name first (keeping those chunks). False (and the chunks removed) when the name is taken."""
+        if replace:
+            await self.delete_dataset(name, keep_snap=snap_id)
+        doc = dict(spec, uid=uid, fingerprint=fingerprint)
+        status = _s(
+            await self._import(
+                keys=[self.keys.spec(name), self.keys.meta(name), self.keys.log(name)],
+                args=[json.dumps(doc), uid, snap_id, covered_id, count, open_step],
+            )
+        )
+        if status != "created":
+            await self._delete_chunks(name, snap_id, count)
+            return False
+        await self.r.sadd(self.keys.registry, name)
+        return True
+
+    async def discard_chunks(self, name: str, snap_id: str, count: int) -> None:
+        """Removes chunks `write_import_chunks` wrote that no dataset refers to (an import given up)."""
+        await self._delete_chunks(name, snap_id, count)
+
     async def import_dataset(
         self,
         name: str,
@@ -428,21 +479,13 @@ class Store:
         chunks: list[bytes | memoryview],
     ) -> bool:
         """Creates `name` from snapshot chunks; False (and nothing left behind) when the name is taken."""
-        snap_id = uuid.uuid4().hex[:16]
-        for i, chunk in enumerate(chunks):
-            await self.r.set(self.keys.snap_chunk(name, snap_id, i), chunk)
-        doc = dict(spec, uid=uid, fingerprint=fingerprint)
-        status = _s(
-            await self._import(
-                keys=[self.keys.spec(name), self.keys.meta(name), self.keys.log(name)],
-                args=[json.dumps(doc), uid, snap_id, covered_id, len(chunks), open_step],
-            )
-        )
-        if status != "created":
-            await self._delete_chunks(name, snap_id, len(chunks))
-            return False
-        await self.r.sadd(self.keys.registry, name)
-        return True
+
+        async def each() -> AsyncIterable[bytes | memoryview]:
+            for chunk in chunks:
+                yield chunk
+
+        snap_id, count = await self.write_import_chunks(name, each())
+        return await self.commit_import(name, spec, fingerprint, uid, covered_id, open_step, snap_id, count)
 
     async def get_spec(self, name: str) -> dict | None:
         raw = await self.r.get(self.keys.spec(name))
@@ -452,19 +495,25 @@ class Store:
         names = sorted(_s(n) for n in await self.r.smembers(self.keys.registry))
         return names
 
-    async def delete_dataset(self, name: str) -> bool:
+    async def delete_dataset(self, name: str, keep_snap: str | None = None) -> bool:
+        """Deletes every key of dataset `name` (but the chunks of snapshot `keep_snap`, an import's that
+        replaces it); whether it existed."""
         existed = bool(await self.r.delete(self.keys.spec(name)))
         await self.r.delete(
             self.keys.meta(name), self.keys.log(name), self.keys.snaplock(name), self.keys.snapw(name)
         )
+        keep = None if keep_snap is None else self.keys.snap_chunk(name, keep_snap, 0).rsplit(":", 1)[0] + ":"
         for pattern in (self.keys.snap_pattern(name), self.keys.rid_pattern(name)):
-            await self._delete_matching(pattern)
+            await self._delete_matching(pattern, keep)
         await self.r.srem(self.keys.registry, name)
         return existed
 
-    async def _delete_matching(self, pattern: str) -> None:
+    async def _delete_matching(self, pattern: str, keep: str | None = None) -> None:
+        """Deletes the keys matching `pattern`, but those starting with `keep`."""
         batch: list[Any] = []
         async for key in self.r.scan_iter(match=pattern, count=1000):
+            if keep is not None and _s(key).startswith(keep):
+                continue
             batch.append(key)
             if len(batch) >= 500:
                 await self.r.delete(*batch)
@@ -528,6 +577,17 @@ class Store:
     async def read_meta(self, name: str) -> dict[str, str]:
         raw = await self.r.hgetall(self.keys.meta(name))
         return {_s(k): _s(v) for k, v in raw.items()}
+
+    async def read_seqs(self, names: list[str]) -> dict[str, int]:
+        """Each dataset's record count (the meta hash's seq; 0 for one that has none), in one pipelined
+        round trip: what /metrics ranks datasets by activity with."""
+        if not names:
+            return {}
+        pipe = self.r.pipeline(transaction=False)
+        for name in names:
+            pipe.hget(self.keys.meta(name), "seq")
+        values = await pipe.execute()
+        return {name: int(_s(v)) if v is not None else 0 for name, v in zip(names, values, strict=True)}
 
     async def read_log(self, name: str, after_id: str, count: int) -> LogView:
         """One round trip, one atomic step: the meta hash, the log length and the first `count` records

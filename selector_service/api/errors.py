@@ -21,6 +21,11 @@ UNDECODABLE_BODY = (
     "body is not valid JSON: send a UTF-8 encoded JSON object (NaN and Infinity are not allowed)"
 )
 
+OUT_OF_MEMORY = (
+    "the service ran out of memory for this request; nothing was applied. Retry later, send smaller requests, "
+    "or lower SELECTOR_MEMORY_BUDGET_BYTES to what the machine and its limits allow"
+)
+
 ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorBody, "description": text}
     for code, text in {
@@ -31,12 +36,18 @@ ERRORS: dict[int | str, dict[str, Any]] = {
         413: "request too large",
         422: "invalid request",
         503: "store unreachable",
+        507: "the dataset does not fit in the service's memory budget (nothing changed)",
     }.items()
 }
 
 
 async def service_error(_request: Request, exc: ServiceError) -> JSONResponse:
     return JSONResponse({"detail": exc.detail}, status_code=exc.status_code)
+
+
+async def memory_error(_request: Request, _exc: MemoryError) -> JSONResponse:
+    """An allocation that failed while a request ran: a 507 like a refused admission, never a 500."""
+    return JSONResponse({"detail": OUT_OF_MEMORY}, status_code=507)
 
 
 async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -66,6 +77,7 @@ async def http_error(_request: Request, exc: StarletteHTTPException) -> JSONResp
 
 def add_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(ServiceError, service_error)
+    app.add_exception_handler(MemoryError, memory_error)
     app.add_exception_handler(RequestValidationError, validation_error)
     app.add_exception_handler(StarletteHTTPException, http_error)
 

@@ -8,9 +8,11 @@ import logging
 import time
 
 from fastapi.responses import JSONResponse
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from selector_service import metrics
+from selector_service.api.errors import OUT_OF_MEMORY
 from selector_service.errors import PayloadTooLarge
 
 log = logging.getLogger("selector_service")
@@ -85,6 +87,13 @@ class InternalErrors:
         except Exception as exc:
             if tracked.started:
                 raise
+            if isinstance(exc, ClientDisconnect):  # the client left (or the server cut it off): no answer
+                log.debug("client gone during %s %s", scope.get("method"), scope.get("path"))
+                return
+            if isinstance(exc, MemoryError):  # an allocation failed: nothing was applied, say so (507)
+                log.warning("out of memory while answering %s %s", scope.get("method"), scope.get("path"))
+                await send_json(send, 507, OUT_OF_MEMORY)
+                return
             log.exception("unhandled error")
             await send_json(send, 500, f"internal error ({type(exc).__name__}); see the service log")
 

@@ -64,3 +64,31 @@ def test_bench_service_runs_a_small_dataset(tmp_path: Path) -> None:
     for policy in ("posterior", "knapsack", "variance", "uniform"):  # the rollout budget's cost
         assert result[f"allocate_{policy}_ms"] > 0 and result[f"select_budget_{policy}_ratio"] > 0
     assert json.loads(out.read_text()) == result
+
+
+def test_bench_limits_runs_small_cases(tmp_path: Path) -> None:
+    """A real service per case, small sizes: every case answers as the bounds say and the JSON line
+    carries the memory and /healthz figures of each."""
+    out = tmp_path / "limits.json"
+    args = ["--observe-results", "8000", "--magic-mib", "8", "--import-n", "2e4", "--create-n", "1e5",
+            "--datasets", "12", "--head-timeout-s", "1"]  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "bench/bench_limits.py", *args, "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert [c["answer"] for c in result["observe"]] == [200]
+    assert result["import_bad_magic"][0]["answer"] == 422 and result["import"]["answer"] == 201
+    assert result["headers"]["one_8mib_line"]["answer"] in (
+        "closed",
+        "HTTP/1.1 431 Request Header Fields Too Large",
+    )
+    assert result["headers"]["trickling_300"]["open_after_timeout"] == 0
+    assert result["create_over_budget"] == {**result["create_over_budget"], "answer": 507, "created": False}
+    assert result["metrics"]["datasets"] == 12 and result["metrics"]["scrape_lines"] > 0
+    assert result["worst_healthz_ms"] is not None and result["worst_peak_over_body_observe"] > 0
+    assert json.loads(out.read_text()) == result

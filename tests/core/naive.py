@@ -554,3 +554,35 @@ def allocate_dp(gains, budget: int, lo: int) -> float:
                 nxt[used + k] = max(nxt[used + k], best[used] + prefix[k])
         best = nxt
     return float(best[spare])
+
+
+# ---------------------------------------------------------------- JSON arrays (selector_service/jsonscan.py)
+
+
+def array_separators(text: bytes) -> list[int]:
+    """Byte positions of a JSON array's top-level commas, then of its closing bracket, found by decoding
+    the array element by element with the standard library (latin-1 keeps one character per byte; the
+    JSON structure is the same)."""
+    import json
+
+    s = text.decode("latin-1")
+    decoder = json.JSONDecoder()
+
+    def skip(i: int) -> int:
+        while i < len(s) and s[i] in " \t\r\n":
+            i += 1
+        return i
+
+    i = skip(0)
+    assert s[i] == "["
+    i = skip(i + 1)
+    if s[i] == "]":
+        return [i]
+    seps = []
+    while True:
+        _, end = decoder.raw_decode(s, i)
+        i = skip(end)
+        seps.append(i)
+        if s[i] == "]":
+            return seps
+        i = skip(i + 1)

@@ -6,6 +6,10 @@ training-like workload runs: a dataset with groups, several select/observe steps
 mopps, one rejected observation (409). Then every panel query, with $dataset and the interval
 variables replaced by concrete values, goes through Prometheus's HTTP API and must come back with at
 least one finite sample; the `dataset` variable's label_values() query must list the dataset.
+
+The service caps datasets with series of their own at one (SELECTOR_METRICS_MAX_DATASETS) and two idle
+datasets exist beside the live one: the dashboard works on the most active dataset while the others are
+summed into `dataset="_other"`, which the variable lists too.
 """
 
 from __future__ import annotations
@@ -44,6 +48,8 @@ STRATEGIES = ("uniform", "insight", "dps", "mopps", "dps", "insight")
 DATASET_SIZE, BATCH, K = 48, 12, 4
 START_TIMEOUT_S = 90.0
 SCRAPE_TIMEOUT_S = 20.0
+IDLE = tuple(f"dash-idle-{i}-{uuid.uuid4().hex[:6]}" for i in range(2))
+IDLE_SIZE = 30
 
 pytestmark = [
     pytest.mark.slow,
@@ -124,7 +130,8 @@ def selector(redis_url: str) -> Iterator[str]:
     Its Redis keys live under a prefix of its own and are deleted afterwards.
     """
     prefix = f"dashtest-{uuid.uuid4().hex[:12]}"
-    process = ServiceProcess(redis_url=redis_url, prefix=prefix, env={"SELECTOR_API_TOKEN": TOKEN}).start()
+    env = {"SELECTOR_API_TOKEN": TOKEN, "SELECTOR_METRICS_MAX_DATASETS": "1"}
+    process = ServiceProcess(redis_url=redis_url, prefix=prefix, env=env).start()
     try:
         yield process.url
     finally:
@@ -210,6 +217,11 @@ def dataset(selector: str, prometheus: Prometheus) -> Iterator[str]:
             )
             return response.json() if response.content else {}
 
+        for idle in IDLE:  # summed into dataset="_other": the live dataset is the most active one
+            call("POST", "/datasets", 201, json={"name": idle, "size": IDLE_SIZE})
+            observe = {"dataset": idle, "step": 0, "request_id": f"{idle}-0",
+                       "results": [{"prompt_id": 1, "successes": 1, "trials": 2}]}  # fmt: skip
+            call("POST", "/observe", 200, json=observe)
         call("POST", "/datasets", 201, json={"name": name, "size": DATASET_SIZE, "rollouts_per_prompt": K})
         # Groups (and a few pass rates) for the per-group panel, as a dataset's metadata would give them.
         metadata = {"group": [i % 3 for i in range(DATASET_SIZE)], "pass_rate": [0.5] * 8 + [None] * 40}
@@ -248,6 +260,8 @@ def dataset(selector: str, prometheus: Prometheus) -> Iterator[str]:
         )
         yield name
         call("DELETE", f"/datasets/{name}", 204)
+        for idle in IDLE:
+            call("DELETE", f"/datasets/{idle}", 204)
 
 
 @pytest.fixture(scope="module")
@@ -279,6 +293,17 @@ def test_the_dataset_variable_lists_the_live_dataset(
         f"{prometheus.url}/api/v1/label/{label}/values", params={"match[]": metric}
     )
     assert dataset in response.json()["data"]
+
+
+def test_the_datasets_beyond_the_cap_are_summed_into_other(prometheus: Prometheus, dataset: str) -> None:
+    response = prometheus.http.get(
+        f"{prometheus.url}/api/v1/label/dataset/values", params={"match[]": "selector_dataset_prompts"}
+    )
+    assert {dataset, "_other"} <= set(response.json()["data"])
+    for idle in IDLE:  # no series of their own now (they may have had some before the live one moved)
+        assert prometheus.value(f'selector_dataset_prompts{{dataset="{idle}"}}') is None
+    assert prometheus.value('selector_dataset_prompts{dataset="_other"}') == len(IDLE) * IDLE_SIZE
+    assert prometheus.value('selector_dataset_results_total{dataset="_other"}') == len(IDLE)
 
 
 def test_every_dashboard_query_returns_data(prometheus: Prometheus, dataset: str, dashboard: dict) -> None:

@@ -88,6 +88,14 @@ BENCHMARKS = (
         headline=("worst_peak_over_body_observe", "worst_healthz_ms", "metrics.scrape_lines"),
     ),
     Benchmark(
+        "bench_history",
+        "bench_history.py",
+        quick=("--n", "100000", "--steps", "10", "--rounds", "60", "--request-steps", "12",
+               "--out", "{out}/history.json"),
+        full=("--out", "{out}/history.json"),
+        headline=("max_request_ratio", "max_in_process_ratio"),
+    ),
+    Benchmark(
         "load_test",
         "load_test.py",
         quick=("--duration", "15", "--warmup", "3", "--size", "5000", "--out", "{out}/load.json"),

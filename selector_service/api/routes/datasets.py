@@ -20,7 +20,7 @@ from selector_service.schemas import (
     MetadataResponse,
 )
 
-router = APIRouter(dependencies=[Depends(require_token)], responses=ERRORS)
+router = APIRouter(dependencies=[Depends(require_token)], responses=ERRORS, tags=["datasets"])
 
 
 @router.post(
@@ -29,6 +29,7 @@ router = APIRouter(dependencies=[Depends(require_token)], responses=ERRORS)
     status_code=201,
     responses={200: {"model": DatasetInfo, "description": "same spec already exists"}},
     summary="Create a dataset",
+    operation_id="createDataset",
 )
 async def create_dataset(body: DatasetCreate, engine: EngineDep, response: Response) -> DatasetInfo:
     """Creates a dataset of `size` prompts (ids 0..size-1) with its belief model fixed once: K, the
@@ -44,13 +45,15 @@ async def create_dataset(body: DatasetCreate, engine: EngineDep, response: Respo
     return DatasetInfo(**stored.public(), created=created)
 
 
-@router.get("/datasets", response_model=DatasetList, summary="List datasets")
+@router.get("/datasets", response_model=DatasetList, summary="List datasets", operation_id="listDatasets")
 async def list_datasets(engine: EngineDep) -> DatasetList:
     """The names of every dataset in the store (all replicas share them)."""
     return DatasetList(datasets=await engine.list_datasets())
 
 
-@router.get("/datasets/{name}", response_model=DatasetInfo, summary="Describe a dataset")
+@router.get(
+    "/datasets/{name}", response_model=DatasetInfo, summary="Describe a dataset", operation_id="getDataset"
+)
 async def get_dataset(name: NamePath, engine: EngineDep) -> DatasetInfo:
     """The dataset's spec and a summary of its beliefs: open step, observations and rollouts applied,
     prompts ever observed, steps closed, the last closed step's share of partially solved prompts and
@@ -59,7 +62,13 @@ async def get_dataset(name: NamePath, engine: EngineDep) -> DatasetInfo:
     return DatasetInfo(**spec.public(), summary=summary)
 
 
-@router.delete("/datasets/{name}", status_code=204, response_class=Response, summary="Delete a dataset")
+@router.delete(
+    "/datasets/{name}",
+    status_code=204,
+    response_class=Response,
+    summary="Delete a dataset",
+    operation_id="deleteDataset",
+)
 async def delete_dataset(name: NamePath, engine: EngineDep) -> Response:
     """Deletes the dataset with its beliefs, log and snapshots; 404 when there is none of that name."""
     await engine.delete_dataset(name)
@@ -71,6 +80,7 @@ async def delete_dataset(name: NamePath, engine: EngineDep) -> Response:
     response_class=Response,
     responses={200: {"content": {"application/octet-stream": {}}, "description": "zstd snapshot"}},
     summary="Export a dataset",
+    operation_id="exportDataset",
 )
 async def export_dataset(name: NamePath, engine: EngineDep) -> Response:
     """The dataset's spec and beliefs as one compressed, checksummed file (backup; import elsewhere)."""
@@ -88,6 +98,7 @@ async def export_dataset(name: NamePath, engine: EngineDep) -> Response:
     status_code=201,
     openapi_extra=binary_body(),
     summary="Import a dataset",
+    operation_id="importDataset",
 )
 async def import_dataset(
     name: NamePath,
@@ -111,7 +122,12 @@ async def import_dataset(
     return DatasetInfo(**spec.public(), created=True)
 
 
-@router.get("/datasets/{name}/beliefs", response_model=BeliefsResponse, summary="Read beliefs")
+@router.get(
+    "/datasets/{name}/beliefs",
+    response_model=BeliefsResponse,
+    summary="Read beliefs",
+    operation_id="getBeliefs",
+)
 async def beliefs(
     request: Request,
     name: NamePath,
@@ -142,7 +158,12 @@ async def beliefs(
     return BeliefsResponse(open_step=open_step, beliefs=rows)
 
 
-@router.put("/datasets/{name}/metadata", response_model=MetadataResponse, summary="Upload metadata")
+@router.put(
+    "/datasets/{name}/metadata",
+    response_model=MetadataResponse,
+    summary="Upload metadata",
+    operation_id="putMetadata",
+)
 async def put_metadata(
     name: NamePath, body: MetadataRequest, engine: EngineDep, settings: SettingsDep
 ) -> MetadataResponse:
@@ -168,6 +189,7 @@ async def put_metadata(
     response_model=MetadataResponse,
     openapi_extra=binary_body(),
     summary="Upload metadata as a raw array",
+    operation_id="putMetadataArray",
 )
 async def put_metadata_raw(
     name: NamePath,

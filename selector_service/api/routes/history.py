@@ -10,13 +10,18 @@ from selector_service.api.deps import EngineDep, NamePath, require_token
 from selector_service.api.errors import ERRORS
 from selector_service.schemas import HistoryResponse
 
-router = APIRouter(dependencies=[Depends(require_token)], responses=ERRORS)
+router = APIRouter(dependencies=[Depends(require_token)], responses=ERRORS, tags=["datasets"])
 
 #: The most rows one request returns (about 300 bytes of JSON each).
 MAX_LIMIT = 10_000
 
 
-@router.get("/datasets/{name}/history", response_model=HistoryResponse, summary="Step history")
+@router.get(
+    "/datasets/{name}/history",
+    response_model=HistoryResponse,
+    summary="Step history",
+    operation_id="getHistory",
+)
 async def history(
     name: NamePath,
     engine: EngineDep,

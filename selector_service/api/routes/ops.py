@@ -11,16 +11,22 @@ from fastapi.responses import JSONResponse
 from selector_service.api.deps import EngineDep
 from selector_service.schemas import Health
 
-router = APIRouter()
+router = APIRouter(tags=["ops"])
 
 
-@router.get("/healthz", response_model=Health, summary="Liveness")
+@router.get("/healthz", response_model=Health, summary="Liveness", operation_id="healthz")
 async def healthz() -> Health:
     """200 while the process serves HTTP; it does not ask the store (see /readyz)."""
     return Health(status="ok")
 
 
-@router.get("/readyz", response_model=Health, responses={503: {"model": Health}}, summary="Readiness")
+@router.get(
+    "/readyz",
+    response_model=Health,
+    responses={503: {"model": Health}},
+    summary="Readiness",
+    operation_id="readyz",
+)
 async def readyz(engine: EngineDep) -> Any:
     """200 when the belief store answers a ping within the store timeout, 503 when it does not."""
     if await engine.ready():
@@ -28,7 +34,7 @@ async def readyz(engine: EngineDep) -> Any:
     return JSONResponse({"status": "not ready", "detail": "the belief store is unreachable"}, status_code=503)
 
 
-@router.get("/metrics", response_class=Response, summary="Prometheus metrics")
+@router.get("/metrics", response_class=Response, summary="Prometheus metrics", operation_id="metrics")
 async def prometheus_metrics(request: Request, engine: EngineDep) -> Response:
     """Prometheus text format. Dataset gauges come from a catch-up with the store that may take at
     most SELECTOR_METRICS_WAIT_S; a slower one (a frozen store, a long replay) goes on in the

@@ -30,7 +30,7 @@ from selector_service.schemas import (
     decode_observe,
 )
 
-router = APIRouter(dependencies=[Depends(require_token)], responses=ERRORS)
+router = APIRouter(dependencies=[Depends(require_token)], responses=ERRORS, tags=["selection"])
 #: Observe bodies above this size are parsed in a worker thread (a few hundred results parse in well
 #: under a millisecond: the thread hop would cost more).
 INLINE_PARSE_BYTES = 64 * 1024
@@ -43,6 +43,7 @@ EXPLAIN_BYTES = 1 << 20
     response_model=SelectResponse,
     response_model_exclude_unset=True,  # `rollouts` only when asked: other answers stay as they were
     summary="Select a batch of prompts",
+    operation_id="select",
 )
 async def select(body: SelectRequest, engine: EngineDep, settings: SettingsDep) -> SelectResponse:
     """The `batch_size` distinct prompts the strategy picks for training step `step`, from the beliefs
@@ -82,6 +83,7 @@ async def select(body: SelectRequest, engine: EngineDep, settings: SettingsDep) 
     response_model=ObserveResponse,
     openapi_extra=json_body(ObserveRequest),
     summary="Report rollout results",
+    operation_id="observe",
 )
 async def observe(request: Request, engine: EngineDep) -> ObserveResponse:
     """Report rollout results for a step; idempotent by request_id, applied whole or not at all."""
@@ -109,7 +111,12 @@ async def observe(request: Request, engine: EngineDep) -> ObserveResponse:
     return ObserveResponse(applied=applied, duplicate=duplicate, lag=lag)
 
 
-@router.get("/strategies", response_model=StrategiesResponse, summary="List the strategies")
+@router.get(
+    "/strategies",
+    response_model=StrategiesResponse,
+    summary="List the strategies",
+    operation_id="listStrategies",
+)
 async def strategies() -> StrategiesResponse:
     """Every strategy `/select` accepts, with its parameters, their defaults and what each does (the
     accepted range of each: docs/numerics.md), and the policies a rollout budget may name. A client can
@@ -136,7 +143,7 @@ async def strategies() -> StrategiesResponse:
     )
 
 
-@router.post("/score", response_model=ScoreResponse, summary="Score prompts")
+@router.post("/score", response_model=ScoreResponse, summary="Score prompts", operation_id="score")
 async def score(body: ScoreRequest, engine: EngineDep, settings: SettingsDep) -> ScoreResponse:
     """The scores a /select at the open step would give the prompts asked for, in that order. It writes
     nothing. Strategies that walk a permutation have no per-prompt scores (422)."""

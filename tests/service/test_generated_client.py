@@ -91,7 +91,9 @@ def test_a_generated_client_trains_three_steps_against_a_real_service(generated,
     refused = ds.get_dataset.sync_detailed(dsname, client=outsider)
     assert refused.status_code == 403 and refused.parsed.detail == "wrong bearer token"
 
-    info = ds.create_dataset.sync(client=client, body=models.DatasetCreate(name=dsname, size=50, rollouts_per_prompt=4))
+    info = ds.create_dataset.sync(
+        client=client, body=models.DatasetCreate(name=dsname, size=50, rollouts_per_prompt=4)
+    )
     assert isinstance(info, models.DatasetInfo) and info.created and info.size == 50
     names = {s.name for s in sel.list_strategies.sync(client=client).strategies}
     assert {"insight", "dps", "uniform"} <= names

@@ -243,6 +243,8 @@ def configs(args: argparse.Namespace) -> tuple[WorldConfig, ToyRunConfig, list[s
             steps=args.steps,
             beta_decay=args.beta_decay,
             hmm_decay=args.hmm_decay,
+            alpha0=args.alpha0,
+            beta0=args.beta0,
             ds_oversample=args.ds_oversample,
             ds_max_rounds=args.ds_max_rounds,
             prior_strength=args.prior_strength,
@@ -351,6 +353,8 @@ def training_options(t: Any, train: ToyRunConfig) -> None:
     t.add_argument("--rollouts", type=int, default=train.rollouts_per_prompt, help="rollouts per prompt (K)")
     t.add_argument("--steps", type=int, default=train.steps, help="training steps")
     t.add_argument("--beta-decay", type=float, default=train.beta_decay, help="Beta forgetting factor lam")
+    t.add_argument("--alpha0", type=float, default=train.alpha0, help="the dataset's Beta prior alpha0")
+    t.add_argument("--beta0", type=float, default=train.beta0, help="the dataset's Beta prior beta0")
     t.add_argument("--hmm-decay", type=float, default=train.hmm_decay, help="DPS HMM decay lam")
     t.add_argument(
         "--ds-oversample", type=int, default=train.ds_oversample, help="Dynamic Sampling draw, in B"

@@ -27,6 +27,16 @@ Strategies, each run on the same world per seed (different rollout noise):
   keep the mixed groups, repeat until B are kept (at most `ds_max_rounds` rounds; a step that still has
   fewer trains on what it has), train on the first B. EVERY rollout counts as cost and is observed.
 
+- `name@policy` (e.g. `insight@posterior`): the strategy `name` picks the batch, then the step's budget of
+  B x K rollouts is shared out by the service's rollout allocation (`selector_service.core.allocate_rollouts`
+  with each prompt's Beta belief and the stream (dataset, step, seed, "rollouts"), exactly as
+  DatasetState.rollout_counts answers a select with `rollouts`; docs/methods.md §8), each count in
+  [`rollouts_min`, `rollouts_max`] (default 2 and 64). Prompt i rolls out n_i samples; its group is mixed
+  (teaches) when 0 < S < n_i, a group of one never is, and it costs n_i rollouts; every mixed group teaches
+  the same amount whatever its size (a larger group is only likelier to be mixed). `name@uniform` is the
+  even split (K each when the budget is B x K); `name@oracle` is a ceiling, not a policy: `posterior`'s
+  allocation on the world's true success rates.
+
 Beliefs are fed exactly like the service feeds them: `apply_results` for each observed group when it is
 observed (with the dataset's `beta_decay`), `close_step` once the step ends (with `hmm_decay`). Every
 strategy keeps all belief families, so DPS's state-prediction accuracy (`CloseStats.correct / observed`)
@@ -90,7 +100,7 @@ LARGE = {
     "seeds": 5,
     "strategies": ",".join(LARGE_STRATEGIES),
 }
-POLICIES = ("uniform", "knapsack", "variance", "posterior")
+POLICIES = ("uniform", "knapsack", "variance", "posterior", "oracle")
 #: --scenario budget: fixed K against each rollout policy at the same budget (B x K per step, counts in
 #: [rollouts_min, rollouts_max]), for uniform's and INSIGHT's batches; budget-large: the same in the large
 #: world, INSIGHT with the levels as groups.
@@ -289,7 +299,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=",".join(DEFAULT_STRATEGIES),
         help=f"comma-separated subset of {', '.join(STRATEGY_NAMES)}, each optionally with a rollout policy "
         f"(name@policy, policy one of {', '.join(POLICIES)}: the step's B x K rollouts shared out by the "
-        "service's allocation); uniform always runs (the target)",
+        "service's allocation; oracle is a ceiling, posterior's allocation on the true success rates); "
+        "uniform always runs (the target)",
     )
     run.add_argument("--quick", action="store_true", help="a small world for a run of a few seconds")
     run.add_argument("--out", type=Path, default=OUT_DIR, help="output folder")

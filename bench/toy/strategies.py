@@ -63,6 +63,10 @@ STRATEGY_SOURCES: dict[str, str] = {name: variant.source for name, variant in VA
 STRATEGY_NAMES: tuple[str, ...] = tuple(VARIANTS)
 #: `name@policy` runs the strategy `name` with a rollout budget shared out by `policy`.
 POLICY_SEPARATOR = "@"
+#: Not a policy but its ceiling: `posterior`'s allocation on beliefs that are the world's true success
+#: rates (a Beta of weight ORACLE_WEIGHT at each prompt's true rate), which no trainer can know.
+ORACLE = "oracle"
+ORACLE_WEIGHT = 1e9
 
 
 def variant_of(name: str) -> Variant:
@@ -74,10 +78,9 @@ def variant_of(name: str) -> Variant:
     variant = VARIANTS[base]
     if not sep:
         return variant
-    if policy not in ROLLOUT_POLICIES:
-        raise ValueError(
-            f"unknown rollout policy {policy!r} in {name!r}; choose from {', '.join(ROLLOUT_POLICIES)}"
-        )
+    if policy not in ROLLOUT_POLICIES and policy != ORACLE:
+        choices = ", ".join((*ROLLOUT_POLICIES, ORACLE))
+        raise ValueError(f"unknown rollout policy {policy!r} in {name!r}; choose from {choices}")
     if variant.trainer:
         raise ValueError(
             f"{base} rolls out by its own procedure; a rollout policy applies to service strategies"
@@ -197,7 +200,11 @@ class Trainer:
         prompt's Beta belief now (its cold prior if never observed), ties from the stream (dataset, step,
         seed, "rollouts")."""
         cfg = self.cfg
-        alpha, beta, _ = prior_arrays(self.beliefs, ids)
+        if self.policy == ORACLE:
+            rate = np.clip(self.world.success_rates(ids), 1e-12, 1.0 - 1e-12)
+            alpha, beta = ORACLE_WEIGHT * rate, ORACLE_WEIGHT * (1.0 - rate)
+        else:
+            alpha, beta, _ = prior_arrays(self.beliefs, ids)
         return allocate_rollouts(
             alpha,
             beta,
@@ -205,7 +212,7 @@ class Trainer:
             budget=len(ids) * cfg.rollouts_per_prompt,
             min_rollouts=cfg.rollouts_min,
             max_rollouts=cfg.rollouts_max,
-            policy=self.policy,
+            policy="posterior" if self.policy == ORACLE else self.policy,
             rng=stream(self.key, step, self.seed, "rollouts"),
         )
 

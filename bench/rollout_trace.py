@@ -148,7 +148,7 @@ def replay(trace: Trace, row: str, setting: Setting, seed: int) -> dict[str, Any
     n, total = trace.n_prompts, trace.rollouts
     key = f"trace-{seed}"
     beliefs = BeliefArrays.new(n, 1.0, 1.0)
-    draws = np.random.default_rng([seed, 7, ROWS.index(row)])
+    draws = np.random.default_rng([seed, 7])  # the same stream for every row: paired draws
     params = validate_params(setting.strategy, {})
     budget = setting.batch_size * setting.k
     mixed = np.zeros(trace.n_epochs, dtype=np.int64)

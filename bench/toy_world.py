@@ -103,7 +103,8 @@ LARGE = {
 POLICIES = ("uniform", "knapsack", "variance", "posterior", "oracle")
 #: --scenario budget: fixed K against each rollout policy at the same budget (B x K per step, counts in
 #: [rollouts_min, rollouts_max]), for uniform's and INSIGHT's batches; budget-large: the same in the large
-#: world, INSIGHT with the levels as groups.
+#: world, INSIGHT with the levels as groups, and uniform batches with the pass rates uploaded (per-prompt
+#: priors for the allocation; uniform selection ignores them).
 BUDGET = {
     "strategies": ",".join(
         f"{s}{p}" for s in ("uniform", "insight") for p in ("", *(f"@{q}" for q in POLICIES))
@@ -118,6 +119,8 @@ BUDGET_LARGE = {
             *(f"uniform@{q}" for q in POLICIES),
             "insight+groups",
             *(f"insight+groups@{q}" for q in POLICIES),
+            "uniform+pass_rate",
+            *(f"uniform+pass_rate@{q}" for q in POLICIES if q != "uniform"),
         ]
     ),
 }
@@ -291,7 +294,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "(200k prompts in 10 difficulty levels with a noisy pass rate each, 120 steps, 5 seeds; "
         "writes toy_world_large.*); budget: fixed K against each rollout policy (name@policy) at the same "
         "budget, uniform's and INSIGHT's batches; budget-large: the same in the large world (INSIGHT with "
-        "groups, 10 seeds). Writes toy_world_<scenario>.*. Options given explicitly still win",
+        "groups, uniform with pass rates, 10 seeds). Writes toy_world_<scenario>.*. Options given explicitly still win",
     )
     run.add_argument("--seeds", type=int, default=10, help="number of seeds (0..seeds-1)")
     run.add_argument(

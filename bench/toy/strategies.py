@@ -42,6 +42,7 @@ class Variant:
 #: Strategy name in this benchmark -> how it runs.
 VARIANTS: dict[str, Variant] = {
     "uniform": Variant("uniform"),
+    "uniform+pass_rate": Variant("uniform", "pass_rate"),  # uniform batches; the pass rates inform a budget
     "dynamic_sampling": Variant("uniform", trainer="dynamic_sampling"),
     "speed_rl": Variant("uniform", trainer="speed_rl"),
     "history_resampling": Variant("history_resampling"),

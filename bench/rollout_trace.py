@@ -23,8 +23,8 @@ as the shortest prompt has):
 
 A group is mixed (GRPO's advantage is non-zero) when it holds a success and a failure: 0 < s < n; a
 group of one never is. Reported per policy, mean ± standard error over seeds: mixed groups per epoch,
-mixed groups per rollout, the effective-sample ratio (mixed groups / groups) and mixed groups against
-fixed K. The `oracle` row is a ceiling, not a policy: the same greedy allocation on each prompt's exact
+mixed groups per rollout, the effective-sample ratio (mixed groups / groups), and mixed groups against
+fixed K and against the knapsack policy, paired by seed (every row draws from one stream per seed). The `oracle` row is a ceiling, not a policy: the same greedy allocation on each prompt's exact
 probability of a mixed group of n from THIS epoch's outcomes, which no strategy can know in advance.
 
 Writes bench/out/rollout_trace.json and bench/out/rollout_trace.png; ends stdout with one JSON line.
@@ -205,12 +205,13 @@ def _mean_se(values: Sequence[float]) -> dict[str, float]:
 
 
 def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
-    """Per row: mean ± standard error over seeds, and mixed groups against fixed K paired by seed."""
-    fixed = runs[FIXED]
+    """Per row: mean ± standard error over seeds, and mixed groups against fixed K and against Knapsack
+    RL's policy, paired by seed."""
+    fixed, knapsack = runs[FIXED], runs["knapsack"]
     out: dict[str, Any] = {}
     for row, seeds in runs.items():
         per_seed = []
-        for run, base in zip(seeds, fixed, strict=True):
+        for run, base, other in zip(seeds, fixed, knapsack, strict=True):
             m = int(run["mixed"].sum())
             per_seed.append(
                 {
@@ -218,6 +219,7 @@ def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
                     "mixed_per_rollout": m / int(run["spent"].sum()),
                     "effective_ratio": m / run["groups"],
                     "mixed_vs_fixed": m / max(int(base["mixed"].sum()), 1),
+                    "mixed_vs_knapsack": m / max(int(other["mixed"].sum()), 1),
                     "rollouts": int(run["spent"].sum()),
                 }
             )
@@ -229,8 +231,9 @@ def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
 
 def format_table(summary: dict[str, Any]) -> str:
     lines = [
-        "| policy | mixed groups / epoch | mixed groups / rollout | effective-sample ratio | mixed vs fixed K |",
-        "|---|---|---|---|---|",
+        "| policy | mixed groups / epoch | mixed groups / rollout | effective-sample ratio | mixed vs fixed K "
+        "| mixed vs knapsack |",
+        "|---|---|---|---|---|---|",
     ]
     for row, s in summary.items():
         cells = [
@@ -238,6 +241,7 @@ def format_table(summary: dict[str, Any]) -> str:
             f"{s['mixed_per_rollout']['mean']:.4f} ± {s['mixed_per_rollout']['se']:.4f}",
             f"{s['effective_ratio']['mean']:.3f} ± {s['effective_ratio']['se']:.3f}",
             f"{s['mixed_vs_fixed']['mean']:.3f} ± {s['mixed_vs_fixed']['se']:.3f}",
+            f"{s['mixed_vs_knapsack']['mean']:.4f} ± {s['mixed_vs_knapsack']['se']:.4f}",
         ]
         lines.append(f"| {row} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -319,7 +323,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         plot(results, png_path, title)
     print(f"\n{seconds:.1f} s; wrote {json_path}")
     headline = {
-        name: {row: {m: s[m]["mean"] for m in ("mixed_per_rollout", "effective_ratio", "mixed_vs_fixed")}
+        name: {row: {m: s[m]["mean"] for m in ("mixed_per_rollout", "effective_ratio", "mixed_vs_fixed", "mixed_vs_knapsack")}
                for row, s in r["summary"].items()}
         for name, r in results.items()
     }  # fmt: skip

@@ -9,8 +9,9 @@ Each script runs in a child process with the configuration below; its output goe
 ``bench/out/summary.json``, with the command, exit status and wall time. ``--quick`` writes the
 scripts' own files under ``bench/out/quick/`` so that the documented figures in bench/out/ are not
 replaced by small-size ones; ``--full`` writes them where the docs read them. The two model-based
-benchmarks (mismatch, grpo_compare) need the trainer extras and vLLM, and bench_service_redis a Redis at
-``BENCH_REDIS_URL`` (default redis://127.0.0.1:6379/0); without them they are skipped.
+benchmarks (mismatch, grpo_compare) need the trainer extras and vLLM, bench_service_redis a Redis at
+``BENCH_REDIS_URL`` (default redis://127.0.0.1:6379/0), and rollout_trace the One-Shot-RLVR trace at
+``BENCH_TRACE`` (default ../shared/data/one-shot-rlvr/acc_step_500.json); without them they are skipped.
 Ends with a table (name, status, seconds, a few headline figures) and exits 1 when any run failed.
 """
 
@@ -33,6 +34,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import OUT_DIR, ROOT, last_json_line
 
 REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
+#: The One-Shot-RLVR trace rollout_trace.py replays (not shipped; bench/rollout_trace.py says where it is from).
+TRACE_PATH = os.environ.get(
+    "BENCH_TRACE", str(ROOT.parent / "shared" / "data" / "one-shot-rlvr" / "acc_step_500.json")
+)
 
 
 @dataclass(frozen=True)
@@ -44,6 +49,7 @@ class Benchmark:
     headline: tuple[str, ...]  # dotted keys of the result shown in the table
     needs_vllm: bool = False
     needs_redis: bool = False  # a Redis at REDIS_URL (env BENCH_REDIS_URL)
+    needs_file: str = ""  # a data file that must exist (its path is an argument too)
 
 
 BENCHMARKS = (
@@ -117,6 +123,28 @@ BENCHMARKS = (
         headline=("seconds", "strategies.dps.final_accuracy", "strategies.uniform.final_accuracy"),
     ),
     Benchmark(
+        "toy_world_budget",
+        "toy_world.py",
+        quick=("--scenario", "budget", "--quick", "--seeds", "2", "--no-progress", "--out", "{out}"),
+        full=("--scenario", "budget", "--no-progress", "--out", "{out}"),
+        headline=("strategies.uniform@posterior.mixed_vs_fixed_k", "strategies.uniform@oracle.mixed_vs_fixed_k"),
+    ),
+    Benchmark(
+        "toy_world_budget_large",
+        "toy_world.py",
+        quick=("--scenario", "budget-large", "--quick", "--seeds", "1", "--no-progress", "--out", "{out}"),
+        full=("--scenario", "budget-large", "--no-progress", "--out", "{out}"),
+        headline=("strategies.insight+groups@posterior.mixed_vs_fixed_k", "strategies.insight+groups.final_accuracy"),
+    ),
+    Benchmark(
+        "rollout_trace",
+        "rollout_trace.py",
+        quick=(TRACE_PATH, "--k", "4", "--seeds", "2", "--out", "{out}"),
+        full=(TRACE_PATH, "--k", "3,4,6", "--out", "{out}"),
+        headline=("results.K=4.posterior.mixed_vs_fixed", "results.K=4.knapsack.mixed_vs_fixed"),
+        needs_file=TRACE_PATH,
+    ),
+    Benchmark(
         "mismatch",
         "mismatch.py",
         quick=("--prompts", "1", "--rollouts", "2", "--max-new-tokens", "8", "--out", "{out}/mismatch.json"),
@@ -163,6 +191,13 @@ def run_one(bench: Benchmark, mode: str, out: Path, timeout: float | None) -> di
     record: dict[str, Any] = {"command": " ".join(command), "log": str(log_path)}
     if bench.needs_vllm and importlib.util.find_spec("vllm") is None:
         return {**record, "status": "skipped (vLLM is not installed)", "wall_s": 0.0, "result": None}
+    if bench.needs_file and not Path(bench.needs_file).is_file():
+        return {
+            **record,
+            "status": f"skipped (no {bench.needs_file}; BENCH_TRACE)",
+            "wall_s": 0.0,
+            "result": None,
+        }
     if bench.needs_redis and not redis_answers(REDIS_URL):
         return {**record, "status": "skipped (no Redis at BENCH_REDIS_URL)", "wall_s": 0.0, "result": None}
     started = time.perf_counter()

@@ -27,6 +27,16 @@ Strategies, each run on the same world per seed (different rollout noise):
   keep the mixed groups, repeat until B are kept (at most `ds_max_rounds` rounds; a step that still has
   fewer trains on what it has), train on the first B. EVERY rollout counts as cost and is observed.
 
+- `name@policy` (e.g. `insight@posterior`): the strategy `name` picks the batch, then the step's budget of
+  B x K rollouts is shared out by the service's rollout allocation (`selector_service.core.allocate_rollouts`
+  with each prompt's Beta belief and the stream (dataset, step, seed, "rollouts"), exactly as
+  DatasetState.rollout_counts answers a select with `rollouts`; docs/methods.md §8), each count in
+  [`rollouts_min`, `rollouts_max`] (default 2 and 64). Prompt i rolls out n_i samples; its group is mixed
+  (teaches) when 0 < S < n_i, a group of one never is, and it costs n_i rollouts; every mixed group teaches
+  the same amount whatever its size (a larger group is only likelier to be mixed). `name@uniform` is the
+  even split (K each when the budget is B x K); `name@oracle` is a ceiling, not a policy: `posterior`'s
+  allocation on the world's true success rates.
+
 Beliefs are fed exactly like the service feeds them: `apply_results` for each observed group when it is
 observed (with the dataset's `beta_decay`), `close_step` once the step ends (with `hmm_decay`). Every
 strategy keeps all belief families, so DPS's state-prediction accuracy (`CloseStats.correct / observed`)
@@ -62,8 +72,8 @@ from bench.toy.strategies import (
     DEFAULT_STRATEGIES,
     LARGE_STRATEGIES,
     STRATEGY_NAMES,
-    VARIANTS,
     run_strategy,
+    variant_of,
 )
 from bench.toy.world import PromptSet, RunResult, StepRecord, ToyRunConfig, ToyWorld, WorldConfig
 
@@ -90,6 +100,31 @@ LARGE = {
     "seeds": 5,
     "strategies": ",".join(LARGE_STRATEGIES),
 }
+POLICIES = ("uniform", "knapsack", "variance", "posterior", "oracle")
+#: --scenario budget: fixed K against each rollout policy at the same budget (B x K per step, counts in
+#: [rollouts_min, rollouts_max]), for uniform's and INSIGHT's batches; budget-large: the same in the large
+#: world, INSIGHT with the levels as groups, and uniform batches with the pass rates uploaded (per-prompt
+#: priors for the allocation; uniform selection ignores them).
+BUDGET = {
+    "strategies": ",".join(
+        f"{s}{p}" for s in ("uniform", "insight") for p in ("", *(f"@{q}" for q in POLICIES))
+    )
+}
+BUDGET_LARGE = {
+    **LARGE,
+    "seeds": 10,
+    "strategies": ",".join(
+        [
+            "uniform",
+            *(f"uniform@{q}" for q in POLICIES),
+            "insight+groups",
+            *(f"insight+groups@{q}" for q in POLICIES),
+            "uniform+pass_rate",
+            *(f"uniform+pass_rate@{q}" for q in POLICIES if q != "uniform"),
+        ]
+    ),
+}
+SCENARIOS = {"default": {}, "large": LARGE, "budget": BUDGET, "budget-large": BUDGET_LARGE}
 QUICK = {"n_prompts": 1000, "batch_size": 32, "steps": 80, "seeds": 2}
 
 
@@ -119,9 +154,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if not args.no_plot:
         plot_curves(curve_data, png_path, figure_title(world, train, len(seeds)))
 
-    print(format_table(summary))
+    spread = "se" if args.scenario.startswith("budget") else "std"
+    print(format_table(summary, spread))
     print(
-        f"target: uniform's final accuracy per seed; {len(seeds)} seeds; {seconds:.1f} s; wrote {json_path}"
+        f"mean ± {'standard error' if spread == 'se' else 'std'} over seeds; target: uniform's final accuracy "
+        f"per seed; {len(seeds)} seeds; {seconds:.1f} s; wrote {json_path}"
     )
     emit(result_line(summary, train, seeds, seconds, json_path, None if args.no_plot else png_path), None)
     return report
@@ -160,11 +197,14 @@ def result_line(
         "accuracy_at_uniform_rollouts": "accuracy_at_uniform_rollouts",
         "steps_to_uniform_final": "steps_to_target",
         "rollouts_to_uniform_final": "rollouts_to_target",
+        "mixed_per_step": "mixed_per_step",
+        "mixed_per_rollout": "mixed_per_rollout",
+        "mixed_vs_fixed_k": "mixed_vs_fixed_k",
     }
     strategies = {}
     for strategy, entry in summary.items():
         aggregate = entry["aggregate"]
-        row = {key: aggregate[name]["mean"] for key, name in headline.items()}
+        row = {key: aggregate[name]["mean"] for key, name in headline.items() if name in aggregate}
         row["reached"] = aggregate["reached_target"]
         row["state_accuracy"] = aggregate["state_accuracy"]["mean"]
         strategies[strategy] = row
@@ -216,20 +256,20 @@ def configs(args: argparse.Namespace) -> tuple[WorldConfig, ToyRunConfig, list[s
             steps=args.steps,
             beta_decay=args.beta_decay,
             hmm_decay=args.hmm_decay,
+            alpha0=args.alpha0,
+            beta0=args.beta0,
             ds_oversample=args.ds_oversample,
             ds_max_rounds=args.ds_max_rounds,
             prior_strength=args.prior_strength,
             group_decay=args.group_decay,
+            rollouts_min=args.rollouts_min,
+            rollouts_max=args.rollouts_max,
         )
         if args.seeds < 1:
             raise ValueError("--seeds must be >= 1")
         strategies = [name.strip() for name in args.strategies.split(",") if name.strip()]
-        unknown = sorted(set(strategies) - set(STRATEGY_NAMES))
-        if unknown:
-            raise ValueError(f"unknown strategies {unknown}; choose from {', '.join(STRATEGY_NAMES)}")
-        widest = train.batch_size * (
-            train.ds_oversample if any(VARIANTS[s].trainer for s in strategies) else 1
-        )
+        variants = [variant_of(name) for name in strategies]  # ValueError names an unknown one
+        widest = train.batch_size * (train.ds_oversample if any(v.trainer for v in variants) else 1)
         if widest > world.n_prompts:
             raise ValueError(
                 f"a round draws {widest} prompts but the pool has {world.n_prompts}: "
@@ -248,17 +288,22 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     run = parser.add_argument_group("run")
     run.add_argument(
         "--scenario",
-        choices=("default", "large"),
+        choices=tuple(SCENARIOS),
         default="default",
         help="default: a well-observed pool of 2000 prompts; large: the cold-start world of docs/methods.md §6 "
         "(200k prompts in 10 difficulty levels with a noisy pass rate each, 120 steps, 5 seeds; "
-        "writes toy_world_large.*). Options given explicitly still win",
+        "writes toy_world_large.*); budget: fixed K against each rollout policy (name@policy) at the same "
+        "budget, uniform's and INSIGHT's batches; budget-large: the same in the large world (INSIGHT with "
+        "groups, uniform with pass rates, 10 seeds). Writes toy_world_<scenario>.*. Options given explicitly still win",
     )
     run.add_argument("--seeds", type=int, default=10, help="number of seeds (0..seeds-1)")
     run.add_argument(
         "--strategies",
         default=",".join(DEFAULT_STRATEGIES),
-        help=f"comma-separated subset of {', '.join(STRATEGY_NAMES)}; uniform always runs (the target)",
+        help=f"comma-separated subset of {', '.join(STRATEGY_NAMES)}, each optionally with a rollout policy "
+        f"(name@policy, policy one of {', '.join(POLICIES)}: the step's B x K rollouts shared out by the "
+        "service's allocation; oracle is a ceiling, posterior's allocation on the true success rates); "
+        "uniform always runs (the target)",
     )
     run.add_argument("--quick", action="store_true", help="a small world for a run of a few seconds")
     run.add_argument("--out", type=Path, default=OUT_DIR, help="output folder")
@@ -268,7 +313,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     world_options(parser.add_argument_group("world (logits unless stated)"), WorldConfig())
     training_options(parser.add_argument_group("training and dataset settings"), ToyRunConfig())
     args = parser.parse_args(argv)
-    for shrink, values in ((args.scenario == "large", LARGE), (args.quick, QUICK)):
+    for shrink, values in ((True, SCENARIOS[args.scenario]), (args.quick, QUICK)):
         if shrink:  # options given explicitly on the command line still win
             for name, value in values.items():
                 if getattr(args, name) == parser.get_default(name):
@@ -322,6 +367,8 @@ def training_options(t: Any, train: ToyRunConfig) -> None:
     t.add_argument("--rollouts", type=int, default=train.rollouts_per_prompt, help="rollouts per prompt (K)")
     t.add_argument("--steps", type=int, default=train.steps, help="training steps")
     t.add_argument("--beta-decay", type=float, default=train.beta_decay, help="Beta forgetting factor lam")
+    t.add_argument("--alpha0", type=float, default=train.alpha0, help="the dataset's Beta prior alpha0")
+    t.add_argument("--beta0", type=float, default=train.beta0, help="the dataset's Beta prior beta0")
     t.add_argument("--hmm-decay", type=float, default=train.hmm_decay, help="DPS HMM decay lam")
     t.add_argument(
         "--ds-oversample", type=int, default=train.ds_oversample, help="Dynamic Sampling draw, in B"
@@ -333,6 +380,15 @@ def training_options(t: Any, train: ToyRunConfig) -> None:
         "--prior-strength", type=float, default=train.prior_strength, help="weight of a prior pass rate"
     )
     t.add_argument("--group-decay", type=float, default=train.group_decay, help="group-rate decay per step")
+    t.add_argument(
+        "--rollouts-min",
+        type=int,
+        default=train.rollouts_min,
+        help="with a rollout policy: fewest per prompt",
+    )
+    t.add_argument(
+        "--rollouts-max", type=int, default=train.rollouts_max, help="with a rollout policy: most per prompt"
+    )
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.toy.strategies import BASELINE, VARIANTS, Variant
+from bench.toy.strategies import BASELINE, base_name, variant_of
 from bench.toy.world import RunResult
 
 
@@ -32,6 +32,8 @@ def run_metrics(run: RunResult, target: float | None, budget: int | None) -> dic
         at_budget = float(run.accuracy[np.searchsorted(run.rollouts, budget, side="right") - 1])
     return {
         "effective_ratio": run.effective_ratio,
+        "mixed_per_step": float(run.mixed.mean()),
+        "mixed_per_rollout": run.mixed_per_rollout,
         "trained_effective_ratio": run.trained_effective_ratio,
         "final_accuracy": float(run.accuracy[-1]),
         "final_train_accuracy": float(run.train_accuracy[-1]),
@@ -48,12 +50,18 @@ def run_metrics(run: RunResult, target: float | None, budget: int | None) -> dic
 
 
 def _mean_std(values: Sequence[float | None]) -> dict[str, Any]:
-    """Mean and sample std (ddof=1; 0 for a single value) over the seeds that have a value."""
+    """Mean, sample std (ddof=1; 0 for a single value) and standard error of the mean (std / sqrt(n))
+    over the seeds that have a value."""
     present = np.array([v for v in values if v is not None], dtype=np.float64)
     if present.size == 0:
-        return {"mean": None, "std": None, "n": 0}
+        return {"mean": None, "std": None, "se": None, "n": 0}
     std = float(present.std(ddof=1)) if present.size > 1 else 0.0
-    return {"mean": float(present.mean()), "std": std, "n": int(present.size)}
+    return {
+        "mean": float(present.mean()),
+        "std": std,
+        "se": std / np.sqrt(present.size),
+        "n": int(present.size),
+    }
 
 
 def summarize(runs: dict[str, list[RunResult]]) -> dict[str, Any]:
@@ -62,6 +70,8 @@ def summarize(runs: dict[str, list[RunResult]]) -> dict[str, Any]:
     summary: dict[str, Any] = {}
     for strategy, strategy_runs in runs.items():
         per_seed = []
+        # A strategy with a rollout policy against the same strategy with K each (same budget), same seed.
+        fixed_k = {run.seed: run for run in runs.get(base_name(strategy), [])}
         for run in strategy_runs:
             reference = baseline.get(run.seed)
             metrics = run_metrics(
@@ -73,8 +83,15 @@ def summarize(runs: dict[str, list[RunResult]]) -> dict[str, Any]:
             steps_to, rollouts_to = metrics["steps_to_target"], metrics["rollouts_to_target"]
             metrics["step_speedup"] = (len(reference.accuracy) - 1) / steps_to if steps_to else None
             metrics["rollout_speedup"] = int(reference.rollouts[-1]) / rollouts_to if rollouts_to else None
+            even = fixed_k.get(run.seed)
+            metrics["mixed_vs_fixed_k"] = (
+                float(run.mixed.sum() / even.mixed.sum()) if even is not None and even.mixed.sum() else None
+            )
             per_seed.append({"seed": run.seed, **metrics})
         aggregated = {name: _mean_std([m[name] for m in per_seed]) for name in per_seed[0] if name != "seed"}
+        hists = [run.count_hist for run in strategy_runs if run.count_hist is not None]
+        if hists:  # groups per rollout count, summed over seeds (index = count)
+            aggregated["count_hist"] = np.sum(hists, axis=0).tolist()
         aggregated["reached_target"] = sum(m["steps_to_target"] is not None for m in per_seed)
         aggregated["seeds"] = len(per_seed)
         summary[strategy] = {"aggregate": aggregated, "per_seed": per_seed}
@@ -129,7 +146,8 @@ def plot_curves(
     colors = plt.get_cmap("tab20")
     for i, (strategy, data) in enumerate(curve_data.items()):
         color = "black" if strategy == BASELINE else colors(i % 20)
-        style = "--" if strategy == BASELINE or VARIANTS.get(strategy, Variant("")).trainer else "-"
+        variant = variant_of(strategy)
+        style = "--" if strategy == BASELINE or variant.trainer else ":" if variant.policy else "-"
         mean = np.asarray(data["accuracy_mean"])
         std = np.asarray(data["accuracy_std"])
         steps = np.arange(len(mean))
@@ -159,15 +177,17 @@ def plot_curves(
     plt.close(fig)
 
 
-def _fmt(stat: dict[str, Any], scale: float = 1.0, digits: int = 3) -> str:
+def _fmt(stat: dict[str, Any], scale: float = 1.0, digits: int = 3, spread: str = "std") -> str:
     if stat["mean"] is None:
         return "-"
-    return f"{stat['mean'] / scale:.{digits}f} ± {stat['std'] / scale:.{digits}f}"
+    return f"{stat['mean'] / scale:.{digits}f} ± {stat[spread] / scale:.{digits}f}"
 
 
 #: Table columns: header, aggregate metric, divisor, decimals.
 _TABLE_COLUMNS = (
     ("effective ratio", "effective_ratio", 1.0, 3),
+    ("mixed groups / step", "mixed_per_step", 1.0, 1),
+    ("mixed vs K each", "mixed_vs_fixed_k", 1.0, 3),
     ("trained eff. ratio", "trained_effective_ratio", 1.0, 3),
     ("final accuracy", "final_accuracy", 1.0, 3),
     ("accuracy at uniform's rollouts", "accuracy_at_uniform_rollouts", 1.0, 3),
@@ -181,16 +201,17 @@ _TABLE_COLUMNS = (
 )
 
 
-def format_table(summary: dict[str, Any]) -> str:
-    """The aggregate metrics (mean ± std over seeds) as a Markdown table, readable in a terminal too.
-    A metric averaged over fewer seeds than were run (target never reached) shows `(n/N seeds)`."""
+def format_table(summary: dict[str, Any], spread: str = "std") -> str:
+    """The aggregate metrics (mean ± std over seeds, or ± the standard error with spread="se") as a
+    Markdown table, readable in a terminal too. A metric averaged over fewer seeds than were run (target
+    never reached) shows `(n/N seeds)`."""
     header = ["strategy", *[column[0] for column in _TABLE_COLUMNS]]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for strategy, entry in summary.items():
         agg = entry["aggregate"]
         cells = [strategy]
         for _, name, scale, digits in _TABLE_COLUMNS:
-            cell = _fmt(agg[name], scale, digits)
+            cell = _fmt(agg[name], scale, digits, spread)
             if agg[name]["n"] < agg["seeds"]:
                 cell += f" ({agg[name]['n']}/{agg['seeds']} seeds)"
             cells.append(cell)

@@ -13,29 +13,36 @@ import numpy as np
 
 from bench.toy.world import ROLLOUT_STREAM, RunResult, StepRecord, ToyRunConfig, ToyWorld, WorldConfig, check
 from selector_service.core import (
+    ROLLOUT_POLICIES,
     BeliefArrays,
+    allocate_rollouts,
     apply_metadata,
     apply_results,
     close_open_step,
     outcomes_from_counts,
 )
+from selector_service.core.coldstart import prior_arrays
+from selector_service.core.rng import stream
 from selector_service.core.strategies import select, validate_params
 
 
 @dataclasses.dataclass(frozen=True)
 class Variant:
     """How a strategy of this benchmark runs: the core strategy that picks prompts, the metadata its
-    dataset gets (docs/methods.md §6: "groups", "pass_rate", "both" or none) and the trainer-side procedure
-    around the selection ("dynamic_sampling", "speed_rl" or none)."""
+    dataset gets (docs/methods.md §6: "groups", "pass_rate", "both" or none), the trainer-side procedure
+    around the selection ("dynamic_sampling", "speed_rl" or none) and the rollout policy that shares the
+    step's budget of B x K rollouts out over the batch (docs/methods.md §8; none: K each)."""
 
     source: str
     metadata: str = ""
     trainer: str = ""
+    policy: str = ""
 
 
 #: Strategy name in this benchmark -> how it runs.
 VARIANTS: dict[str, Variant] = {
     "uniform": Variant("uniform"),
+    "uniform+pass_rate": Variant("uniform", "pass_rate"),  # uniform batches; the pass rates inform a budget
     "dynamic_sampling": Variant("uniform", trainer="dynamic_sampling"),
     "speed_rl": Variant("uniform", trainer="speed_rl"),
     "history_resampling": Variant("history_resampling"),
@@ -55,6 +62,38 @@ VARIANTS: dict[str, Variant] = {
 #: Strategy name -> the core registry's strategy that picks its prompts.
 STRATEGY_SOURCES: dict[str, str] = {name: variant.source for name, variant in VARIANTS.items()}
 STRATEGY_NAMES: tuple[str, ...] = tuple(VARIANTS)
+#: `name@policy` runs the strategy `name` with a rollout budget shared out by `policy`.
+POLICY_SEPARATOR = "@"
+#: Not a policy but its ceiling: `posterior`'s allocation on beliefs that are the world's true success
+#: rates (a Beta of weight ORACLE_WEIGHT at each prompt's true rate), which no trainer can know.
+ORACLE = "oracle"
+ORACLE_WEIGHT = 1e9
+
+
+def variant_of(name: str) -> Variant:
+    """The Variant of a strategy name: one of VARIANTS, or `name@policy` with `name` a service strategy
+    (no trainer-side procedure) and `policy` one of the core's rollout policies. Raises ValueError."""
+    base, sep, policy = name.partition(POLICY_SEPARATOR)
+    if base not in VARIANTS:
+        raise ValueError(f"unknown strategy {base!r}; choose from {', '.join(STRATEGY_NAMES)}")
+    variant = VARIANTS[base]
+    if not sep:
+        return variant
+    if policy not in ROLLOUT_POLICIES and policy != ORACLE:
+        choices = ", ".join((*ROLLOUT_POLICIES, ORACLE))
+        raise ValueError(f"unknown rollout policy {policy!r} in {name!r}; choose from {choices}")
+    if variant.trainer:
+        raise ValueError(
+            f"{base} rolls out by its own procedure; a rollout policy applies to service strategies"
+        )
+    return dataclasses.replace(variant, policy=policy)
+
+
+def base_name(name: str) -> str:
+    """The strategy without its rollout policy: `insight@posterior` -> `insight`."""
+    return name.partition(POLICY_SEPARATOR)[0]
+
+
 #: What the default (small, well-observed) scenario runs.
 DEFAULT_STRATEGIES: tuple[str, ...] = (
     "uniform",
@@ -93,6 +132,7 @@ class StepOutcome:
     trained: np.ndarray  # ids of the groups the update used
     trained_mixed: np.ndarray  # which of those had mixed rewards
     spent: int  # rollouts generated
+    counts: np.ndarray | None = None  # rollouts of each group rolled out (None: K each)
 
 
 def mixed(successes: np.ndarray, trials: float | np.ndarray) -> np.ndarray:
@@ -103,8 +143,9 @@ class Trainer:
     """One run's beliefs, fed exactly like the service feeds them, and the world it trains."""
 
     def __init__(self, world: ToyWorld, cfg: ToyRunConfig, strategy: str, seed: int) -> None:
-        variant = VARIANTS[strategy]
+        variant = variant_of(strategy)
         self.world, self.cfg, self.seed = world, cfg, seed
+        self.policy = variant.policy
         self.source, self.params = variant.source, validate_params(variant.source, {})
         self.key = f"toy-world-{seed}"
         self.rng = np.random.default_rng([seed, ROLLOUT_STREAM, zlib.crc32(strategy.encode())])
@@ -147,24 +188,53 @@ class Trainer:
         states = outcomes_from_counts(successes, trials)
         apply_results(self.beliefs, ids, successes, trials, states, cfg.beta_decay, cfg.alpha0, cfg.beta0)
 
-    def observe(self, ids: np.ndarray) -> np.ndarray:
-        """Roll out K samples per prompt and report them."""
-        k = self.cfg.rollouts_per_prompt
+    def observe(self, ids: np.ndarray, counts: np.ndarray | None = None) -> np.ndarray:
+        """Roll out K samples per prompt (or counts[i] for prompt ids[i]) and report them."""
+        k = self.cfg.rollouts_per_prompt if counts is None else counts
         successes = self.world.rollout(ids, k, self.rng)
-        self.report(ids, successes, np.full(ids.shape, float(k)))
+        self.report(ids, successes, np.broadcast_to(np.asarray(k, dtype=np.float64), ids.shape))
         return successes
+
+    def rollout_counts(self, ids: np.ndarray, step: int) -> np.ndarray:
+        """Rollouts per prompt of the batch `ids` at `step` under the step's budget B x K, as the service
+        answers a select with `rollouts` (DatasetState.rollout_counts): the core's allocation on each
+        prompt's Beta belief now (its cold prior if never observed), ties from the stream (dataset, step,
+        seed, "rollouts")."""
+        cfg = self.cfg
+        if self.policy == ORACLE:
+            rate = np.clip(self.world.success_rates(ids), 1e-12, 1.0 - 1e-12)
+            alpha, beta = ORACLE_WEIGHT * rate, ORACLE_WEIGHT * (1.0 - rate)
+        else:
+            alpha, beta, _ = prior_arrays(self.beliefs, ids)
+        return allocate_rollouts(
+            alpha,
+            beta,
+            ids,
+            budget=len(ids) * cfg.rollouts_per_prompt,
+            min_rollouts=cfg.rollouts_min,
+            max_rollouts=cfg.rollouts_max,
+            policy="posterior" if self.policy == ORACLE else self.policy,
+            rng=stream(self.key, step, self.seed, "rollouts"),
+        )
 
     def close(self) -> Any:
         return close_open_step(self.beliefs, hmm_decay=self.cfg.hmm_decay, key=self.key)
 
 
 def selected_step(run: Trainer, step: int) -> StepOutcome:
-    """A service strategy: select B prompts, roll out K each, train on all of them."""
+    """A service strategy: select B prompts, roll out K each (or, with a rollout policy, the counts it
+    gives under the budget B x K), train on all of them. A group of n is mixed when 0 < S < n (a group
+    of one never is); it costs n rollouts."""
     rolled_out = run.select(step, run.cfg.batch_size)
-    successes = run.observe(rolled_out)
-    is_mixed = mixed(successes, run.cfg.rollouts_per_prompt)
-    spent = len(rolled_out) * run.cfg.rollouts_per_prompt
-    return StepOutcome(rolled_out, successes, is_mixed, rolled_out, is_mixed, spent)
+    if not run.policy:
+        successes = run.observe(rolled_out)
+        is_mixed = mixed(successes, run.cfg.rollouts_per_prompt)
+        spent = len(rolled_out) * run.cfg.rollouts_per_prompt
+        return StepOutcome(rolled_out, successes, is_mixed, rolled_out, is_mixed, spent)
+    counts = run.rollout_counts(rolled_out, step)
+    successes = run.observe(rolled_out, counts)
+    is_mixed = mixed(successes, counts)
+    return StepOutcome(rolled_out, successes, is_mixed, rolled_out, is_mixed, int(counts.sum()), counts)
 
 
 def dynamic_sampling_step(run: Trainer, step: int) -> StepOutcome:
@@ -235,9 +305,7 @@ def run_strategy(
     `world` replaces the sampled world (tests build tiny exact worlds); it is not mutated. `trace`
     receives one StepRecord per step when given.
     """
-    if strategy not in VARIANTS:
-        raise ValueError(f"unknown strategy {strategy!r}; choose from {', '.join(STRATEGY_NAMES)}")
-    cfg, variant = train_config, VARIANTS[strategy]
+    cfg, variant = train_config, variant_of(strategy)
     world = ToyWorld.sample(world_config, seed) if world is None else world.copy()
     draw = cfg.batch_size * cfg.ds_oversample if variant.trainer else cfg.batch_size
     check(
@@ -249,6 +317,7 @@ def run_strategy(
     series = {name: np.zeros(cfg.steps, dtype=np.int64) for name in _STEP_SERIES}
     accuracy, train_accuracy = np.empty(cfg.steps + 1), np.empty(cfg.steps + 1)
     rollouts = np.zeros(cfg.steps + 1, dtype=np.int64)
+    count_hist = np.zeros(cfg.rollouts_max + 1, dtype=np.int64)  # groups per rollout count (policies)
     accuracy[0], train_accuracy[0] = world.accuracy(), world.train_accuracy()
     started = time.perf_counter()
     for t in range(cfg.steps):
@@ -263,10 +332,14 @@ def run_strategy(
         series["observed"][t] = stats.observed
         series["correct"][t] = stats.correct
         series["predicted_partial"][t] = stats.predicted_partial
+        if outcome.counts is not None:
+            np.add.at(count_hist, np.minimum(outcome.counts, cfg.rollouts_max), 1)
         rollouts[t + 1] = rollouts[t] + outcome.spent
         accuracy[t + 1], train_accuracy[t + 1] = world.accuracy(), world.train_accuracy()
         if trace is not None:
-            trace.append(StepRecord(t, outcome.rolled_out, outcome.successes, outcome.trained, stats))
+            trace.append(
+                StepRecord(t, outcome.rolled_out, outcome.successes, outcome.trained, stats, outcome.counts)
+            )
         if on_step is not None:
             on_step()
     return RunResult(
@@ -277,6 +350,7 @@ def run_strategy(
         train_accuracy=train_accuracy,
         rollouts=rollouts,
         times_observed=run.beliefs.n_obs.copy(),
+        count_hist=count_hist if variant.policy else None,
         seconds=time.perf_counter() - started,
         **series,
     )

@@ -10,6 +10,8 @@ from typing import Any
 
 import numpy as np
 
+from selector_service.core import K_MAX
+
 # Independent random streams per seed: the world is shared by all strategies of a seed, the rollout noise
 # is the strategy's own (stable across processes: crc32, not Python's salted hash).
 WORLD_STREAM = 0
@@ -92,6 +94,10 @@ class ToyRunConfig:
     #: SPEED-RL (docs/methods.md §7): screening rollouts, and more rollouts for prompts the screen found mixed.
     speed_init: int = 4
     speed_cont: int = 12
+    #: A strategy run with a rollout policy (`name@policy`, docs/methods.md §8) shares each step's budget of
+    #: batch_size x rollouts_per_prompt rollouts out over its batch, each prompt between these bounds.
+    rollouts_min: int = 2
+    rollouts_max: int = 64
 
     def __post_init__(self) -> None:
         check(self.batch_size >= 1, "batch_size must be >= 1")
@@ -105,6 +111,10 @@ class ToyRunConfig:
         check(self.prior_strength >= 0, "prior_strength must be >= 0")
         check(0.0 < self.group_decay <= 1.0, "group_decay must lie in (0, 1]")
         check(self.speed_init >= 2 and self.speed_cont >= 0, "speed_init must be >= 2, speed_cont >= 0")
+        check(
+            1 <= self.rollouts_min <= self.rollouts_per_prompt <= self.rollouts_max <= K_MAX,
+            f"need 1 <= rollouts_min <= rollouts_per_prompt <= rollouts_max <= {K_MAX}",
+        )
 
 
 def check(ok: bool, message: str) -> None:
@@ -259,8 +269,9 @@ class ToyWorld:
         """Expected pass@1 on the training pool, memorization included."""
         return float(self.success_rates().mean())
 
-    def rollout(self, ids: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
-        """Successes among `k` rollouts for each prompt in `ids` (float64, as the core expects)."""
+    def rollout(self, ids: np.ndarray, k: int | np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """Successes among `k` rollouts for each prompt in `ids` (`k` one count for all, or one per
+        prompt; float64, as the core expects)."""
         return rng.binomial(k, self.success_rates(ids)).astype(np.float64)
 
     def learn(self, mixed_ids: np.ndarray, trained_groups: int) -> np.ndarray:
@@ -287,6 +298,7 @@ class StepRecord:
     successes: np.ndarray  # successes of each of those groups
     trained: np.ndarray  # ids of the groups the policy update used
     stats: Any  # the core's CloseStats for this step
+    counts: np.ndarray | None = None  # rollouts of each group rolled out (None: K each)
 
 
 @dataclasses.dataclass
@@ -308,11 +320,18 @@ class RunResult:
     predicted_partial: np.ndarray  # i64[steps], CloseStats.predicted_partial (after the step)
     times_observed: np.ndarray  # i32[N], results received per prompt over the run (BeliefArrays.n_obs)
     seconds: float
+    #: With a rollout policy: groups rolled out with n rollouts, n = 0..rollouts_max, over the run.
+    count_hist: np.ndarray | None = None
 
     @property
     def coverage(self) -> float:
         """Share of the pool rolled out at least once: how much a strategy concentrates on few prompts."""
         return float(np.count_nonzero(self.times_observed) / self.n_prompts)
+
+    @property
+    def mixed_per_rollout(self) -> float:
+        """Mixed groups per rollout spent: how much learning signal a rollout buys."""
+        return float(self.mixed.sum() / max(int(self.rollouts[-1]), 1))
 
     @property
     def effective_ratio(self) -> float:

@@ -1,0 +1,374 @@
+"""Replay a real GRPO run's per-epoch outcomes offline: how many mixed groups does each rollout policy buy?
+
+    python bench/rollout_trace.py PATH [--k 4] [--min 2] [--seeds 10]
+
+PATH is a JSON object {prompt id: [accuracy at epoch 0, epoch 1, ...]} with accuracies in multiples of
+1/R (R rollouts per prompt per epoch, `--trace-rollouts`, default 8). The trace this benchmark was built
+for is `data/acc_step_500.json` of the public repository ypwang61/One-Shot-RLVR (Apache-2.0): the training
+accuracy of each of the 1,209 DeepScaleR prompts of its "DSR-sub" set at every epoch of a 500-step GRPO
+run of Qwen2.5-Math-1.5B, 8 rollouts per prompt per epoch (44 to 57 epochs per prompt). This repository
+does not ship it: download that file and pass its path.
+
+The replay, per seed and per policy, epoch after epoch (the first `--epochs` epochs, by default as many
+as the shortest prompt has):
+
+1. BEFORE seeing the epoch, the strategy picks B prompts (`--batch-size`, default every prompt, as the
+   real run trained every prompt once per epoch; with a smaller B the core's `--strategy` picks them) and
+   a count n_i per prompt: K each (fixed K), or the service's allocation (selector_service.core
+   `allocate_rollouts`, exactly as DatasetState.rollout_counts calls it: each prompt's Beta belief, ties
+   from the seeded stream) of the budget B x K with counts in [min, min(max, R)].
+2. It sees a group of n_i outcomes drawn without replacement from that epoch's R real outcomes of the
+   prompt (S_i of them successes: a hypergeometric draw), and reports the group to its beliefs like the
+   service's /observe (`apply_results` with the group's own size, then the step's close).
+
+A group is mixed (GRPO's advantage is non-zero) when it holds a success and a failure: 0 < s < n; a
+group of one never is. Reported per policy, mean ± standard error over seeds: mixed groups per epoch,
+mixed groups per rollout, the effective-sample ratio (mixed groups / groups), and mixed groups against
+fixed K and against the knapsack policy, paired by seed (every row draws from one stream per seed). The `oracle` row is a ceiling, not a policy: the same greedy allocation on each prompt's exact
+probability of a mixed group of n from THIS epoch's outcomes, which no strategy can know in advance.
+
+Writes bench/out/rollout_trace.json and bench/out/rollout_trace.png; ends stdout with one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import OUT_DIR, emit
+from selector_service.core import (
+    BeliefArrays,
+    allocate_gains,
+    allocate_rollouts,
+    apply_results,
+    close_open_step,
+    outcomes_from_counts,
+)
+from selector_service.core.coldstart import prior_arrays
+from selector_service.core.rng import stream
+from selector_service.core.strategies import select, validate_params
+
+SOURCE = (
+    "data/acc_step_500.json of github.com/ypwang61/One-Shot-RLVR (Apache-2.0): per-epoch training accuracy "
+    "of 1,209 DeepScaleR prompts in a GRPO run of Qwen2.5-Math-1.5B, 8 rollouts per prompt per epoch"
+)
+FIXED = "fixed"
+POLICIES = ("uniform", "knapsack", "variance", "posterior")
+ORACLE = "oracle"
+ROWS = (FIXED, *POLICIES, ORACLE)
+
+
+@dataclass(frozen=True)
+class Trace:
+    """Successes S[i, e] of prompt i at epoch e among `rollouts` outcomes; ids are the trace's keys."""
+
+    keys: list[str]
+    successes: np.ndarray  # i64[N, E]
+    rollouts: int
+
+    @property
+    def n_prompts(self) -> int:
+        return self.successes.shape[0]
+
+    @property
+    def n_epochs(self) -> int:
+        return self.successes.shape[1]
+
+
+def load_trace(path: Path, rollouts: int = 8, epochs: int | None = None) -> Trace:
+    """Read a trace file (module docstring); epochs beyond the shortest prompt's are dropped unless
+    `epochs` asks for fewer. Raises SystemExit with a message that says what is wrong."""
+    if not path.is_file():
+        raise SystemExit(f"rollout_trace: no trace at {path}. The trace is {SOURCE}; pass its path.")
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise SystemExit(f"rollout_trace: {path} is not a JSON file: {error}") from None
+    if not isinstance(raw, dict) or not raw or not all(isinstance(v, list) and v for v in raw.values()):
+        raise SystemExit(f"rollout_trace: {path} must be an object of non-empty lists (prompt -> accuracies)")
+    keys = sorted(raw, key=lambda k: (len(k), k))
+    shortest = min(len(raw[k]) for k in keys)
+    if epochs is not None:
+        if not 1 <= epochs <= shortest:
+            raise SystemExit(
+                f"rollout_trace: --epochs must lie in 1..{shortest} (the shortest prompt's epochs)"
+            )
+        shortest = epochs
+    acc = np.array([raw[k][:shortest] for k in keys], dtype=np.float64)
+    successes = np.rint(acc * rollouts)
+    if not (np.all(np.isfinite(acc)) and np.all((successes >= 0) & (successes <= rollouts))):
+        raise SystemExit(f"rollout_trace: accuracies must lie in [0, 1] (multiples of 1/{rollouts})")
+    if np.abs(successes - acc * rollouts).max() > 1e-6:
+        raise SystemExit(
+            f"rollout_trace: accuracies are not multiples of 1/{rollouts}: check --trace-rollouts"
+        )
+    return Trace(keys, successes.astype(np.int64), rollouts)
+
+
+def mixed_probability_without_replacement(successes: np.ndarray, total: int, n: np.ndarray) -> np.ndarray:
+    """P(0 < s < n) for s, the successes of n draws without replacement from `total` outcomes of which
+    `successes` succeed: 1 - [C(S, n) + C(total - S, n)] / C(total, n)."""
+    comb = np.vectorize(math.comb, otypes=[np.float64])
+    return 1.0 - (comb(successes, n) + comb(total - successes, n)) / comb(total, n)
+
+
+def oracle_counts(successes: np.ndarray, total: int, budget: int, lo: int, hi: int, ids, rng) -> np.ndarray:
+    """The ceiling: greedy allocation (core `allocate_gains`) on the exact probability that a group of n
+    from this epoch's outcomes is mixed (concave in n: its gains never rise; a running minimum guards it)."""
+    levels = np.arange(lo, hi + 1)
+    value = mixed_probability_without_replacement(successes[:, None], total, levels[None, :])
+    gains = np.minimum.accumulate(np.diff(value, axis=1), axis=1)
+    return allocate_gains(gains, budget=budget, min_rollouts=lo, tie_keys=rng.bits_at(ids), ids=ids)
+
+
+@dataclass(frozen=True)
+class Setting:
+    k: int  # rollouts per prompt of fixed K; the budget is B x k
+    lo: int
+    hi: int
+    batch_size: int
+    strategy: str
+    beta_decay: float
+    hmm_decay: float
+
+
+def replay(trace: Trace, row: str, setting: Setting, seed: int) -> dict[str, Any]:
+    """One (row, seed) replay (module docstring); per-epoch series and the counts' histogram."""
+    n, total = trace.n_prompts, trace.rollouts
+    key = f"trace-{seed}"
+    beliefs = BeliefArrays.new(n, 1.0, 1.0)
+    draws = np.random.default_rng([seed, 7])  # the same stream for every row: paired draws
+    params = validate_params(setting.strategy, {})
+    budget = setting.batch_size * setting.k
+    mixed = np.zeros(trace.n_epochs, dtype=np.int64)
+    spent = np.zeros(trace.n_epochs, dtype=np.int64)
+    hist = np.zeros(setting.hi + 1, dtype=np.int64)
+    for epoch in range(trace.n_epochs):
+        if setting.batch_size == n:
+            ids = np.arange(n, dtype=np.int64)
+        else:
+            ids, _ = select(
+                beliefs,
+                strategy=setting.strategy,
+                params=params,
+                batch_size=setting.batch_size,
+                step=epoch,
+                seed=seed,
+                key=key,
+                dataset_k=total,
+            )
+        succ = trace.successes[ids, epoch]
+        ties = stream(key, epoch, seed, "rollouts")
+        if row == FIXED:
+            counts = np.full(ids.size, setting.k, dtype=np.int64)
+        elif row == ORACLE:
+            counts = oracle_counts(succ, total, budget, setting.lo, setting.hi, ids, ties)
+        else:
+            alpha, beta, _ = prior_arrays(beliefs, ids)
+            counts = allocate_rollouts(
+                alpha,
+                beta,
+                ids,
+                budget=budget,
+                min_rollouts=setting.lo,
+                max_rollouts=setting.hi,
+                policy=row,
+                rng=ties,
+            )
+        seen = draws.hypergeometric(succ, total - succ, counts).astype(np.float64)
+        trials = counts.astype(np.float64)
+        apply_results(
+            beliefs, ids, seen, trials, outcomes_from_counts(seen, trials), setting.beta_decay, 1.0, 1.0
+        )
+        close_open_step(beliefs, hmm_decay=setting.hmm_decay, key=key)
+        mixed[epoch] = int(((seen > 0) & (seen < trials)).sum())
+        spent[epoch] = int(counts.sum())
+        np.add.at(hist, counts, 1)
+    return {"mixed": mixed, "spent": spent, "groups": setting.batch_size * trace.n_epochs, "hist": hist}
+
+
+def _mean_se(values: Sequence[float]) -> dict[str, float]:
+    x = np.asarray(values, dtype=np.float64)
+    se = float(x.std(ddof=1) / math.sqrt(x.size)) if x.size > 1 else 0.0
+    return {"mean": float(x.mean()), "se": se}
+
+
+def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Per row: mean ± standard error over seeds, and mixed groups against fixed K and against Knapsack
+    RL's policy, paired by seed."""
+    fixed, knapsack = runs[FIXED], runs["knapsack"]
+    out: dict[str, Any] = {}
+    for row, seeds in runs.items():
+        per_seed = []
+        for run, base, other in zip(seeds, fixed, knapsack, strict=True):
+            m = int(run["mixed"].sum())
+            per_seed.append(
+                {
+                    "mixed_per_epoch": m / run["mixed"].size,
+                    "mixed_per_rollout": m / int(run["spent"].sum()),
+                    "effective_ratio": m / run["groups"],
+                    "mixed_vs_fixed": m / max(int(base["mixed"].sum()), 1),
+                    "mixed_vs_knapsack": m / max(int(other["mixed"].sum()), 1),
+                    "rollouts": int(run["spent"].sum()),
+                }
+            )
+        out[row] = {name: _mean_se([s[name] for s in per_seed]) for name in per_seed[0]}
+        out[row]["count_hist"] = np.sum([r["hist"] for r in seeds], axis=0).tolist()
+        out[row]["mixed_curve"] = np.mean([r["mixed"] for r in seeds], axis=0).round(3).tolist()
+    return out
+
+
+def format_table(summary: dict[str, Any]) -> str:
+    lines = [
+        "| policy | mixed groups / epoch | mixed groups / rollout | effective-sample ratio | mixed vs fixed K "
+        "| mixed vs knapsack |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row, s in summary.items():
+        cells = [
+            f"{s['mixed_per_epoch']['mean']:.1f} ± {s['mixed_per_epoch']['se']:.1f}",
+            f"{s['mixed_per_rollout']['mean']:.4f} ± {s['mixed_per_rollout']['se']:.4f}",
+            f"{s['effective_ratio']['mean']:.3f} ± {s['effective_ratio']['se']:.3f}",
+            f"{s['mixed_vs_fixed']['mean']:.3f} ± {s['mixed_vs_fixed']['se']:.3f}",
+            f"{s['mixed_vs_knapsack']['mean']:.4f} ± {s['mixed_vs_knapsack']['se']:.4f}",
+        ]
+        lines.append(f"| {row} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot(results: dict[str, Any], path: Path, title: str) -> None:
+    """Per setting: mixed groups per epoch of each row (mean over seeds), and the counts' histogram."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    settings = list(results)
+    fig, axes = plt.subplots(len(settings), 2, figsize=(13, 4.2 * len(settings)), squeeze=False)
+    colors = {FIXED: "black", "uniform": "grey", "knapsack": "tab:blue", "variance": "tab:green"}
+    colors |= {"posterior": "tab:red", ORACLE: "tab:purple"}
+    for (curve_ax, hist_ax), name in zip(axes, settings, strict=True):
+        summary = results[name]["summary"]
+        for row, s in summary.items():
+            style = "--" if row in (FIXED, ORACLE) else "-"
+            curve_ax.plot(s["mixed_curve"], style, color=colors[row], label=row, lw=1.5)
+            hist = np.asarray(s["count_hist"], dtype=np.float64)
+            counts = np.arange(hist.size)
+            if row not in (FIXED, "uniform"):
+                hist_ax.plot(counts, hist / hist.sum(), "o-", color=colors[row], label=row, ms=3, lw=1)
+        curve_ax.set(
+            xlabel="epoch", ylabel="mixed groups (mean over seeds)", title=f"{name}: mixed groups per epoch"
+        )
+        hist_ax.set(xlabel="rollouts given to a prompt", ylabel="share of groups", title=f"{name}: counts")
+        for ax in (curve_ax, hist_ax):
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    trace = load_trace(args.path, args.trace_rollouts, args.epochs)
+    batch = trace.n_prompts if args.batch_size is None else args.batch_size
+    if not 1 <= batch <= trace.n_prompts:
+        raise SystemExit(f"rollout_trace: --batch-size must lie in 1..{trace.n_prompts}")
+    hi = min(args.max, trace.rollouts)
+    started = time.perf_counter()
+    results: dict[str, Any] = {}
+    for k in args.k:
+        if not 1 <= args.min <= k <= hi:
+            raise SystemExit(f"rollout_trace: need 1 <= --min <= K <= min(--max, {trace.rollouts}); K = {k}")
+        setting = Setting(k, args.min, hi, batch, args.strategy, args.beta_decay, args.hmm_decay)
+        runs = {row: [replay(trace, row, setting, seed) for seed in range(args.seeds)] for row in ROWS}
+        summary = summarize(runs)
+        name = f"K={k}"
+        results[name] = {"setting": setting.__dict__, "summary": summary}
+        print(f"\n{name}: budget {batch} x {k} per epoch, counts in [{args.min}, {hi}], {args.seeds} seeds")
+        print(format_table(summary))
+    seconds = time.perf_counter() - started
+    args.out.mkdir(parents=True, exist_ok=True)
+    json_path, png_path = args.out / "rollout_trace.json", args.out / "rollout_trace.png"
+    report = {
+        "benchmark": "rollout_trace",
+        "trace": str(args.path),
+        "source": SOURCE,
+        "prompts": trace.n_prompts,
+        "epochs": trace.n_epochs,
+        "trace_rollouts": trace.rollouts,
+        "seeds": args.seeds,
+        "seconds": round(seconds, 2),
+        "results": results,
+    }
+    json_path.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    if not args.no_plot:
+        title = (
+            f"trace replay: {trace.n_prompts} prompts, {trace.n_epochs} epochs, groups drawn from each epoch's "
+            f"{trace.rollouts} real outcomes; B = {batch}, {args.seeds} seeds"
+        )
+        plot(results, png_path, title)
+    print(f"\n{seconds:.1f} s; wrote {json_path}")
+    headline = {
+        name: {row: {m: s[m]["mean"] for m in ("mixed_per_rollout", "effective_ratio", "mixed_vs_fixed", "mixed_vs_knapsack")}
+               for row, s in r["summary"].items()}
+        for name, r in results.items()
+    }  # fmt: skip
+    line = {
+        "benchmark": "rollout_trace",
+        "prompts": trace.n_prompts,
+        "epochs": trace.n_epochs,
+        "seeds": args.seeds,
+        "seconds": round(seconds, 2),
+        "json": str(json_path),
+        "png": None if args.no_plot else str(png_path),
+        "results": headline,
+    }
+    emit(line, None)
+    return report
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    parser.add_argument("path", type=Path, help=f"the trace JSON ({SOURCE})")
+    parser.add_argument(
+        "--k", type=lambda s: [int(x) for x in s.split(",")], default=[4], help="fixed K (comma list)"
+    )
+    parser.add_argument("--min", type=int, default=2, help="fewest rollouts a policy gives a prompt")
+    parser.add_argument("--max", type=int, default=8, help="most (at most the trace's rollouts per epoch)")
+    parser.add_argument("--seeds", type=int, default=10, help="seeds 0..seeds-1 (draws and ties)")
+    parser.add_argument("--epochs", type=int, help="epochs replayed (default: the shortest prompt's)")
+    parser.add_argument("--batch-size", type=int, help="prompts per epoch (default: all)")
+    parser.add_argument("--strategy", default="uniform", help="core strategy that picks a smaller batch")
+    parser.add_argument(
+        "--beta-decay", type=float, default=1.0, help="Beta forgetting factor (service default 1)"
+    )
+    parser.add_argument("--hmm-decay", type=float, default=0.7, help="DPS HMM decay")
+    parser.add_argument(
+        "--trace-rollouts", type=int, default=8, help="outcomes per prompt per epoch in the trace"
+    )
+    parser.add_argument("--out", type=Path, default=OUT_DIR, help="output folder")
+    parser.add_argument("--no-plot", action="store_true", help="skip the PNG")
+    args = parser.parse_args(argv)
+    if args.seeds < 1:
+        parser.error("--seeds must be >= 1")
+    return args
+
+
+if __name__ == "__main__":
+    main()

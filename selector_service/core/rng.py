@@ -70,7 +70,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-
 from typing import Any
 
 import numba
@@ -256,9 +255,7 @@ def _uniforms_at(s: np.uint64, index: npt.NDArray[np.uint64], out: npt.NDArray[n
 
 
 @numba.njit(nogil=True, cache=True)
-def _integers_at(
-    s: np.uint64, index: npt.NDArray[np.uint64], bound: int, out: npt.NDArray[np.int64]
-) -> None:
+def _integers_at(s: np.uint64, index: npt.NDArray[np.uint64], bound: int, out: npt.NDArray[np.int64]) -> None:
     for i in range(index.size):
         out[i] = bounded(s, index[i], bound)
 

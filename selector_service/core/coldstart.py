@@ -175,7 +175,7 @@ class SharedState:
     #: of this process compare it, a loaded state starts with fresh caches.
     cold_version: int = 0
     #: SEC's member index (walks.sec_members), built on first use; dropped by a metadata upload.
-    members_cache: Any = field(default=None, repr=False)
+    members_cache: tuple[np.ndarray, np.ndarray] | None = field(default=None, repr=False)
 
     @property
     def n_groups(self) -> int:

@@ -29,6 +29,8 @@ $(STAMP): pyproject.toml Makefile
 lint: $(STAMP)
 	$(BIN)/ruff check selector_service trainer_client tests bench deploy
 	$(BIN)/ruff format --check selector_service trainer_client tests bench deploy
+	@# Strict on selector_service/core ([tool.mypy] in pyproject.toml).
+	$(BIN)/mypy
 
 test: $(STAMP)
 	@# Real Prometheus for the dashboard test; the docker compose client validates docker-compose.yml;

@@ -30,9 +30,11 @@ the dataset), a small share of a load's decompression.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numba
 import numpy as np
+import numpy.typing as npt
 
 from .beliefs import STREAK_MAX, BeliefArrays
 from .coldstart import MAX_GROUPS
@@ -52,7 +54,12 @@ _BLOCK = 4096
 
 
 @numba.njit(nogil=True, cache=True)
-def _first_outside(values, lo, hi, allow_nan):
+def _first_outside(
+    values: npt.NDArray[np.number[Any]],
+    lo: float | np.number[Any],
+    hi: float | np.number[Any],
+    allow_nan: bool,
+) -> int:
     """Index of the first value not in [lo, hi] (NaN counts as outside unless allow_nan), or -1.
 
     Blocks of _BLOCK values are counted without branches (the loop vectorizes); only a block with a bad
@@ -61,7 +68,7 @@ def _first_outside(values, lo, hi, allow_nan):
     n = values.size
     for start in range(0, n, _BLOCK):
         stop = min(start + _BLOCK, n)
-        bad = 0
+        bad: int | np.int32 = 0
         for i in range(start, stop):
             x = values[i]
             bad += np.int32(not ((x >= lo) & (x <= hi) | (allow_nan & (x != x))))
@@ -74,7 +81,7 @@ def _first_outside(values, lo, hi, allow_nan):
 
 
 @numba.njit(nogil=True, cache=True)
-def _row_is_bad(rows, i, tolerance):
+def _row_is_bad(rows: npt.NDArray[np.float32], i: int, tolerance: float) -> bool:
     a, b, c = rows[i, 0], rows[i, 1], rows[i, 2]
     inside = (a >= 0) & (a <= 1) & (b >= 0) & (b <= 1) & (c >= 0) & (c <= 1)
     total = np.float64(a) + np.float64(b) + np.float64(c)
@@ -82,13 +89,13 @@ def _row_is_bad(rows, i, tolerance):
 
 
 @numba.njit(nogil=True, cache=True)
-def _first_bad_row(rows, tolerance):
+def _first_bad_row(rows: npt.NDArray[np.float32], tolerance: float) -> int:
     """Index of the first row of `rows` (m x 3) that is not a probability vector (each value in [0, 1],
     the sum within `tolerance` of 1; NaN fails both), or -1. Blocks counted branch-free first."""
     m = rows.shape[0]
     for start in range(0, m, _BLOCK):
         stop = min(start + _BLOCK, m)
-        bad = 0
+        bad: int | np.int32 = 0
         for i in range(start, stop):
             bad += np.int32(_row_is_bad(rows, i, tolerance))
         if bad:
@@ -99,7 +106,7 @@ def _first_bad_row(rows, tolerance):
 
 
 @numba.njit(nogil=True, cache=True)
-def _group_counts(group, n_groups):
+def _group_counts(group: npt.NDArray[np.int32], n_groups: int) -> npt.NDArray[np.int64]:
     """Prompts per group (int64[n_groups]); `group` already checked to lie in -1..n_groups-1."""
     counts = np.zeros(n_groups, dtype=np.int64)
     for i in range(group.size):
@@ -110,7 +117,12 @@ def _group_counts(group, n_groups):
 
 
 @numba.njit(nogil=True, cache=True)
-def _first_unpaired(n_obs, last_state, streak, slot):
+def _first_unpaired(
+    n_obs: npt.NDArray[np.int32],
+    last_state: npt.NDArray[np.int8],
+    streak: npt.NDArray[np.int16],
+    slot: npt.NDArray[np.int32],
+) -> int:
     """Index of the first prompt whose n_obs > 0, last_state != 0 and slot >= 0 disagree (a prompt
     never observed has none of them and no streak), or -1."""
     for i in range(n_obs.size):
@@ -120,7 +132,14 @@ def _first_unpaired(n_obs, last_state, streak, slot):
     return -1
 
 
-def _range(name: str, values: np.ndarray, lo: float, hi: float, *, allow_nan: bool = False) -> None:
+def _range(
+    name: str,
+    values: np.ndarray,
+    lo: float | np.floating[Any],
+    hi: float | np.floating[Any],
+    *,
+    allow_nan: bool = False,
+) -> None:
     flat = values.reshape(-1)
     kind = values.dtype.type  # bounds in the array's own type: compared without conversions
     i = int(_first_outside(flat, kind(lo), kind(hi), allow_nan))

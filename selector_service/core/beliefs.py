@@ -52,9 +52,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numba
 import numpy as np
+import numpy.typing as npt
 
 from .coldstart import DatasetRules, SharedState
 from .dps import CloseStats, close_step
@@ -171,14 +173,15 @@ class BeliefArrays:
         _check_prior(alpha0, beta0)
         _check_d0(d0)
         n = int(n)
+        arrays = {**_fresh_metadata(n), **_observed_arrays(min(n, _INITIAL_CAPACITY))}
         ba = cls(
             alpha=np.full(n, alpha0, dtype=np.float64),
             beta=np.full(n, beta0, dtype=np.float64),
             last_state=np.zeros(n, dtype=np.int8),
             n_obs=np.zeros(n, dtype=np.int32),
             hmm_slot=np.full(n, -1, dtype=np.int32),
-            **_fresh_metadata(n),
-            **_observed_arrays(min(n, _INITIAL_CAPACITY)),
+            # mypy matches a **dict against every parameter, also the non-array ones given by name here
+            **arrays,  # type: ignore[arg-type]
             d0=float(d0),
             shared=SharedState(rules=DatasetRules(float(alpha0), float(beta0), **rules)),
         )
@@ -266,7 +269,7 @@ class BeliefArrays:
         states counts equally toward each of them (a never-observed prompt: a third to each)."""
         prior = self.observed_view()["obs_prior"]
         top = prior == prior.max(axis=1, keepdims=True)
-        counts = (top / top.sum(axis=1, keepdims=True)).sum(axis=0)
+        counts: np.ndarray = (top / top.sum(axis=1, keepdims=True)).sum(axis=0)
         return counts + (self.n - self.observed) / 3.0
 
     # ---- snapshots --------------------------------------------------------------------------------
@@ -347,7 +350,7 @@ class BeliefArrays:
                     raise ValueError(
                         f"belief array {name!r} has shape {arr.shape}, expected {(rows, *shape)}"
                     )
-                order = "F" if name in COLUMN_FIELDS else "C"
+                order: Literal["F", "C"] = "F" if name in COLUMN_FIELDS else "C"
                 fields[name] = np.require(arr, dtype=dtype, requirements=[order, "W", "A"])
         if not 1 <= n <= MAX_PROMPTS:
             raise ValueError(f"a dataset needs 1 <= n <= {MAX_PROMPTS} prompts, got {n}")
@@ -454,7 +457,7 @@ def _check_decay(lam: float, name: str = "lam") -> float:
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
-def mean_abs_advantage(s, t):
+def mean_abs_advantage(s: float, t: float) -> float:
     """SEC's |advantage| of one group from its S successes in t binary rollouts (docs/methods.md §7):
     mean_i |r_i - mean(r)| / (std(r, ddof=1) + 1e-6) with S ones and t - S zeros; 0 for t < 2 (ours:
     one rollout has no spread)."""
@@ -467,9 +470,35 @@ def mean_abs_advantage(s, t):
 
 @numba.njit(nogil=True, cache=True)
 def _apply_kernel(
-    alpha, beta, last_state, n_obs, slot_of, obs_ids, obs_d, obs_prior, obs_prev, obs_state, observed, d0,
-    meta, gs, gt, adv, adv_n, counts, ids, successes, trials, states, lam, a0, b0, strength,
-):  # fmt: skip
+    alpha: npt.NDArray[np.float64],
+    beta: npt.NDArray[np.float64],
+    last_state: npt.NDArray[np.int8],
+    n_obs: npt.NDArray[np.int32],
+    slot_of: npt.NDArray[np.int32],
+    obs_ids: npt.NDArray[np.int32],
+    obs_d: npt.NDArray[np.float32],
+    obs_prior: npt.NDArray[np.float32],
+    obs_prev: npt.NDArray[np.float32],
+    obs_state: npt.NDArray[np.int8],
+    observed: int,
+    d0: float,
+    meta: tuple[
+        npt.NDArray[np.float32], npt.NDArray[np.int32], npt.NDArray[np.float64], npt.NDArray[np.int16]
+    ],
+    gs: npt.NDArray[np.float64],
+    gt: npt.NDArray[np.float64],
+    adv: npt.NDArray[np.float64],
+    adv_n: npt.NDArray[np.int64],
+    counts: npt.NDArray[np.float64],
+    ids: npt.NDArray[np.int64],
+    successes: npt.NDArray[np.float64],
+    trials: npt.NDArray[np.float64],
+    states: npt.NDArray[np.int8],
+    lam: float,
+    a0: float,
+    b0: float,
+    strength: float,
+) -> int:
     """Applies the results in order; returns the new size of the observed set (the caller has reserved
     room for every prompt seen for the first time). meta = (pass_rate, group, prior_p0, streak)."""
     pass_rate, group, prior_p0, streak = meta

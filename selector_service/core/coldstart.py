@@ -31,16 +31,41 @@ the statistics of the open step they are updated from when it closes (curricula.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numba
 import numpy as np
+import numpy.typing as npt
 from numba import prange
 
 from ._parallel import CHUNK, PARALLEL_LOCK, PARALLEL_MIN
 from .domain import PRIOR_STRENGTH_MAX, plain
 from .mi import _check_ids
+
+if TYPE_CHECKING:
+    from .beliefs import BeliefArrays
+
+#: A Beta score function of scores.py / mi.py: (alpha, beta, ids or None, out or None) -> float64 scores.
+ScoreFn = Callable[[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None], np.ndarray]
+#: The per-prompt arrays the prior kernel reads: alpha, beta, n_obs, prior_p0, pass_rate, group.
+_PriorSource = tuple[
+    npt.NDArray[np.float64],
+    npt.NDArray[np.float64],
+    npt.NDArray[np.int32],
+    npt.NDArray[np.float64],
+    npt.NDArray[np.float32],
+    npt.NDArray[np.int32],
+]
+#: ... and those the live pass-rate kernel reads: alpha, beta, n_obs, pass_rate, group.
+_LiveSource = tuple[
+    npt.NDArray[np.float64],
+    npt.NDArray[np.float64],
+    npt.NDArray[np.int32],
+    npt.NDArray[np.float32],
+    npt.NDArray[np.int32],
+]
 
 __all__ = [
     "MAX_GROUPS",
@@ -150,7 +175,7 @@ class SharedState:
     #: of this process compare it, a loaded state starts with fresh caches.
     cold_version: int = 0
     #: SEC's member index (walks.sec_members), built on first use; dropped by a metadata upload.
-    members_cache: Any = field(default=None, repr=False)
+    members_cache: tuple[np.ndarray, np.ndarray] | None = field(default=None, repr=False)
 
     @property
     def n_groups(self) -> int:
@@ -171,12 +196,10 @@ class SharedState:
             setattr(self, name, arr)
 
     def copy(self) -> SharedState:
-        return replace(
-            self,
-            **{name: arr.copy() for name, arr in self.group_arrays().items()},
-            step_counts=self.step_counts.copy(),
-            members_cache=None,
-        )
+        new = replace(self, step_counts=self.step_counts.copy(), members_cache=None)
+        for name, arr in self.group_arrays().items():  # set by name: a **dict of them is not typed per field
+            setattr(new, name, arr.copy())
+        return new
 
     # ---- snapshots ----------------------------------------------------------------------------------
     def header(self) -> dict[str, Any]:
@@ -201,23 +224,25 @@ class SharedState:
             raise ValueError(f"shared arrays must be 1-d of one length <= {MAX_GROUPS}, got {lengths}")
         try:
             counts = np.array(header["step_counts"], dtype=np.float64)
-            scalars = {
-                "pass_rate_known": int(header["pass_rate_known"]),
-                "grouped": int(header["grouped"]),
-                "greso_pos": int(header["greso_pos"]),
-                "p_easy": float(header["p_easy"]),
-                "p_hard": float(header["p_hard"]),
-                "adarft_t": float(header["adarft_t"]),
-            }
+            state = cls(
+                rules=rules,
+                step_counts=counts,
+                pass_rate_known=int(header["pass_rate_known"]),
+                grouped=int(header["grouped"]),
+                greso_pos=int(header["greso_pos"]),
+                p_easy=float(header["p_easy"]),
+                p_hard=float(header["p_hard"]),
+                adarft_t=float(header["adarft_t"]),
+            )
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"shared state header is incomplete or malformed: {exc!r}") from exc
         if counts.shape != (5,):
             raise ValueError(f"shared state step_counts must have 5 entries, got {counts.shape}")
-        typed = {
-            name: np.require(np.asarray(arrays[name]), dtype=dtype, requirements=["C", "W", "A"])
-            for name, dtype in GROUP_FIELDS.items()
-        }
-        return cls(rules=rules, step_counts=counts, **typed, **scalars)
+        for name, dtype in GROUP_FIELDS.items():  # set by name: a **dict of them is not typed per field
+            setattr(
+                state, name, np.require(np.asarray(arrays[name]), dtype=dtype, requirements=["C", "W", "A"])
+            )
+        return state
 
 
 def has_cold_priors(shared: SharedState) -> bool:
@@ -287,12 +312,14 @@ def check_metadata(
         if length is not None and group.size != length:
             raise ValueError(f"pass_rate has {length} values and group {group.size}: send one per prompt")
         length = group.size
-    if length == 0:
+    if not length:  # 0 (None cannot reach here: one of the two arrays was given)
         raise ValueError("metadata arrays are empty: send at least one prompt's values")
     return _check_offset(offset, length, n), pass_rate, group
 
 
-def apply_metadata(ba, offset: int, pass_rate: np.ndarray | None, group: np.ndarray | None) -> None:
+def apply_metadata(
+    ba: BeliefArrays, offset: int, pass_rate: np.ndarray | None, group: np.ndarray | None
+) -> None:
     """Sets the pass rates and/or groups of prompts offset..offset+len-1 of `ba` (a BeliefArrays).
 
     Validates first (check_metadata); on error nothing changes. Frozen priors of prompts already observed
@@ -326,7 +353,12 @@ def apply_metadata(ba, offset: int, pass_rate: np.ndarray | None, group: np.ndar
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
-def _live_p0(pass_rate, group, rates, p):
+def _live_p0(
+    pass_rate: npt.NDArray[np.float32],
+    group: npt.NDArray[np.int32],
+    rates: npt.NDArray[np.float64],
+    p: int | np.integer[Any],
+) -> float:
     """p0 of docs/methods.md §6 now: the pass rate if known, else the group's rate, else NaN."""
     p0 = np.float64(pass_rate[p])
     if np.isnan(p0):
@@ -337,7 +369,20 @@ def _live_p0(pass_rate, group, rates, p):
 
 
 @numba.njit(nogil=True, cache=True)
-def _beta_range(src, rates, ids, use_all, a0, b0, s, out_a, out_b, out_p0, lo, hi):
+def _beta_range(
+    src: _PriorSource,
+    rates: npt.NDArray[np.float64],
+    ids: npt.NDArray[np.int64],
+    use_all: bool,
+    a0: float,
+    b0: float,
+    s: float,
+    out_a: npt.NDArray[np.float64],
+    out_b: npt.NDArray[np.float64],
+    out_p0: npt.NDArray[np.float64],
+    lo: int,
+    hi: int,
+) -> None:
     """Beta and prior p0 of prompts lo..hi-1; src = (alpha, beta, n_obs, prior_p0, pass_rate, group)."""
     alpha, beta, n_obs, prior_p0, pass_rate, group = src
     for i in range(lo, hi):
@@ -358,12 +403,34 @@ def _beta_range(src, rates, ids, use_all, a0, b0, s, out_a, out_b, out_p0, lo, h
 
 
 @numba.njit(nogil=True, cache=True)
-def _beta_serial(src, rates, ids, use_all, a0, b0, s, out_a, out_b, out_p0):
+def _beta_serial(
+    src: _PriorSource,
+    rates: npt.NDArray[np.float64],
+    ids: npt.NDArray[np.int64],
+    use_all: bool,
+    a0: float,
+    b0: float,
+    s: float,
+    out_a: npt.NDArray[np.float64],
+    out_b: npt.NDArray[np.float64],
+    out_p0: npt.NDArray[np.float64],
+) -> None:
     _beta_range(src, rates, ids, use_all, a0, b0, s, out_a, out_b, out_p0, 0, out_a.size)
 
 
 @numba.njit(nogil=True, cache=True, parallel=True)
-def _beta_parallel(src, rates, ids, use_all, a0, b0, s, out_a, out_b, out_p0):
+def _beta_parallel(
+    src: _PriorSource,
+    rates: npt.NDArray[np.float64],
+    ids: npt.NDArray[np.int64],
+    use_all: bool,
+    a0: float,
+    b0: float,
+    s: float,
+    out_a: npt.NDArray[np.float64],
+    out_b: npt.NDArray[np.float64],
+    out_p0: npt.NDArray[np.float64],
+) -> None:
     m = out_a.size
     for c in prange((m + CHUNK - 1) // CHUNK):
         lo = c * CHUNK
@@ -375,7 +442,7 @@ def _ids(ids: np.ndarray | None, n: int) -> tuple[np.ndarray, bool]:
     return _check_ids(ids, n), ids is None
 
 
-def _beta_prior_arrays(ba, ids: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _beta_prior_arrays(ba: BeliefArrays, ids: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     ids, use_all = _ids(ids, ba.n)
     m = ba.n if use_all else ids.size
     out_a, out_b, out_p0 = np.empty(m), np.empty(m), np.empty(m)
@@ -405,7 +472,9 @@ def _beta_prior_arrays(ba, ids: np.ndarray | None) -> tuple[np.ndarray, np.ndarr
 SCORE_CHUNK = 1 << 16
 
 
-def beta_scores(ba, ids: np.ndarray | None, score_fn, out: np.ndarray | None = None) -> np.ndarray:
+def beta_scores(
+    ba: BeliefArrays, ids: np.ndarray | None, score_fn: ScoreFn, out: np.ndarray | None = None
+) -> np.ndarray:
     """score_fn(alpha, beta, ids, out) over the Betas of `beta_for`, for `ids` (None: every prompt),
     written into `out` when given. For ids=None without cold priors the prior is scored once
     (_scores_around_the_prior); with cold priors the dataset is gathered and scored SCORE_CHUNK prompts
@@ -424,7 +493,7 @@ def beta_scores(ba, ids: np.ndarray | None, score_fn, out: np.ndarray | None = N
     return out
 
 
-def _scores_around_the_prior(ba, score_fn, out: np.ndarray | None) -> np.ndarray:
+def _scores_around_the_prior(ba: BeliefArrays, score_fn: ScoreFn, out: np.ndarray | None) -> np.ndarray:
     """Every prompt's score without cold priors, where most prompts still hold Beta(alpha0, beta0) (never
     observed): the prior's score computed once and written everywhere, then the others' scores. The same
     values as scoring every prompt (the score kernels are elementwise), for a pass of comparisons instead
@@ -441,7 +510,7 @@ def _scores_around_the_prior(ba, score_fn, out: np.ndarray | None) -> np.ndarray
     return out
 
 
-def beta_for(ba, ids: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+def beta_for(ba: BeliefArrays, ids: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """The Beta every score uses, as (alpha, beta, ids) for the Beta score functions.
 
     Without metadata the stored arrays already are every prompt's Beta (a never-observed prompt holds
@@ -455,20 +524,30 @@ def beta_for(ba, ids: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.nda
     return a, b, None
 
 
-def prior_arrays(ba, ids: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def prior_arrays(ba: BeliefArrays, ids: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(alpha, beta, p0) per prompt of `ids` (None: all): the posterior of an observed prompt and the
     frozen p0 its prior was built from; a never-observed prompt's cold prior and its live p0 (NaN: none)."""
     return _beta_prior_arrays(ba, ids)
 
 
-def prior_pass_rates(ba, ids: np.ndarray | None) -> np.ndarray:
+def prior_pass_rates(ba: BeliefArrays, ids: np.ndarray | None) -> np.ndarray:
     """The p0 each prompt's Beta prior is built from (float64, NaN = none): frozen at the first
     observation for observed prompts, the live p0 (pass rate, else group rate) for the others."""
     return _beta_prior_arrays(ba, ids)[2]
 
 
 @numba.njit(nogil=True, cache=True)
-def _live_kernel(src, rates, ids, use_all, a0, b0, to_score, target, out):
+def _live_kernel(
+    src: _LiveSource,
+    rates: npt.NDArray[np.float64],
+    ids: npt.NDArray[np.int64],
+    use_all: bool,
+    a0: float,
+    b0: float,
+    to_score: bool,
+    target: float,
+    out: npt.NDArray[np.float64],
+) -> None:
     alpha, beta, n_obs, pass_rate, group = src
     for i in range(out.size):
         p = i if use_all else ids[i]
@@ -478,7 +557,7 @@ def _live_kernel(src, rates, ids, use_all, a0, b0, to_score, target, out):
         out[i] = -abs(100.0 * (1.0 - p0) - target) if to_score else p0
 
 
-def live_pass_rates(ba, ids: np.ndarray | None, target: float | None = None) -> np.ndarray:
+def live_pass_rates(ba: BeliefArrays, ids: np.ndarray | None, target: float | None = None) -> np.ndarray:
     """Per prompt (float64, in the order of `ids`; None = all): its pass rate if known, else its group's
     rate m_g, else its posterior mean (AdaRFT's difficulty source, docs/methods.md §7). With `target` T, returns
     AdaRFT's score -|100 (1 - p) - T| instead, computed in the same pass."""
@@ -493,15 +572,18 @@ def live_pass_rates(ba, ids: np.ndarray | None, target: float | None = None) -> 
     return out
 
 
-def _posterior_means(alpha, beta, ids, out):
+def _posterior_means(
+    alpha: np.ndarray, beta: np.ndarray, ids: np.ndarray | None, out: np.ndarray | None
+) -> np.ndarray:
     a, b = (alpha, beta) if ids is None else (alpha[ids], beta[ids])
     if out is None:
-        return a / (a + b)
+        means: np.ndarray = a / (a + b)
+        return means
     np.divide(a, a + b, out=out)
     return out
 
 
-def group_statistics(ba) -> dict[str, np.ndarray]:
+def group_statistics(ba: BeliefArrays) -> dict[str, np.ndarray]:
     """Per group with at least one prompt (for monitoring): `group` ids, `size` (prompts), `observed_share`
     (share of them observed at least once), `posterior_mean` (mean over them of alpha / (alpha + beta),
     cold priors included) and `rate` (m_g). Empty arrays without groups. O(N)."""

@@ -26,6 +26,7 @@ dataset's (DatasetRules): they shape state that every replica derives from the l
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -41,6 +42,9 @@ from .coldstart import (
 from .dps import CloseStats, close_step
 from .mi import _beta_params, _check_ids
 from .walks import advance_walks
+
+if TYPE_CHECKING:
+    from .beliefs import BeliefArrays
 
 __all__ = [
     "GRESO_EASY_TARGET",
@@ -69,19 +73,19 @@ def learnability_scores(
         alpha, beta = alpha[ids], beta[ids]
     n = alpha + beta
     # As a product of two ratios <= 1: alpha * beta and n * (n + 1) overflow at reachable n ~ 1e300.
-    scores = (alpha / n) * (beta / (n + 1.0))
+    scores: np.ndarray = (alpha / n) * (beta / (n + 1.0))
     if out is None:
         return scores
     out[:] = scores
     return out
 
 
-def learnability_for(ba, ids: np.ndarray | None) -> np.ndarray:
+def learnability_for(ba: BeliefArrays, ids: np.ndarray | None) -> np.ndarray:
     """Learnability of `ids` (None: all) with cold priors for never-observed prompts."""
     return beta_scores(ba, ids, learnability_scores)
 
 
-def adarft_scores(ba, ids: np.ndarray | None) -> np.ndarray:
+def adarft_scores(ba: BeliefArrays, ids: np.ndarray | None) -> np.ndarray:
     """-|d_i - T| with d_i = 100 (1 - p_i) (module docstring), larger is better (float64)."""
     return live_pass_rates(ba, ids, target=ba.shared.adarft_t)
 
@@ -91,7 +95,7 @@ def _step_adapt(p: float, share: float, target: float) -> float:
     return min(max(p, GRESO_P_MIN), GRESO_P_MAX)
 
 
-def close_shared(ba) -> None:
+def close_shared(ba: BeliefArrays) -> None:
     """Closes the open step of `ba.shared` (module docstring), in place. Walk positions are advanced by
     walks.advance_walks, which must run before this (and before the DPS close)."""
     sh = ba.shared
@@ -118,7 +122,7 @@ def close_shared(ba) -> None:
     counts[:] = 0.0
 
 
-def close_open_step(ba, *, hmm_decay: float, key: str, d0: float | None = None) -> CloseStats:
+def close_open_step(ba: BeliefArrays, *, hmm_decay: float, key: str, d0: float | None = None) -> CloseStats:
     """Closes the open step of `ba` completely, in the order that matters: the walks' positions (they
     read the step states), the shared state (group decay, GRESO / AdaRFT / SEC adaptations), then DPS
     (which resets the step states). `key` names the dataset's random streams (the walks'); `d0` as in

@@ -82,7 +82,7 @@ PRIOR_STRENGTH_MAX = 1e6
 BELIEF_MAX = 1e300
 
 
-def prior_problem(prior) -> str | None:
+def prior_problem(prior: Any) -> str | None:
     """What is wrong with a Beta prior (alpha0, beta0), or None; the message names the field and domain."""
     try:
         values = [float(x) for x in prior]

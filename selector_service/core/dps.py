@@ -40,13 +40,17 @@ pass runs near that floor instead of being bound by its divisions.
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numba
 import numpy as np
+import numpy.typing as npt
 from numba import prange
 
 from ._parallel import CHUNK, PARALLEL_LOCK, PARALLEL_MIN
+
+if TYPE_CHECKING:
+    from .beliefs import BeliefArrays
 
 __all__ = ["CLOSE_PARALLEL_MIN", "CloseStats", "close_step"]
 
@@ -69,7 +73,9 @@ class CloseStats(NamedTuple):
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
-def _argmax3(x0, x1, x2):
+def _argmax3(
+    x0: float | np.floating[Any], x1: float | np.floating[Any], x2: float | np.floating[Any]
+) -> np.int64:
     """Index of the largest of three values; ties go to the lowest index. Branch-free: the priors are
     data, and a mispredicted branch per prompt costs more than the rest of its update."""
     b1 = np.int64(x1 > x0)
@@ -84,7 +90,17 @@ BLOCK = 2048
 
 
 @numba.njit(nogil=True, cache=True, error_model="numpy")
-def _close_range(d, prior, prev, step_state, lam, d0, lo, hi, counts):
+def _close_range(
+    d: npt.NDArray[np.float32],
+    prior: npt.NDArray[np.float32],
+    prev: npt.NDArray[np.float32],
+    step_state: npt.NDArray[np.int8],
+    lam: float,
+    d0: float,
+    lo: int,
+    hi: int,
+    counts: npt.NDArray[np.int64],
+) -> None:
     """Closes rows lo..hi-1; adds their statistics into counts[0..5] (CloseStats order).
 
     d: f32[9, M] (row q = 3*i + j of D), prior, prev: f32[3, M], the columns of the observed set
@@ -103,8 +119,9 @@ def _close_range(d, prior, prev, step_state, lam, d0, lo, hi, counts):
     observed = 0
     partial = 0
     correct = 0
-    pred1 = 0
-    pred2 = 0
+    pred1: int | np.int64 = 0
+    pred2: int | np.int64 = 0
+    p: int | np.integer[Any]  # a range index, an int64 row, a uint64 index
     for b_lo in range(lo, hi, BLOCK):
         b_hi = min(hi, b_lo + BLOCK)
         nb = 0
@@ -148,8 +165,8 @@ def _close_range(d, prior, prev, step_state, lam, d0, lo, hi, counts):
             buf[14, j] = 0.0
             buf[12 + oi, j] = 1.0
         # 2. Every prompt of the block as unobserved (branch-free, vectorized).
-        c1 = 0
-        c2 = 0
+        c1: int | np.int64 = 0
+        c2: int | np.int64 = 0
         for i in range(b_hi - b_lo):
             p = np.uint64(b_lo + i)  # unsigned: no negative-index wraparound, which stops the vectorizer
             r0 = np.float64(prior[0, p])
@@ -217,18 +234,36 @@ def _close_range(d, prior, prev, step_state, lam, d0, lo, hi, counts):
 
 
 @numba.njit(nogil=True, cache=True)
-def _close_serial(d, prior, prev, step_state, lam, d0, m, counts):
+def _close_serial(
+    d: npt.NDArray[np.float32],
+    prior: npt.NDArray[np.float32],
+    prev: npt.NDArray[np.float32],
+    step_state: npt.NDArray[np.int8],
+    lam: float,
+    d0: float,
+    m: int,
+    counts: npt.NDArray[np.int64],
+) -> None:
     _close_range(d, prior, prev, step_state, lam, d0, 0, m, counts[0])
 
 
 @numba.njit(nogil=True, cache=True, parallel=True)
-def _close_parallel(d, prior, prev, step_state, lam, d0, m, counts):
+def _close_parallel(
+    d: npt.NDArray[np.float32],
+    prior: npt.NDArray[np.float32],
+    prev: npt.NDArray[np.float32],
+    step_state: npt.NDArray[np.int8],
+    lam: float,
+    d0: float,
+    m: int,
+    counts: npt.NDArray[np.int64],
+) -> None:
     for c in prange(counts.shape[0]):
         lo = c * CHUNK
         _close_range(d, prior, prev, step_state, lam, d0, lo, min(m, lo + CHUNK), counts[c])
 
 
-def close_step(ba, lam: float, d0: float | None = None) -> CloseStats:
+def close_step(ba: BeliefArrays, lam: float, d0: float | None = None) -> CloseStats:
     """Closes the open step for every prompt of `ba` (a BeliefArrays) in place, walking only its observed
     set; see the module docstring. `d0` defaults to the beliefs' own (ba.d0) and must equal it."""
     if not (math.isfinite(lam) and 0.0 <= lam <= 1.0):

@@ -46,6 +46,7 @@ import math
 
 import numba
 import numpy as np
+import numpy.typing as npt
 from numba import prange
 
 from ._parallel import CHUNK, PARALLEL_LOCK, PARALLEL_MIN
@@ -59,7 +60,7 @@ K_MAX = DOMAIN_K_MAX
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
-def _g_table(x, k, inv, g):
+def _g_table(x: float, k: int, inv: npt.NDArray[np.float64], g: npt.NDArray[np.float64]) -> None:
     """g[t] = G(x, t) = sum_{s<t} [(s+1) / (x+s) + r(x+s)] for t = 0..k, given inv[s] = 1 / (x+s).
 
     For small x the s = 0 term 1/x + r(x) would cancel two ~1/x terms; it is formed as
@@ -86,7 +87,21 @@ def _g_table(x, k, inv, g):
 
 
 @numba.njit(nogil=True, cache=True)
-def _mi_one(a, b, k, up, down, scale, inv_a, inv_b, inv_n, ga, gb, gn, p):
+def _mi_one(
+    a: float,
+    b: float,
+    k: int,
+    up: npt.NDArray[np.float64],
+    down: npt.NDArray[np.float64],
+    scale: float,
+    inv_a: npt.NDArray[np.float64],
+    inv_b: npt.NDArray[np.float64],
+    inv_n: npt.NDArray[np.float64],
+    ga: npt.NDArray[np.float64],
+    gb: npt.NDArray[np.float64],
+    gn: npt.NDArray[np.float64],
+    p: npt.NDArray[np.float64],
+) -> float:
     """I_K(a, b) for one prompt; inv_* (size k), g* and p (size k+1) are caller-owned scratch.
 
     `scale` = 2^(k//2): the ratio recurrence runs on P(s) * scale (its start, >= 2^-k * scale, stays a
@@ -118,18 +133,34 @@ def _mi_one(a, b, k, up, down, scale, inv_a, inv_b, inv_n, ga, gb, gn, p):
     total = 0.0
     for s in range(k + 1):
         total += p[s] * (ga[s] + gb[k - s])
-    return total / scale - gn[k]
+    mi: float = total / scale - gn[k]
+    return mi
 
 
 @numba.njit(nogil=True, cache=True)
-def _wmi_weight_one(m, m_b, eta, mu):
+def _wmi_weight_one(m: float, m_b: float, eta: float, mu: float) -> float:
     """w(m) with 1 - m passed in as b / n (exact where 1.0 - m would cancel)."""
     d = m - mu
     return m * m_b * math.exp(-eta * d * d)
 
 
 @numba.njit(nogil=True, cache=True)
-def _score_range(alpha, beta, ids, use_all, k, weighted, eta, mu, up, down, scale, out, lo, hi):
+def _score_range(
+    alpha: npt.NDArray[np.float64],
+    beta: npt.NDArray[np.float64],
+    ids: npt.NDArray[np.int64],
+    use_all: bool,
+    k: int,
+    weighted: bool,
+    eta: float,
+    mu: float,
+    up: npt.NDArray[np.float64],
+    down: npt.NDArray[np.float64],
+    scale: float,
+    out: npt.NDArray[np.float64],
+    lo: int,
+    hi: int,
+) -> None:
     inv_a = np.empty(k)
     inv_b = np.empty(k)
     inv_n = np.empty(k)
@@ -148,12 +179,38 @@ def _score_range(alpha, beta, ids, use_all, k, weighted, eta, mu, up, down, scal
 
 
 @numba.njit(nogil=True, cache=True)
-def _scores_serial(alpha, beta, ids, use_all, k, weighted, eta, mu, up, down, scale, out):
+def _scores_serial(
+    alpha: npt.NDArray[np.float64],
+    beta: npt.NDArray[np.float64],
+    ids: npt.NDArray[np.int64],
+    use_all: bool,
+    k: int,
+    weighted: bool,
+    eta: float,
+    mu: float,
+    up: npt.NDArray[np.float64],
+    down: npt.NDArray[np.float64],
+    scale: float,
+    out: npt.NDArray[np.float64],
+) -> None:
     _score_range(alpha, beta, ids, use_all, k, weighted, eta, mu, up, down, scale, out, 0, out.size)
 
 
 @numba.njit(nogil=True, cache=True, parallel=True)
-def _scores_parallel(alpha, beta, ids, use_all, k, weighted, eta, mu, up, down, scale, out):
+def _scores_parallel(
+    alpha: npt.NDArray[np.float64],
+    beta: npt.NDArray[np.float64],
+    ids: npt.NDArray[np.int64],
+    use_all: bool,
+    k: int,
+    weighted: bool,
+    eta: float,
+    mu: float,
+    up: npt.NDArray[np.float64],
+    down: npt.NDArray[np.float64],
+    scale: float,
+    out: npt.NDArray[np.float64],
+) -> None:
     m = out.size
     n_chunks = (m + CHUNK - 1) // CHUNK
     for c in prange(n_chunks):
@@ -202,7 +259,16 @@ def _check_ids(ids: np.ndarray | None, n: int) -> np.ndarray:
     return ids
 
 
-def _run_scores(alpha, beta, ids, k, weighted, eta, mu, out=None) -> np.ndarray:
+def _run_scores(
+    alpha: npt.NDArray[np.float64],
+    beta: npt.NDArray[np.float64],
+    ids: np.ndarray | None,
+    k: int,
+    weighted: bool,
+    eta: float,
+    mu: float,
+    out: np.ndarray | None = None,
+) -> np.ndarray:
     use_all = ids is None
     ids = _check_ids(ids, alpha.size)
     m = alpha.size if use_all else ids.size
@@ -238,7 +304,7 @@ def mutual_information(alpha: np.ndarray, beta: np.ndarray, k: int) -> np.ndarra
 def wmi_weight(mean: np.ndarray | float, eta: float, mu: float) -> np.ndarray | float:
     """w(m) = m (1 - m) exp(-eta (m - mu)^2) (docs/methods.md §1.1); numpy, elementwise."""
     m = np.asarray(mean, dtype=np.float64)
-    w = m * (1.0 - m) * np.exp(-eta * (m - mu) ** 2)
+    w: npt.NDArray[np.float64] = m * (1.0 - m) * np.exp(-eta * (m - mu) ** 2)
     return float(w) if w.ndim == 0 else w
 
 

@@ -21,9 +21,11 @@ different observed states -> PARTIAL.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numba
 import numpy as np
+import numpy.typing as npt
 
 __all__ = [
     "PARTIAL",
@@ -47,7 +49,7 @@ REWARD_MODES = ("binary", "fractional")
 
 
 @numba.njit(nogil=True, cache=True)
-def combine_state(old, new):
+def combine_state(old: int | np.integer[Any], new: int | np.integer[Any]) -> int | np.integer[Any]:
     """Pooled state of two results of one prompt at one step (0 = nothing observed yet)."""
     if old == UNOBSERVED:
         return new
@@ -57,7 +59,15 @@ def combine_state(old, new):
 
 
 @numba.njit(nogil=True, cache=True)
-def _flat_kernel(values, offsets, fractional, threshold, successes, trials, states):
+def _flat_kernel(
+    values: npt.NDArray[np.float64],
+    offsets: npt.NDArray[np.int64],
+    fractional: bool,
+    threshold: float,
+    successes: npt.NDArray[np.float64],
+    trials: npt.NDArray[np.float64],
+    states: npt.NDArray[np.int8],
+) -> None:
     for i in range(offsets.size - 1):
         lo = offsets[i]
         hi = offsets[i + 1]

@@ -70,9 +70,11 @@ from __future__ import annotations
 
 import hashlib
 import math
+from typing import Any
 
 import numba
 import numpy as np
+import numpy.typing as npt
 
 __all__ = [
     "Stream",
@@ -107,38 +109,38 @@ _NO_ID = -1
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
-def _mix64(z):
+def _mix64(z: np.uint64) -> np.uint64:
     z = (z ^ (z >> _S30)) * _MIX1
     z = (z ^ (z >> _S27)) * _MIX2
     return z ^ (z >> _S31)
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
-def bits(s, i):
+def bits(s: int | np.uint64, i: int | np.integer[Any]) -> np.uint64:
     """Output i (uint64) of stream s: SplitMix64 seeded with s."""
     return _mix64(np.uint64(s) + (np.uint64(i) + _ONE) * _GOLDEN)
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
-def child(s, j):
+def child(s: int | np.uint64, j: int | np.integer[Any]) -> np.uint64:
     """The stream id of item j of stream s."""
     return bits(np.uint64(s) ^ _CHILD, j)
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
-def uniform(s, i):
+def uniform(s: int | np.uint64, i: int | np.integer[Any]) -> float:
     """float64 in [0, 1) from output i of stream s (53 random bits)."""
     return np.float64(bits(s, i) >> _S11) * _TWO_M53
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
-def uniform_open(s, i):
+def uniform_open(s: int | np.uint64, i: int | np.integer[Any]) -> float:
     """float64 in (0, 1) from output i of stream s (53 random bits, centred: never 0 or 1)."""
     return np.float64(bits(s, i) >> _S11) * _TWO_M53 + _HALF_ULP
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
-def _mulhi(a, b):
+def _mulhi(a: np.uint64, b: np.uint64) -> np.uint64:
     """High 64 bits of the 128-bit product a * b (uint64)."""
     a_lo = a & _M32
     a_hi = a >> _S32
@@ -153,7 +155,7 @@ def _mulhi(a, b):
 
 
 @numba.njit(nogil=True, cache=True)
-def bounded(s, i, m):
+def bounded(s: int | np.uint64, i: int | np.integer[Any], m: int | np.integer[Any]) -> np.int64:
     """int64 exactly uniform in [0, m) (1 <= m < 2^63) for index i of stream s (Lemire, with rejection)."""
     mm = np.uint64(m)
     x = bits(s, i)
@@ -170,7 +172,7 @@ def bounded(s, i, m):
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
-def _log1p_minus_x(y):
+def _log1p_minus_x(y: float) -> float:
     """log1p(y) - y, accurate also for tiny |y| (series below 1/64)."""
     if abs(y) >= 0.015625:
         return math.log1p(y) - y
@@ -195,7 +197,7 @@ def _log1p_minus_x(y):
 
 
 @numba.njit(nogil=True, cache=True)
-def _log_gamma_draw(s, c, a):
+def _log_gamma_draw(s: np.uint64, c: int, a: float) -> tuple[float, int]:
     """ln X for X ~ Gamma(a, 1), from outputs c, c+1, ... of stream s; returns (ln X, next output)."""
     boost = a < 1.0
     shape = a + 1.0 if boost else a
@@ -229,7 +231,7 @@ def _log_gamma_draw(s, c, a):
 
 
 @numba.njit(nogil=True, cache=True)
-def beta_draw(s, a, b, item):
+def beta_draw(s: int | np.uint64, a: float, b: float, item: int | np.integer[Any]) -> float:
     """One Beta(a, b) draw for `item` of stream s (a, b > 0 finite), from child(s, item)'s outputs."""
     sub = child(s, item)
     log_x, c = _log_gamma_draw(sub, 0, a)
@@ -241,36 +243,42 @@ def beta_draw(s, a, b, item):
 
 
 @numba.njit(nogil=True, cache=True)
-def _bits_at(s, index, out):
+def _bits_at(s: np.uint64, index: npt.NDArray[np.uint64], out: npt.NDArray[np.uint64]) -> None:
     for i in range(index.size):
         out[i] = bits(s, index[i])
 
 
 @numba.njit(nogil=True, cache=True)
-def _uniforms_at(s, index, out):
+def _uniforms_at(s: np.uint64, index: npt.NDArray[np.uint64], out: npt.NDArray[np.float64]) -> None:
     for i in range(index.size):
         out[i] = uniform(s, np.uint64(index[i]))
 
 
 @numba.njit(nogil=True, cache=True)
-def _integers_at(s, index, bound, out):
+def _integers_at(s: np.uint64, index: npt.NDArray[np.uint64], bound: int, out: npt.NDArray[np.int64]) -> None:
     for i in range(index.size):
         out[i] = bounded(s, index[i], bound)
 
 
 @numba.njit(nogil=True, cache=True)
-def _beta_many(s, alpha, beta, items, out):
+def _beta_many(
+    s: np.uint64,
+    alpha: npt.NDArray[np.float64],
+    beta: npt.NDArray[np.float64],
+    items: npt.NDArray[np.uint64],
+    out: npt.NDArray[np.float64],
+) -> None:
     for i in range(out.size):
         out[i] = beta_draw(s, alpha[i], beta[i], np.uint64(items[i]))
 
 
 @numba.njit(nogil=True, cache=True)
-def _hash_slot(x, shift):
+def _hash_slot(x: int | np.integer[Any], shift: np.uint64) -> np.int64:
     return np.int64((np.uint64(x) * _GOLDEN) >> shift)
 
 
 @numba.njit(nogil=True, cache=True)
-def _sample_floyd(s, n, k, out):
+def _sample_floyd(s: np.uint64, n: int, k: int, out: npt.NDArray[np.int64]) -> None:
     """Floyd's k distinct ids of [0, n) (in the order taken), then a Fisher-Yates shuffle."""
     cap = 16
     log2 = 4
@@ -282,8 +290,8 @@ def _sample_floyd(s, n, k, out):
     table = np.full(cap, _NO_ID, dtype=np.int64)
     pick = child(s, 0)
     for idx in range(k):
-        j = n - k + idx
-        t = bounded(pick, np.uint64(j), j + 1)
+        j: int | np.int64 = n - k + idx
+        t: int | np.int64 = bounded(pick, np.uint64(j), j + 1)
         # insert t; if present, insert j instead (j is never present: every id taken so far is < j)
         slot = _hash_slot(t, shift)
         while table[slot] != _NO_ID and table[slot] != t:
@@ -304,7 +312,7 @@ def _sample_floyd(s, n, k, out):
 
 
 @numba.njit(nogil=True, cache=True)
-def _sample_partial_fisher_yates(s, n, k, out):
+def _sample_partial_fisher_yates(s: np.uint64, n: int, k: int, out: npt.NDArray[np.int64]) -> None:
     ids = np.arange(n, dtype=np.int64)
     swap = child(s, 2)
     for i in range(k):
@@ -316,7 +324,7 @@ def _sample_partial_fisher_yates(s, n, k, out):
 
 
 @numba.njit(nogil=True, cache=True)
-def _permute(s, perm):
+def _permute(s: np.uint64, perm: npt.NDArray[np.int32] | npt.NDArray[np.int64]) -> None:
     n = perm.size
     for i in range(n):
         perm[i] = i
@@ -330,7 +338,7 @@ def _permute(s, perm):
 # ---------------------------------------------------------------- the Python API
 
 
-def _check_u64(name: str, value, low: int = 0) -> int:
+def _check_u64(name: str, value: object, low: int = 0) -> int:
     if isinstance(value, bool) or not isinstance(value, int | np.integer):
         raise ValueError(f"{name} must be an integer, got {value!r}")
     value = int(value)
@@ -450,12 +458,12 @@ class Stream:
     def permutation(self, n: int) -> np.ndarray:
         """A uniformly random permutation of 0..n-1 (int32 when n < 2^31, else int64)."""
         n = _count(n)
-        perm = np.empty(n, dtype=np.int32 if n < 2**31 else np.int64)
+        perm = np.empty(n, dtype=np.int32) if n < 2**31 else np.empty(n, dtype=np.int64)
         _permute(self._u64, perm)
         return perm
 
 
-def _index(index) -> np.ndarray:
+def _index(index: npt.ArrayLike) -> npt.NDArray[np.uint64]:
     index = np.asarray(index)
     if index.ndim != 1 or not (np.issubdtype(index.dtype, np.integer) or index.size == 0):
         raise ValueError("index must be a 1-d array of integers")
@@ -464,14 +472,14 @@ def _index(index) -> np.ndarray:
     return np.ascontiguousarray(index, dtype=np.uint64)
 
 
-def _index_range(start, count) -> np.ndarray:
+def _index_range(start: int, count: int) -> npt.NDArray[np.uint64]:
     start, count = _check_u64("start", start), _count(count)
     if start + count > _U64_MASK + 1:
         raise ValueError("start + count must not exceed 2^64")
     return np.arange(start, start + count, dtype=np.uint64)
 
 
-def _count(value) -> int:
+def _count(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 0:
         raise ValueError(f"expected an integer >= 0, got {value!r}")
     return int(value)

@@ -60,6 +60,7 @@ from dataclasses import dataclass
 
 import numba
 import numpy as np
+import numpy.typing as npt
 
 from .domain import K_MAX
 from .rng import Stream
@@ -125,7 +126,7 @@ class RolloutRequest:
         return min(self.max_rollouts - self.min_rollouts, self.budget - batch_size * self.min_rollouts)
 
 
-def _whole(name: str, value) -> int:
+def _whole(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int | np.integer):
         raise RolloutError(f"rollouts.{name} must be an integer, got {value!r}")
     return int(value)
@@ -179,7 +180,17 @@ def check_rollouts(
 
 
 @numba.njit(nogil=True, cache=True)
-def _gains_kernel(alpha, beta, lo, levels, policy, value, gamma, clip, out):
+def _gains_kernel(
+    alpha: npt.NDArray[np.float64],
+    beta: npt.NDArray[np.float64],
+    lo: int,
+    levels: int,
+    policy: int,
+    value: int,
+    gamma: float,
+    clip: float,
+    out: npt.NDArray[np.float64],
+) -> None:
     """out[i, j] = g_i(lo + j), the gain of the (lo + j + 1)-th rollout of prompt i, then a running
     minimum along each row. Moments from rising-factorial ratios: E[p^n] = prod_{k<n} (a+k)/(s+k)."""
     for i in range(alpha.size):
@@ -241,7 +252,7 @@ def _gains_kernel(alpha, beta, lo, levels, policy, value, gamma, clip, out):
                 out[i, j] = out[i, j - 1]
 
 
-def _beta_arrays(alpha, beta) -> tuple[np.ndarray, np.ndarray]:
+def _beta_arrays(alpha: npt.ArrayLike, beta: npt.ArrayLike) -> tuple[np.ndarray, np.ndarray]:
     alpha = np.ascontiguousarray(alpha, dtype=np.float64)
     beta = np.ascontiguousarray(beta, dtype=np.float64)
     if alpha.ndim != 1 or alpha.shape != beta.shape:
@@ -306,7 +317,7 @@ _ZERO_KEY = _SIGN  # the key of +0.0 (and of -0.0)
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
-def _key_of(bits):
+def _key_of(bits: np.uint64) -> np.uint64:
     """uint64 that sorts like the float64 with these bits (NaN excluded); -0.0 is keyed as +0.0."""
     if bits == _SIGN:  # -0.0
         return _ZERO_KEY
@@ -316,7 +327,7 @@ def _key_of(bits):
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
-def _bits_of(key):
+def _bits_of(key: np.uint64) -> np.uint64:
     """The bits of the float64 whose key this is (the inverse of _key_of, +0.0 for the zero key)."""
     if key & _SIGN:
         return key ^ _SIGN
@@ -324,7 +335,7 @@ def _bits_of(key):
 
 
 @numba.njit(nogil=True, cache=True)
-def _count_ge(gains, x):
+def _count_ge(gains: npt.NDArray[np.float64], x: float) -> int:
     """Gains >= x over rows that are non-increasing: a binary search per row."""
     total = 0
     width = gains.shape[1]
@@ -342,7 +353,7 @@ def _count_ge(gains, x):
 
 
 @numba.njit(nogil=True, cache=True)
-def _kth_largest(gains, r):
+def _kth_largest(gains: npt.NDArray[np.float64], r: int) -> float:
     """The r-th largest gain (1 <= r <= gains.size, rows non-increasing, no NaN): the largest t with
     at least r gains >= t, by bisection over the order keys of the floats (at most 64 rounds)."""
     buf = np.empty(1, dtype=np.float64)
@@ -365,11 +376,14 @@ def _kth_largest(gains, r):
         else:
             hi = mid - _ONE
     ubuf[0] = _bits_of(lo)
-    return buf[0]
+    kth: float = buf[0]
+    return kth
 
 
 @numba.njit(nogil=True, cache=True)
-def _split_at(gains, b, above, tied):
+def _split_at(
+    gains: npt.NDArray[np.float64], b: float, above: npt.NDArray[np.int64], tied: npt.NDArray[np.int64]
+) -> None:
     """Per row: gains > b (a prefix) and gains == b (the run right after it)."""
     width = gains.shape[1]
     for i in range(gains.shape[0]):
@@ -384,10 +398,11 @@ def _split_at(gains, b, above, tied):
 
 def _tie_order(candidates: np.ndarray, tie_keys: np.ndarray, ids: np.ndarray) -> np.ndarray:
     """`candidates` (positions) in the tie order: larger key first, then lower id, then lower position."""
-    return candidates[np.lexsort((candidates, ids[candidates], ~tie_keys[candidates]))]
+    order: np.ndarray = candidates[np.lexsort((candidates, ids[candidates], ~tie_keys[candidates]))]
+    return order
 
 
-def _check_counts(name: str, batch: int, budget, min_rollouts) -> tuple[int, int]:
+def _check_counts(name: str, batch: int, budget: object, min_rollouts: object) -> tuple[int, int]:
     budget, lo = _whole("budget", budget), _whole("min", min_rollouts)
     if lo < 1 or budget < batch * lo:
         raise ValueError(f"{name}: budget {budget} below batch x min = {batch} x {lo}, or min < 1")
@@ -517,7 +532,12 @@ def mixed_probability(alpha: np.ndarray, beta: np.ndarray, n: np.ndarray) -> np.
 
 
 @numba.njit(nogil=True, cache=True)
-def _mixed_kernel(alpha, beta, counts, out):
+def _mixed_kernel(
+    alpha: npt.NDArray[np.float64],
+    beta: npt.NDArray[np.float64],
+    counts: npt.NDArray[np.int64],
+    out: npt.NDArray[np.float64],
+) -> None:
     """out[i] = g(1) + ... + g(counts[i] - 1), the mixed-group gains of `posterior` (no running minimum:
     the exact values), summed in order."""
     for i in range(alpha.size):
@@ -540,7 +560,8 @@ def knapsack_value(p: np.ndarray, n: np.ndarray) -> np.ndarray:
     p = np.asarray(p, dtype=np.float64)
     n = np.asarray(n, dtype=np.float64)
     q = 1.0 - p
-    return (1.0 - p**n - q**n) * p * q * q
+    value: np.ndarray = (1.0 - p**n - q**n) * p * q * q
+    return value
 
 
 def vip_objective(p: np.ndarray, n: np.ndarray) -> np.ndarray:
@@ -550,4 +571,5 @@ def vip_objective(p: np.ndarray, n: np.ndarray) -> np.ndarray:
     n = np.asarray(n, dtype=np.float64)
     with np.errstate(divide="ignore"):
         variance = np.where(n > 1, p * (1.0 - p) / np.maximum(n - 1.0, 0.0), np.inf)
-    return variance + VIP_GAMMA * n * np.log(p)
+    objective: np.ndarray = variance + VIP_GAMMA * n * np.log(p)
+    return objective

@@ -14,9 +14,11 @@ every process and numpy version, and the same whichever other prompts are drawn 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numba
 import numpy as np
+import numpy.typing as npt
 from numba import prange
 
 from ._parallel import CHUNK, PARALLEL_LOCK, PARALLEL_MIN
@@ -48,7 +50,15 @@ def _gather(alpha: np.ndarray, beta: np.ndarray, ids: np.ndarray | None) -> tupl
 
 
 @numba.njit(nogil=True, cache=True)
-def _beta_score_kernel(alpha, beta, ids, use_all, kind, target, out):
+def _beta_score_kernel(
+    alpha: npt.NDArray[np.float64],
+    beta: npt.NDArray[np.float64],
+    ids: npt.NDArray[np.int64],
+    use_all: bool,
+    kind: int,
+    target: float,
+    out: npt.NDArray[np.float64],
+) -> None:
     """kind 0: -(a / (a + b) - target)^2; kind 1: 1 / (a + b); into out (the order of ids)."""
     for i in range(out.size):
         q = i if use_all else ids[i]
@@ -61,7 +71,14 @@ def _beta_score_kernel(alpha, beta, ids, use_all, kind, target, out):
             out[i] = 1.0 / (a + b)
 
 
-def _beta_scores(alpha, beta, ids, kind: int, target: float, out: np.ndarray | None) -> np.ndarray:
+def _beta_scores(
+    alpha: np.ndarray,
+    beta: np.ndarray,
+    ids: np.ndarray | None,
+    kind: int,
+    target: float,
+    out: np.ndarray | None,
+) -> np.ndarray:
     alpha, beta = _beta_params(alpha, beta)
     use_all = ids is None
     ids = _check_ids(ids, alpha.size)
@@ -121,7 +138,9 @@ def thompson_scores(
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
-def dps_score3(r0, r1, r2, weight):
+def dps_score3(
+    r0: float | np.floating[Any], r1: float | np.floating[Any], r2: float | np.floating[Any], weight: float
+) -> float:
     """r1 + weight * H(r0, r1, r2) in float64, from one prompt's float32 prior (the one definition of
     the DPS score)."""
     s = np.float64(r1)
@@ -141,24 +160,44 @@ def dps_score3(r0, r1, r2, weight):
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
-def dps_score_of_row(prior, q, weight):
+def dps_score_of_row(prior: npt.NDArray[np.float32], q: int | np.integer[Any], weight: float) -> float:
     """The DPS score of row q of a prior array f32[M, 3]."""
     return dps_score3(prior[q, 0], prior[q, 1], prior[q, 2], weight)
 
 
 @numba.njit(nogil=True, cache=True)
-def _dps_range(prior, ids, use_all, weight, out, lo, hi):
+def _dps_range(
+    prior: npt.NDArray[np.float32],
+    ids: npt.NDArray[np.int64],
+    use_all: bool,
+    weight: float,
+    out: npt.NDArray[np.float64],
+    lo: int,
+    hi: int,
+) -> None:
     for i in range(lo, hi):
         out[i] = dps_score_of_row(prior, i if use_all else ids[i], weight)
 
 
 @numba.njit(nogil=True, cache=True)
-def _dps_serial(prior, ids, use_all, weight, out):
+def _dps_serial(
+    prior: npt.NDArray[np.float32],
+    ids: npt.NDArray[np.int64],
+    use_all: bool,
+    weight: float,
+    out: npt.NDArray[np.float64],
+) -> None:
     _dps_range(prior, ids, use_all, weight, out, 0, out.size)
 
 
 @numba.njit(nogil=True, cache=True, parallel=True)
-def _dps_parallel(prior, ids, use_all, weight, out):
+def _dps_parallel(
+    prior: npt.NDArray[np.float32],
+    ids: npt.NDArray[np.int64],
+    use_all: bool,
+    weight: float,
+    out: npt.NDArray[np.float64],
+) -> None:
     m = out.size
     for c in prange((m + CHUNK - 1) // CHUNK):
         lo = c * CHUNK

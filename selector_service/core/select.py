@@ -27,14 +27,21 @@ from __future__ import annotations
 import math
 import threading
 from collections import OrderedDict
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numba
 import numpy as np
+import numpy.typing as npt
 
 from .outcomes import SOLVED
 from .rng import Stream, bounded, stream
 from .scores import dps_score3, dps_score_of_row
+
+if TYPE_CHECKING:
+    from .beliefs import BeliefArrays
+
+#: A count a kernel returns: an int64 inside numba (a Python int once returned from compiled code).
+_Count = int | np.int64
 
 __all__ = [
     "TiedScores",
@@ -74,7 +81,7 @@ _KEY_MAX = 0xFFF0000000000000
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
-def _order_key(x, bits):
+def _order_key(x: float, bits: np.uint64) -> np.uint64:
     """uint64 that sorts like the float x (bits = x's bit pattern); -0.0 is keyed as +0.0.
 
     Branch-free (negatives flip every bit, the rest only the sign bit): a data-dependent branch on the
@@ -94,7 +101,12 @@ def _order_key(x, bits):
 
 
 @numba.njit(nogil=True, cache=True)
-def _histogram_array(scores, bits, ref_key, hist):
+def _histogram_array(
+    scores: npt.NDArray[np.float64],
+    bits: npt.NDArray[np.uint64],
+    ref_key: np.uint64,
+    hist: npt.NDArray[np.int64],
+) -> tuple[int, _Count, _Count]:
     nan = 0
     gt = 0
     eq = 0
@@ -111,7 +123,9 @@ def _histogram_array(scores, bits, ref_key, hist):
 
 
 @numba.njit(nogil=True, cache=True)
-def _histogram_prior(prior, weight, ref_key, hist):
+def _histogram_prior(
+    prior: npt.NDArray[np.float32], weight: float, ref_key: np.uint64, hist: npt.NDArray[np.int64]
+) -> tuple[int, _Count, _Count]:
     buf = np.empty(1, dtype=np.float64)
     ubuf = buf.view(np.uint64)
     nan = 0
@@ -131,7 +145,14 @@ def _histogram_prior(prior, weight, ref_key, hist):
 
 
 @numba.njit(nogil=True, cache=True)
-def _collect_array(scores, bits, digit, above, cand_keys, cand_pos):
+def _collect_array(
+    scores: npt.NDArray[np.float64],
+    bits: npt.NDArray[np.uint64],
+    digit: int,
+    above: npt.NDArray[np.int64],
+    cand_keys: npt.NDArray[np.uint64],
+    cand_pos: npt.NDArray[np.int64],
+) -> tuple[int, int]:
     wanted = np.uint64(digit)
     na = 0
     nc = 0
@@ -150,7 +171,14 @@ def _collect_array(scores, bits, digit, above, cand_keys, cand_pos):
 
 
 @numba.njit(nogil=True, cache=True)
-def _collect_prior(prior, weight, digit, above, cand_keys, cand_pos):
+def _collect_prior(
+    prior: npt.NDArray[np.float32],
+    weight: float,
+    digit: int,
+    above: npt.NDArray[np.int64],
+    cand_keys: npt.NDArray[np.uint64],
+    cand_pos: npt.NDArray[np.int64],
+) -> tuple[int, int]:
     buf = np.empty(1, dtype=np.float64)
     ubuf = buf.view(np.uint64)
     wanted = np.uint64(digit)
@@ -178,7 +206,9 @@ _ROW_BLOCK = 1024
 
 
 @numba.njit(nogil=True, cache=True)
-def _tied_at_ranks(scores, value, ranks, out):
+def _tied_at_ranks(
+    scores: npt.NDArray[np.float64], value: float, ranks: npt.NDArray[np.int64], out: npt.NDArray[np.int64]
+) -> None:
     """out[j] = the position of the ranks[j]-th score (0-based, ranks ascending) among the scores equal
     to `value`, in ascending position order. Compares values: equal values have equal keys (-0.0 and
     +0.0 included), and NaN equals nothing."""
@@ -204,7 +234,14 @@ def _tied_at_ranks(scores, value, ranks, out):
 
 
 @numba.njit(nogil=True, cache=True)
-def _scan_array(scores, bits, thr, ref, keys_out, pos_out):
+def _scan_array(
+    scores: npt.NDArray[np.float64],
+    bits: npt.NDArray[np.uint64],
+    thr: float,
+    ref: float,
+    keys_out: npt.NDArray[np.uint64],
+    pos_out: npt.NDArray[np.int64],
+) -> tuple[_Count, _Count, _Count, _Count]:
     """One pass: counts (NaN, scores > ref, scores == ref) and the keys and positions (ascending) of
     every score >= thr; returns (kept, nan, gt, eq), or (size + 1, partial counts) as soon as more than
     keys_out.size would have to be kept. Compares values, not keys (the same order: keys sort like the
@@ -236,7 +273,14 @@ def _scan_array(scores, bits, thr, ref, keys_out, pos_out):
 
 
 @numba.njit(nogil=True, cache=True)
-def _scan_prior(prior, weight, thr, ref, keys_out, pos_out):
+def _scan_prior(
+    prior: npt.NDArray[np.float32],
+    weight: float,
+    thr: float,
+    ref: float,
+    keys_out: npt.NDArray[np.uint64],
+    pos_out: npt.NDArray[np.int64],
+) -> tuple[_Count, _Count, _Count, _Count]:
     """_scan_array for DPS prior rows scored on the fly (no key and no score array for the rows below
     the threshold: a float32 load and three comparisons when weight is 0)."""
     buf = np.empty(1, dtype=np.float64)
@@ -264,7 +308,15 @@ def _scan_prior(prior, weight, thr, ref, keys_out, pos_out):
 
 
 @numba.njit(nogil=True, cache=True)
-def _sample_keys(scores, bits, prior, weight, use_prior, m, out):
+def _sample_keys(
+    scores: npt.NDArray[np.float64],
+    bits: npt.NDArray[np.uint64],
+    prior: npt.NDArray[np.float32],
+    weight: float,
+    use_prior: bool,
+    m: int,
+    out: npt.NDArray[np.uint64],
+) -> None:
     """Keys of out.size rows spread evenly over 0..m-1 (row (i * m) // size), NaN keyed as 0."""
     buf = np.empty(1, dtype=np.float64)
     ubuf = buf.view(np.uint64)
@@ -282,7 +334,7 @@ def _sample_keys(scores, bits, prior, weight, use_prior, m, out):
 
 
 @numba.njit(nogil=True, cache=True)
-def _kth_key_any(keys, r):
+def _kth_key_any(keys: npt.NDArray[np.uint64], r: int) -> np.uint64:
     """Key of the r-th largest of `keys` (1 <= r <= size), any top digits: a histogram of the top 16
     bits picks the digit, then _kth_key_among narrows within it."""
     hist = np.zeros(65536, dtype=np.int64)
@@ -304,7 +356,7 @@ def _kth_key_any(keys, r):
 
 
 @numba.njit(nogil=True, cache=True)
-def _kth_key_among(cand, r):
+def _kth_key_among(cand: npt.NDArray[np.uint64], r: int) -> np.uint64:
     """Key of the r-th largest of `cand` (uint64 keys sharing their top 16 bits; 1 <= r <= size).
 
     Radix select on the remaining 16-bit digits, most significant first: a histogram of the current
@@ -312,7 +364,7 @@ def _kth_key_among(cand, r):
     as soon as all are equal. No pivots, so O(size) whatever the input (numpy's introselect slows down
     10-30x on some arrangements of a large block of equal values).
     """
-    low = cand[0]
+    low: np.uint64 = cand[0]
     high = cand[0]
     for i in range(1, cand.size):
         low = min(low, cand[i])
@@ -349,7 +401,8 @@ def _kth_key_among(cand, r):
                 work[kept] = c
                 kept += 1
         count = kept
-    return work[0]
+    key: np.uint64 = work[0]
+    return key
 
 
 #: Rows sampled to place the scan's threshold, and how many sampled keys above it are asked for per
@@ -382,13 +435,15 @@ class _Source:
     same.
     """
 
-    def __init__(self, m: int, scores: np.ndarray | None = None, prior=None, weight: float = 0.0) -> None:
+    def __init__(
+        self, m: int, scores: np.ndarray | None = None, prior: np.ndarray | None = None, weight: float = 0.0
+    ) -> None:
         self.m = m
         self.prior = None if prior is None else prior[:m]
         self.scores = None if scores is None else scores[:m]
         self.weight = float(weight)
 
-    def _bits(self):
+    def _bits(self) -> npt.NDArray[np.uint64]:
         return self.scores.view(np.uint64) if self.scores is not None else np.empty(0, dtype=np.uint64)
 
     def scan(self, k: int, ref_key: int = 0) -> _Scan:
@@ -421,7 +476,7 @@ class _Source:
         if self.prior is not None:
             n, nan, gt, eq = _scan_prior(self.prior, self.weight, thr_value, ref_value, keys, pos)
         else:
-            n, nan, gt, eq = _scan_array(self.scores, self._bits(), thr_value, ref_value, keys, pos)
+            n, nan, gt, eq = _scan_array(self.scores, self._bits(), thr_value, ref_value, keys, pos)  # type: ignore[arg-type]  # scores is set where prior is not
         if n <= cap:
             return _Scan(int(nan), int(gt), int(eq), ref_key, thr, keys[:n], pos[:n], True, None)
         hist, nan, gt, eq = self.histogram(ref_key)
@@ -442,7 +497,7 @@ class _Source:
         such rows in ascending position order: one read-only pass."""
         out = np.empty(ranks.size, dtype=np.int64)
         if ranks.size:
-            _tied_at_ranks(self.scores, _key_to_value(key), ranks, out)
+            _tied_at_ranks(self.scores, _key_to_value(key), ranks, out)  # type: ignore[arg-type]  # array sources only (_topk_set)
         return out
 
     def top(self, scan: _Scan, k: int) -> tuple[np.ndarray, np.ndarray, int]:
@@ -459,7 +514,7 @@ class _Source:
         if self.prior is not None:
             nan, gt, eq = _histogram_prior(self.prior, self.weight, np.uint64(ref_key), hist)
         else:
-            nan, gt, eq = _histogram_array(self.scores, self.scores.view(np.uint64), np.uint64(ref_key), hist)
+            nan, gt, eq = _histogram_array(self.scores, self.scores.view(np.uint64), np.uint64(ref_key), hist)  # type: ignore[arg-type,union-attr]  # scores is set where prior is not
         return hist, int(nan), int(gt), int(eq)
 
     def split(self, hist: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, int]:
@@ -472,18 +527,20 @@ class _Source:
         key = int(_kth_key_among(cand_keys, k - ahead))
         return self._finish(above, cand_keys, cand_pos, key)
 
-    def _collect(self, hist, digit):
+    def _collect(self, hist: np.ndarray, digit: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         above = np.empty(int(hist[digit + 1 :].sum()), dtype=np.int64)
         cand_keys = np.empty(int(hist[digit]), dtype=np.uint64)
         cand_pos = np.empty(int(hist[digit]), dtype=np.int64)
         if self.prior is not None:
             _collect_prior(self.prior, self.weight, digit, above, cand_keys, cand_pos)
         else:
-            _collect_array(self.scores, self.scores.view(np.uint64), digit, above, cand_keys, cand_pos)
+            _collect_array(self.scores, self.scores.view(np.uint64), digit, above, cand_keys, cand_pos)  # type: ignore[arg-type,union-attr]  # scores is set where prior is not
         return above, cand_keys, cand_pos
 
     @staticmethod
-    def _finish(above, cand_keys, cand_pos, key):
+    def _finish(
+        above: np.ndarray, cand_keys: np.ndarray, cand_pos: np.ndarray, key: int
+    ) -> tuple[np.ndarray, np.ndarray, int]:
         ukey = np.uint64(key)
         if cand_keys.size and cand_keys.min() == ukey == cand_keys.max():
             return np.sort(above), cand_pos, key  # all candidates tie (no filtering copies)
@@ -499,7 +556,7 @@ def order_key(x: float) -> int:
     return bits ^ ((1 << 64) - 1) if bits >> 63 else bits | (1 << 63)
 
 
-def _key_to_value(key) -> float:
+def _key_to_value(key: int) -> float:
     bits = np.uint64(key)
     bits = bits ^ _SIGN if bits & _SIGN else ~bits
     return float(np.array([bits], dtype=np.uint64).view(np.float64)[0])
@@ -520,7 +577,8 @@ def kth_largest(scores: np.ndarray, k: int) -> float:
 def order_by_score(scores: np.ndarray, ids: np.ndarray, keys: np.ndarray) -> np.ndarray:
     """Indices that sort by descending `scores`, equal scores by ascending `keys` (uint64), then by
     ascending `ids`: a total order, so any correct sort gives the same result."""
-    return np.lexsort((ids, keys, -scores))
+    order: np.ndarray = np.lexsort((ids, keys, -scores))
+    return order
 
 
 def choose_tied(tied: np.ndarray, need: int, rng: Stream) -> np.ndarray:
@@ -528,7 +586,8 @@ def choose_tied(tied: np.ndarray, need: int, rng: Stream) -> np.ndarray:
     rng.child(0).sample(len, need); all of them when need == len."""
     if need >= tied.size:
         return tied
-    return tied[rng.child(0).sample(tied.size, need)]
+    chosen: np.ndarray = tied[rng.child(0).sample(tied.size, need)]
+    return chosen
 
 
 def topk_random_ties(scores: np.ndarray, k: int, rng: Stream) -> np.ndarray:
@@ -550,7 +609,8 @@ def topk_random_ties(scores: np.ndarray, k: int, rng: Stream) -> np.ndarray:
         return np.empty(0, dtype=np.int64)
     chosen = _topk_set(scores, k, rng)
     order = order_by_score(scores[chosen], chosen, rng.child(1).bits_at(chosen))
-    return chosen[order]
+    ranked: np.ndarray = chosen[order]
+    return ranked
 
 
 def _topk_set(scores: np.ndarray, k: int, rng: Stream) -> np.ndarray:
@@ -608,7 +668,12 @@ def tie_index(dense: np.ndarray, max_odd: int) -> TiedScores | None:
 
 
 @numba.njit(nogil=True, cache=True)
-def _retie(odd, ids, differs, out):
+def _retie(
+    odd: npt.NDArray[np.int64],
+    ids: npt.NDArray[np.int64],
+    differs: npt.NDArray[np.bool_],
+    out: npt.NDArray[np.int64],
+) -> int:
     """Merges two ascending id lists: the ids of `odd` not in `ids`, and the ids[j] with differs[j];
     returns how many were written to out (size >= odd.size + ids.size)."""
     i = 0
@@ -640,7 +705,7 @@ def retie(tied: TiedScores, ids: np.ndarray) -> TiedScores:
 
 
 @numba.njit(nogil=True, cache=True)
-def _block_at(odd, ranks, out):
+def _block_at(odd: npt.NDArray[np.int64], ranks: npt.NDArray[np.int64], out: npt.NDArray[np.int64]) -> None:
     """out[j] = the ranks[j]-th (0-based; ranks ascending) of the ids not in `odd` (ascending): with t
     odd ids below it, the id of rank r is r + t, and t is the number of odd[i] - i <= r (a
     non-decreasing sequence, so one merge walk)."""
@@ -687,11 +752,14 @@ def topk_tied(tied: TiedScores, k: int, rng: Stream) -> np.ndarray:
     else:
         return topk_random_ties(dense, k, rng)
     order = order_by_score(dense[chosen], chosen, rng.child(1).bits_at(chosen))
-    return chosen[order]
+    ranked: np.ndarray = chosen[order]
+    return ranked
 
 
 @numba.njit(nogil=True, cache=True)
-def _draw_unobserved(s, slot_of, count, out):
+def _draw_unobserved(
+    s: np.uint64, slot_of: npt.NDArray[np.int32], count: int, out: npt.NDArray[np.int64]
+) -> None:
     """`count` distinct never-observed prompt ids (slot_of[p] < 0), uniformly at random: the i-th draw
     of stream s is bounded(s, i, N); a draw is kept when never observed and not yet kept."""
     n = slot_of.size
@@ -725,7 +793,7 @@ def _draw_unobserved(s, slot_of, count, out):
 _REJECTION_MIN_SHARE = 1.0 / 64.0
 
 
-def _unobserved(ba, count: int, rng: Stream) -> np.ndarray:
+def _unobserved(ba: BeliefArrays, count: int, rng: Stream) -> np.ndarray:
     """`count` distinct never-observed ids, uniformly at random (rng.child(2); see dps_select)."""
     out = np.empty(count, dtype=np.int64)
     if count == 0:
@@ -735,7 +803,8 @@ def _unobserved(ba, count: int, rng: Stream) -> np.ndarray:
         _draw_unobserved(np.uint64(rng.child(2).id), ba.hmm_slot, count, out)
         return out
     listed = np.flatnonzero(ba.hmm_slot < 0)
-    return listed[rng.child(2).sample(listed.size, count)]
+    drawn: np.ndarray = listed[rng.child(2).sample(listed.size, count)]
+    return drawn
 
 
 #: Rows per block of _scan_columns.
@@ -743,7 +812,15 @@ _TOP_BLOCK = 256
 
 
 @numba.njit(nogil=True, cache=True)
-def _block_scores(p0, p1, p2, lo, width, weight, out):
+def _block_scores(
+    p0: npt.NDArray[np.float32],
+    p1: npt.NDArray[np.float32],
+    p2: npt.NDArray[np.float32],
+    lo: int,
+    width: int,
+    weight: float,
+    out: npt.NDArray[np.float64],
+) -> None:
     """DPS scores of rows lo..lo+width-1 from the prior's columns (unsigned indices: no negative-index
     wraparound, so the weight-0 loop vectorizes)."""
     if weight == 0.0:
@@ -756,7 +833,9 @@ def _block_scores(p0, p1, p2, lo, width, weight, out):
 
 
 @numba.njit(nogil=True, cache=True)
-def _block_counts(sc, width, thr, ref):
+def _block_counts(
+    sc: npt.NDArray[np.float64], width: int, thr: float, ref: float
+) -> tuple[_Count, _Count, _Count, _Count]:
     """(NaN, > ref, == ref, >= thr) among sc[:width], without branches (vectorized)."""
     nan = 0
     gt = 0
@@ -772,7 +851,15 @@ def _block_counts(sc, width, thr, ref):
 
 
 @numba.njit(nogil=True, cache=True)
-def _scan_columns(prior, m, weight, thr, ref, vals, pos):
+def _scan_columns(
+    prior: npt.NDArray[np.float32],
+    m: int,
+    weight: float,
+    thr: float,
+    ref: float,
+    vals: npt.NDArray[np.float64],
+    pos: npt.NDArray[np.int64],
+) -> tuple[_Count, _Count, _Count, _Count, _Count]:
     """One pass over the DPS scores of observed rows 0..m-1 (prior f32[3, capacity], the observed set's
     columns): counts (NaN, scores > ref, scores == ref, scores >= thr) and every row scoring >= thr
     with its score, in vals / pos (ascending rows). Block by block: the scores of 256 rows are computed
@@ -811,7 +898,9 @@ def _scan_columns(prior, m, weight, thr, ref, vals, pos):
 
 
 @numba.njit(nogil=True, cache=True)
-def _column_scores(prior, slots, weight, out):
+def _column_scores(
+    prior: npt.NDArray[np.float32], slots: npt.NDArray[np.int64], weight: float, out: npt.NDArray[np.float64]
+) -> None:
     for i in range(slots.size):
         q = slots[i]
         out[i] = dps_score3(prior[0, q], prior[1, q], prior[2, q], weight)
@@ -826,7 +915,9 @@ _RANK_SAMPLE_MARGIN = 4
 
 
 @numba.njit(nogil=True, cache=True)
-def _sample_columns(prior, m, weight, out):
+def _sample_columns(
+    prior: npt.NDArray[np.float32], m: int, weight: float, out: npt.NDArray[np.float64]
+) -> None:
     """Scores of out.size rows spread evenly over 0..m-1 (row (i * m) // size)."""
     count = out.size
     for i in range(count):
@@ -835,7 +926,7 @@ def _sample_columns(prior, m, weight, out):
 
 
 @numba.njit(nogil=True, cache=True)
-def _rank_th_largest(values, rank):
+def _rank_th_largest(values: npt.NDArray[np.float64], rank: int) -> float:
     """The rank-th largest of `values` (duplicates counted; NaN skipped; -inf if fewer than rank are
     not NaN), for a small rank: a sorted list of the rank largest so far, one compare per value. Not
     np.partition, which slows down ~10x on the many equal scores DPS priors reach (after many closes
@@ -849,7 +940,8 @@ def _rank_th_largest(values, rank):
                 top[j - 1] = top[j]
                 j += 1
             top[j - 1] = v
-    return top[0]
+    smallest: float = top[0]
+    return smallest
 
 
 class _Ranked(NamedTuple):
@@ -879,7 +971,7 @@ class _Ranked(NamedTuple):
         return self.pos[self.vals > value], self.pos[self.vals == value]
 
 
-def _rank_observed(ba, k: int, weight: float, ref: float) -> _Ranked:
+def _rank_observed(ba: BeliefArrays, k: int, weight: float, ref: float) -> _Ranked:
     """The observed rows scoring at or above the k-th largest observed score (all of them when k >= M),
     and the counts against `ref`. Usually one pass (_scan_columns) at a threshold placed by a sample a
     little below the k-th largest, keeping about 2 k + 4 M / sample rows plus any block of ties at the
@@ -913,13 +1005,13 @@ def _rank_observed(ba, k: int, weight: float, ref: float) -> _Ranked:
     return _Ranked(_observed_scores(ba, kept, weight), kept, scan.nan, scan.gt, scan.eq, -math.inf)
 
 
-def _observed_scores(ba, slots: np.ndarray, weight: float) -> np.ndarray:
+def _observed_scores(ba: BeliefArrays, slots: np.ndarray, weight: float) -> np.ndarray:
     out = np.empty(slots.size, dtype=np.float64)
     _column_scores(ba.observed_columns()[1], slots, float(weight), out)
     return out
 
 
-def _top_observed(ba, ranked: _Ranked, r: int, rng: Stream) -> np.ndarray:
+def _top_observed(ba: BeliefArrays, ranked: _Ranked, r: int, rng: Stream) -> np.ndarray:
     """Slots of the r best observed prompts (r <= M), the tie rule over the tied ones in ascending id
     order."""
     if r == ba.observed:
@@ -930,7 +1022,7 @@ def _top_observed(ba, ranked: _Ranked, r: int, rng: Stream) -> np.ndarray:
     return np.concatenate([above, ba.hmm_slot[chosen_tied].astype(np.int64)])
 
 
-def dps_select(ba, k: int, entropy_weight: float, rng: Stream) -> tuple[np.ndarray, np.ndarray]:
+def dps_select(ba: BeliefArrays, k: int, entropy_weight: float, rng: Stream) -> tuple[np.ndarray, np.ndarray]:
     """docs/methods.md §2 over the whole dataset in O(prompts ever observed + k): the k prompts with the largest
     prior(2) + entropy_weight * H(prior), best first, and their scores (float64). `ba` is a
     BeliefArrays, `rng` the select's "ties" stream.
@@ -989,7 +1081,7 @@ class _PermutationCache:
     """LRU of a few epoch permutations (an epoch permutation of 1e7 ids is 40-80 MB; a walk needs two)."""
 
     def __init__(self, max_items: int = 4) -> None:
-        self._items: OrderedDict[tuple, np.ndarray] = OrderedDict()
+        self._items: OrderedDict[tuple[int, str, int, int], np.ndarray] = OrderedDict()
         self._lock = threading.Lock()
         self._max = max_items
 
@@ -1113,4 +1205,5 @@ def mopps_threshold_select(
     if not low <= high:
         raise ValueError(f"the band needs low <= high, got [{low}, {high}]")
     distance = np.maximum(low - draws, 0.0) + np.maximum(draws - high, 0.0)
-    return candidates[topk_random_ties(-distance, k, rng)]
+    chosen: np.ndarray = candidates[topk_random_ties(-distance, k, rng)]
+    return chosen

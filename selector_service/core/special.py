@@ -25,6 +25,7 @@ import math
 
 import numba
 import numpy as np
+import numpy.typing as npt
 
 __all__ = [
     "SERIES_FROM",
@@ -42,7 +43,7 @@ _SERIES_FROM = SERIES_FROM
 
 
 @numba.njit(nogil=True, cache=True)
-def asymptotic_tail_inv(r):
+def asymptotic_tail_inv(r: float) -> float:
     """psi(x) - ln(x) for x >= 10 from the asymptotic series, given r = 1/x (Horner in 1/x^2)."""
     r2 = r * r
     poly = r2 * (
@@ -58,13 +59,13 @@ def asymptotic_tail_inv(r):
 
 
 @numba.njit(nogil=True, cache=True)
-def _asymptotic_tail(x):
+def _asymptotic_tail(x: float) -> float:
     """psi(x) - ln(x) for x >= 10 from the asymptotic series."""
     return asymptotic_tail_inv(1.0 / x)
 
 
 @numba.njit(nogil=True, cache=True)
-def psi_minus_log(x):
+def psi_minus_log(x: float) -> float:
     """psi(x) - ln(x) for x > 0 (float64)."""
     if x >= _SERIES_FROM:
         return _asymptotic_tail(x)
@@ -77,7 +78,7 @@ def psi_minus_log(x):
 
 
 @numba.njit(nogil=True, cache=True)
-def psi_minus_log_shifted(x, j, shift_sum):
+def psi_minus_log_shifted(x: float, j: int, shift_sum: float) -> float:
     """psi(x) - ln(x) for x > 0 when the caller already holds shift_sum = sum_{i<j} 1/(x+i):
     psi(x) - ln x = [psi(x+j) - ln(x+j)] + ln((x+j)/x) - shift_sum (saves the recurrence's divisions)."""
     if x >= _SERIES_FROM:
@@ -87,7 +88,7 @@ def psi_minus_log_shifted(x, j, shift_sum):
 
 
 @numba.njit(nogil=True, cache=True)
-def digamma(x):
+def digamma(x: float) -> float:
     """psi(x) = d/dx ln Gamma(x) for x > 0 (float64); nan for x <= 0 or nan."""
     if not x > 0.0:
         return np.nan
@@ -102,7 +103,7 @@ def digamma(x):
 
 
 @numba.njit(nogil=True, cache=True)
-def _digamma_loop(x, out):
+def _digamma_loop(x: npt.NDArray[np.float64], out: npt.NDArray[np.float64]) -> None:
     for i in range(x.size):
         out[i] = digamma(x[i])
 

@@ -38,7 +38,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -46,7 +46,7 @@ from .coldstart import beta_for, beta_scores
 from .curricula import adarft_scores, learnability_scores
 from .domain import ENTROPY_WEIGHT_MAX, K_MAX
 from .mi import _check_ids, wmi_scores
-from .rng import stream
+from .rng import Stream, stream
 from .scores import dps_scores, expected_difficulty_scores, inverse_evidence_scores, thompson_scores
 from .select import (
     TiedScores,
@@ -58,6 +58,9 @@ from .select import (
     uniform_batch,
 )
 from .walks import WalkError, greso_batch, sec_batch
+
+if TYPE_CHECKING:
+    from .beliefs import BeliefArrays
 
 __all__ = [
     "STRATEGIES",
@@ -114,8 +117,10 @@ def _unit(name: str) -> Callable[[Any], float]:
 
 
 def _k(v: Any) -> int | None:
-    if v is None:
-        return None
+    return None if v is None else _k_value(v)
+
+
+def _k_value(v: Any) -> int:
     v = _integer("k", v)
     if not 1 <= v <= K_LIMIT:
         raise ParamError(f"k (rollouts per prompt for the score) must lie in [1, {K_LIMIT}], got {v}")
@@ -141,7 +146,7 @@ def _ratio(v: Any) -> int | None:
 def _mode(v: Any) -> str:
     if v not in ("topk", "threshold"):
         raise ParamError(f"mode must be 'topk' or 'threshold', got {v!r}")
-    return v
+    return str(v)
 
 
 def _entropy_weight(v: Any) -> float:
@@ -303,10 +308,10 @@ def check_dataset_params(
 
 def _insight_k(params: dict[str, Any], dataset_k: int) -> int:
     k = params["k"] if params["k"] is not None else dataset_k
-    return _k(k)
+    return _k_value(k)
 
 
-def _dps_scores(ba, ids: np.ndarray | None, weight: float) -> np.ndarray:
+def _dps_scores(ba: BeliefArrays, ids: np.ndarray | None, weight: float) -> np.ndarray:
     """DPS scores of `ids` (None: every prompt; never-observed ones score their uniform prior)."""
     if ids is not None:
         ids = _check_ids(ids, ba.n)
@@ -326,7 +331,12 @@ def _into(out: np.ndarray | None, scores: np.ndarray) -> np.ndarray:
 
 
 def _deterministic_scores(
-    ba, strategy: str, params: dict[str, Any], ids, dataset_k: int, out: np.ndarray | None = None
+    ba: BeliefArrays,
+    strategy: str,
+    params: dict[str, Any],
+    ids: np.ndarray | None,
+    dataset_k: int,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
     """Every Beta-family score reads cold priors (coldstart.beta_scores: the stored arrays as they are
     when the dataset has no metadata)."""
@@ -350,7 +360,7 @@ def _deterministic_scores(
 
 
 def select(
-    ba,
+    ba: BeliefArrays,
     *,
     strategy: str,
     params: dict[str, Any] | None,
@@ -428,7 +438,7 @@ def select(
 
 
 def score(
-    ba,
+    ba: BeliefArrays,
     *,
     strategy: str,
     params: dict[str, Any] | None,
@@ -451,7 +461,9 @@ def score(
     return _deterministic_scores(ba, strategy, params, ids, dataset_k, out)
 
 
-def _thompson(ba, ids: np.ndarray | None, target: float, rng) -> tuple[np.ndarray, np.ndarray]:
+def _thompson(
+    ba: BeliefArrays, ids: np.ndarray | None, target: float, rng: Stream
+) -> tuple[np.ndarray, np.ndarray]:
     """MoPPS draws for `ids` (None: all) from the Betas of `beta_for` (cold priors), keyed by prompt id."""
     alpha, beta, sub = beta_for(ba, ids)
     if sub is None and ids is not None:  # gathered: the draws still belong to the prompt ids

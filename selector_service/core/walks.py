@@ -35,12 +35,18 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import numba
 import numpy as np
+import numpy.typing as npt
 
-from .rng import stream
+from .rng import Stream, stream
 from .select import epoch_permutation
+
+if TYPE_CHECKING:
+    from .beliefs import BeliefArrays
 
 __all__ = [
     "GRESO_MIN_KEEP",
@@ -68,7 +74,8 @@ def greso_keep_probability(streak: np.ndarray, p_easy: float, p_hard: float) -> 
     z = np.asarray(streak, dtype=np.float64)
     easy = np.maximum(np.power(p_easy, np.maximum(z, 0.0)), GRESO_MIN_KEEP)
     hard = np.maximum(np.power(p_hard, np.maximum(-z, 0.0)), GRESO_MIN_KEEP)
-    return np.where(z > 0, easy, np.where(z < 0, hard, 1.0))
+    keep: np.ndarray = np.where(z > 0, easy, np.where(z < 0, hard, 1.0))
+    return keep
 
 
 def _skip_draws(key: str, epoch: int, offset: int, count: int) -> np.ndarray:
@@ -76,7 +83,9 @@ def _skip_draws(key: str, epoch: int, offset: int, count: int) -> np.ndarray:
     return stream(key, epoch, 0, "greso-skip").uniforms(count, start=offset)
 
 
-def _greso_chunks(n: int, key: str, pos: int, limit: int):
+def _greso_chunks(
+    n: int, key: str, pos: int, limit: int
+) -> Iterator[tuple[int, npt.NDArray[np.int64], np.ndarray]]:
     """Yields (start position, ids, uniforms) chunks of the walk from `pos`, at most `limit` positions,
     never crossing an epoch boundary within a chunk."""
     chunk = _CHUNK
@@ -90,7 +99,7 @@ def _greso_chunks(n: int, key: str, pos: int, limit: int):
         chunk *= 2
 
 
-def greso_batch(ba, batch: int, key: str) -> np.ndarray:
+def greso_batch(ba: BeliefArrays, batch: int, key: str) -> np.ndarray:
     """GRESO's batch (int64[batch], walk order) from `ba.shared.greso_pos` (module docstring). When two
     epochs hold fewer than `batch` survivors, the batch is completed with skipped prompts in walk order."""
     n = ba.n
@@ -111,7 +120,7 @@ def greso_batch(ba, batch: int, key: str) -> np.ndarray:
         count += survivors.size
         if count >= batch:
             break
-    out = np.concatenate(picked)
+    out: np.ndarray = np.concatenate(picked)
     if out.size < batch:
         rest = np.concatenate(skipped)
         rest = rest[~np.isin(rest, out)]
@@ -120,7 +129,7 @@ def greso_batch(ba, batch: int, key: str) -> np.ndarray:
     return out
 
 
-def _greso_advance(ba, key: str) -> None:
+def _greso_advance(ba: BeliefArrays, key: str) -> None:
     """Moves greso_pos past what the walk consumed at this step (module docstring)."""
     n = ba.n
     sh = ba.shared
@@ -138,22 +147,30 @@ def _greso_advance(ba, key: str) -> None:
 # ---------------------------------------------------------------- SEC
 
 
-def sec_members(ba) -> tuple[np.ndarray, np.ndarray]:
+def sec_members(ba: BeliefArrays) -> tuple[np.ndarray, np.ndarray]:
     """(ids sorted by group then id, start offset of each group) for the grouped prompts; cached on the
     shared state until the next metadata upload."""
     sh = ba.shared
     if sh.members_cache is None:
         starts = np.zeros(sh.n_groups + 1, dtype=np.int64)
         np.cumsum(sh.group_size, out=starts[1:])
-        dtype = np.int32 if ba.n <= np.iinfo(np.int32).max else np.int64
-        members = np.empty(int(starts[-1]), dtype=dtype)
+        count = int(starts[-1])
+        members = (
+            np.empty(count, dtype=np.int32)
+            if ba.n <= np.iinfo(np.int32).max
+            else np.empty(count, dtype=np.int64)
+        )
         _bucket_by_group(ba.group, starts[:-1].copy(), members)
         sh.members_cache = (members, starts)
     return sh.members_cache
 
 
 @numba.njit(nogil=True, cache=True)
-def _bucket_by_group(group, fill, members):
+def _bucket_by_group(
+    group: npt.NDArray[np.int32],
+    fill: npt.NDArray[np.int64],
+    members: npt.NDArray[np.int32] | npt.NDArray[np.int64],
+) -> None:
     """Counting sort: the ids of each group, ascending, at members[start_g ...] (fill starts at start_g).
     4 bytes per grouped prompt and nothing else, where an argsort would allocate 16."""
     for i in range(group.size):
@@ -168,7 +185,7 @@ class _PassOrders:
     close need a few elements of them, and computing one costs O(size). Bounded by elements held."""
 
     def __init__(self, max_elements: int = 1 << 26) -> None:
-        self._items: OrderedDict[tuple, np.ndarray] = OrderedDict()
+        self._items: OrderedDict[tuple[str, int, int, int], np.ndarray] = OrderedDict()
         self._held = 0
         self._max = max_elements
         self._lock = threading.Lock()
@@ -218,17 +235,17 @@ def _category_window(
     return np.concatenate([head, nxt]), eligible
 
 
-def sec_policy(ba, tau: float) -> np.ndarray:
+def sec_policy(ba: BeliefArrays, tau: float) -> np.ndarray:
     """pi = softmax(Q / tau) over the groups, 0 for groups without prompts (float64[n_groups])."""
     sh = ba.shared
     live = sh.group_size > 0
     logits = np.where(live, sh.sec_q / tau, -np.inf)
     top = logits[live].max() if live.any() else 0.0
-    weights = np.where(live, np.exp(logits - top), 0.0)
+    weights: np.ndarray = np.where(live, np.exp(logits - top), 0.0)
     return weights / weights.sum() if live.any() else weights
 
 
-def sec_batch(ba, batch: int, step: int, seed: int, key: str, tau: float) -> np.ndarray:
+def sec_batch(ba: BeliefArrays, batch: int, step: int, seed: int, key: str, tau: float) -> np.ndarray:
     """SEC's batch (int64[batch]; module docstring): ids in the order of the category draws."""
     sh = ba.shared
     if sh.grouped == 0:
@@ -239,19 +256,19 @@ def sec_batch(ba, batch: int, step: int, seed: int, key: str, tau: float) -> np.
     if batch > sh.grouped:
         raise WalkError(f"batch size {batch} is larger than the {sh.grouped} prompts that have a group")
     pi = sec_policy(ba, tau)
-    size = sh.group_size
+    sizes = sh.group_size
     draws = _categorical(pi, batch, stream(key, step, seed, "sec-categories"), 0)
     # Cap each category at its size and redraw the excess among categories with room, until none is left.
     redraw = 0
     while True:
         counts = np.bincount(draws, minlength=pi.size)
         rank = _rank_within(draws)
-        over = rank >= size[draws]
+        over = rank >= sizes[draws]
         if not over.any():
             break
-        room = np.where(counts < size, pi, 0.0)
+        room = np.where(counts < sizes, pi, 0.0)
         if not room.sum() > 0:  # pi underflowed to 0 where there is room (tiny tau): uniform there
-            room = (counts < size).astype(np.float64)
+            room = (counts < sizes).astype(np.float64)
         redraw += 1
         extra = _categorical(room, int(over.sum()), stream(key, step, seed, "sec-categories"), redraw)
         draws = np.concatenate([draws[~over], extra])
@@ -269,13 +286,14 @@ def sec_batch(ba, batch: int, step: int, seed: int, key: str, tau: float) -> np.
     return out
 
 
-def _categorical(weights: np.ndarray, count: int, rng, part: int) -> np.ndarray:
+def _categorical(weights: np.ndarray, count: int, rng: Stream, part: int) -> np.ndarray:
     """`count` i.i.d. categories with probabilities proportional to `weights` (>= 0, some > 0): the
     inverse CDF at the uniforms of rng.child(part). A zero weight is never drawn."""
     cdf = np.cumsum(weights)
     u = rng.child(part).uniforms(count) * cdf[-1]
     last = int(np.flatnonzero(weights > 0)[-1])
-    return np.minimum(np.searchsorted(cdf, u, side="right"), last).astype(np.int64)
+    draws: npt.NDArray[np.int64] = np.minimum(np.searchsorted(cdf, u, side="right"), last).astype(np.int64)
+    return draws
 
 
 def _rank_within(draws: np.ndarray) -> np.ndarray:
@@ -288,7 +306,7 @@ def _rank_within(draws: np.ndarray) -> np.ndarray:
     return rank
 
 
-def _sec_advance(ba, key: str) -> None:
+def _sec_advance(ba: BeliefArrays, key: str) -> None:
     """Moves each category's position past its members observed at this step, in walk order."""
     sh = ba.shared
     active = np.flatnonzero(sh.step_adv_n > 0)  # categories with a result at this step
@@ -313,7 +331,7 @@ def _sec_advance(ba, key: str) -> None:
         sh.sec_pos[g] += int(stop[0]) if stop.size else window.size
 
 
-def advance_walks(ba, key: str) -> None:
+def advance_walks(ba: BeliefArrays, key: str) -> None:
     """Advances GRESO's and SEC's positions at a step close (module docstring); call it before the DPS
     close, which resets the step states of the observed set. Does nothing when the step had no results."""
     if ba.shared.step_counts[0] == 0:

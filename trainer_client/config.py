@@ -363,7 +363,8 @@ class TrainConfig:
                 for f in ("rollouts_min", "rollouts_max", "rollout_policy")
                 if getattr(self, f) != default_of(TrainConfig, f)
             ]
-            return [f"{', '.join(lone)} only apply with {name('rollout_budget')}"] if lone else []
+            verb = "applies" if len(lone) == 1 else "apply"
+            return [f"{', '.join(lone)} {verb} only with {name('rollout_budget')}"] if lone else []
         problems = []
         if self.strategy in _SELF_SCREENING:
             problems.append(

@@ -127,9 +127,9 @@ def _parser() -> argparse.ArgumentParser:
         "--task",
         required=True,
         type=_task_name,
-        metavar="{arithmetic,countdown,jsonl,rg:NAME[:LEVELS]}",
-        help="prompt set; rg:NAME is a reasoning-gym dataset, its curriculum levels (e.g. rg:chain_sum:0-3) "
-        "becoming prompt groups",
+        metavar="{arithmetic[:TIERS],countdown,jsonl,rg:NAME[:LEVELS]}",
+        help="prompt set; arithmetic:TIERS keeps those tiers (e.g. arithmetic:0,3-8); rg:NAME is a "
+        "reasoning-gym dataset, its curriculum levels (e.g. rg:chain_sum:0-3) becoming prompt groups",
     )
     data.add_argument("--data", help="JSONL file (task jsonl only)")
     data.add_argument("--num-prompts", type=int, default=256, help="prompts in the dataset")
@@ -199,7 +199,8 @@ def _parser() -> argparse.ArgumentParser:
 def _task_name(value: str) -> str:
     from trainer_client.tasks import TASK_NAMES
 
-    if value in TASK_NAMES or (value.startswith("rg:") and len(value) > 3):
+    prefixed = any(value.startswith(prefix) and len(value) > len(prefix) for prefix in ("rg:", "arithmetic:"))
+    if value in TASK_NAMES or prefixed:
         return value
     raise argparse.ArgumentTypeError(
         f"invalid choice {value!r}: choose {', '.join(TASK_NAMES)} or rg:NAME (a reasoning-gym dataset)"

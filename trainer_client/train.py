@@ -506,6 +506,17 @@ def format_summary(records: Sequence[Mapping[str, Any]], *, header: Mapping[str,
         )
     total = sum(int(r["rollouts"]) for r in records)
     lines.append(f"rollouts: {total} total, {total / len(records):.1f} per step")
+    sizes: dict[int, int] = {}
+    for record in records:
+        for size, count in (record.get("group_sizes") or {}).items():
+            sizes[int(size)] = sizes.get(int(size), 0) + int(count)
+    if len(sizes) > 1:  # per-prompt counts (a rollout budget)
+        groups = sum(sizes.values())
+        spread = ", ".join(f"{size}: {sizes[size]}" for size in sorted(sizes))
+        lines.append(
+            f"rollouts per prompt: min {min(sizes)}, mean {sum(k * v for k, v in sizes.items()) / groups:.2f}, "
+            f"max {max(sizes)} (groups per size: {spread})"
+        )
     median = statistics.median
     lines.append(
         "time per step (median): "

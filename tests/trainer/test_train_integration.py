@@ -136,6 +136,15 @@ def test_format_summary_reports_first_and_last() -> None:
     assert mismatch_line.split()[1:] == ["0.1000", "0.4000", "0.2500"]
     assert not any(line.startswith(("loss", "kl ")) for line in text.splitlines())  # kl not recorded
     assert "rollouts: 32 total" in text
+    assert "rollouts per prompt" not in text  # one group size: nothing to say
+    sized = [
+        {**r, "group_sizes": sizes}
+        for r, sizes in zip(_records(), [{"2": 3, "6": 1}, {"2": 1, "10": 1}] * 2, strict=True)
+    ]
+    line = next(
+        line for line in format_summary(sized, header={}).splitlines() if line.startswith("rollouts per")
+    )
+    assert line == "rollouts per prompt: min 2, mean 4.00, max 10 (groups per size: 2: 8, 6: 2, 10: 2)"
 
 
 def test_plot_draws_the_quantities_that_move_and_no_loss() -> None:

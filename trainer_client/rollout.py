@@ -1,4 +1,5 @@
-"""Rollout engines: sample K completions per prompt (or each prompt its own count), and follow the policy's weights after each update.
+"""Rollout engines: sample K completions per prompt (or each prompt its own count), and follow the
+policy's weights after each update.
 
 Two backends behind one interface (prompts go in as token ids, so training sees exactly the tokens
 the engine conditioned on):
@@ -214,7 +215,11 @@ class VLLMRollout(RolloutEngine):
 
         # One call either way; per-prompt counts go in as one SamplingParams per request (vLLM pairs a
         # list of them with the prompts in order).
-        params: Any = params_for(counts[0]) if len(set(counts)) <= 1 else [params_for(c) for c in counts]
+        params: Any = (
+            params_for(counts[0] if counts else 1)
+            if len(set(counts)) <= 1
+            else [params_for(c) for c in counts]
+        )
         requests = [{"prompt_token_ids": list(p)} for p in prompts]
         outputs = self._llm.generate(requests, params, use_tqdm=False)
         got = [len(out.outputs) for out in outputs]

@@ -30,7 +30,8 @@ ROOT = Path(__file__).resolve().parents[2]
 REQUIRED_KEYS = {
     "step", "strategy", "mean_reward", "solve_rate", "effective_ratio", "rollouts", "select_ms",
     "observe_ms", "gen_s", "train_s", "updated", "mismatch_mean", "mismatch_max", "mismatch_kl",
-    "tis_weight_mean", "tis_capped_frac", "clip_frac", "kl", "grad_norm", "entropy",
+    "tis_weight_mean", "tis_capped_frac", "clip_frac", "kl", "grad_norm", "entropy", "group_size_min",
+    "group_size_mean", "group_size_max", "group_sizes", "mixed_by_size",
 }  # fmt: skip
 
 
@@ -411,6 +412,7 @@ def test_two_grpo_steps_with_vllm_through_the_cli(service_url, tmp_path) -> None
     for record in records:
         assert record.keys() >= REQUIRED_KEYS
         assert record["strategy"] == "insight" and record["rollouts"] == 16 and record["groups"] == 4
+        assert record["group_sizes"] == {"4": 4} and record["group_size_mean"] == 4  # no budget: K each
         assert 0.0 <= record["mean_reward"] <= 1.0 and 0.0 <= record["effective_ratio"] <= 1.0
         assert record["updated"] == (record["effective_ratio"] > 0)
         assert record["observe_duplicate"] is False

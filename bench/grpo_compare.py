@@ -175,8 +175,11 @@ class Runner:
     """Runs trainer processes, at most ``--parallel`` at once, each within ``--run-timeout`` and all of
     them within ``--deadline``; stopping a run keeps the steps it finished (one JSON line per step)."""
 
-    def __init__(self, args: argparse.Namespace, url: str) -> None:
+    def __init__(self, args: argparse.Namespace, url: str, command: Any = None) -> None:
+        # ``command(args, url, name, seed, metrics)``: the trainer's command line of one run (default
+        # `train_command`; bench/grpo_budget.py passes its own, whose names are arms, not strategies).
         self.args, self.url = args, url
+        self.command = command or train_command
         self.started = time.perf_counter()
         self.lock = threading.Lock()
         threads = max(1, (os.cpu_count() or 1) // args.parallel)
@@ -195,7 +198,7 @@ class Runner:
         metrics = self.args.out / f"{name}.jsonl"
         log_path = self.args.out / f"{name}.log"
         metrics.unlink(missing_ok=True)
-        command = train_command(self.args, self.url, strategy, seed, metrics)
+        command = self.command(self.args, self.url, strategy, seed, metrics)
         started = time.perf_counter()
         timeout = self.timeout()
         returncode: int | None = None
@@ -434,8 +437,9 @@ def markdown_tables(rows: list[dict[str, Any]], summaries: list[dict[str, Any]],
     return "\n".join(lines) + "\n"
 
 
-def run_comparison(args: argparse.Namespace) -> list[dict[str, Any]] | None:
-    """Every (strategy, seed) run against one service on a fresh embedded store; None if interrupted."""
+def run_comparison(args: argparse.Namespace, command: Any = None) -> list[dict[str, Any]] | None:
+    """Every (strategy, seed) run against one service on a fresh embedded store; None if interrupted.
+    ``command``: see `Runner`."""
     data_dir = Path(tempfile.mkdtemp(prefix="service-data-", dir=args.out))
     service = ServiceProcess(
         data_dir=data_dir,
@@ -446,7 +450,7 @@ def run_comparison(args: argparse.Namespace) -> list[dict[str, Any]] | None:
     try:
         service.start()
         print(f"selector service at {service.url} (embedded store in {data_dir})", flush=True)
-        return Runner(args, service.url).run_all()
+        return Runner(args, service.url, command).run_all()
     except KeyboardInterrupt:
         print("interrupted: no summary", file=sys.stderr)
         return None

@@ -127,9 +127,9 @@ def _parser() -> argparse.ArgumentParser:
         "--task",
         required=True,
         type=_task_name,
-        metavar="{arithmetic,countdown,jsonl,rg:NAME[:LEVELS]}",
-        help="prompt set; rg:NAME is a reasoning-gym dataset, its curriculum levels (e.g. rg:chain_sum:0-3) "
-        "becoming prompt groups",
+        metavar="{arithmetic[:TIERS],countdown,jsonl,rg:NAME[:LEVELS]}",
+        help="prompt set; arithmetic:TIERS keeps those tiers (e.g. arithmetic:0,3-8); rg:NAME is a "
+        "reasoning-gym dataset, its curriculum levels (e.g. rg:chain_sum:0-3) becoming prompt groups",
     )
     data.add_argument("--data", help="JSONL file (task jsonl only)")
     data.add_argument("--num-prompts", type=int, default=256, help="prompts in the dataset")
@@ -153,6 +153,10 @@ def _parser() -> argparse.ArgumentParser:
     for name in ("top_p", "run_id", "start_step", "eval_every", "eval_size"):
         _option(loop, TrainConfig, name)
 
+    budget = train.add_argument_group("rollout budget (per-prompt counts chosen by the service)")
+    for name in ("rollout_budget", "rollouts_min", "rollouts_max", "rollout_policy"):
+        _option(budget, TrainConfig, name)
+
     update = train.add_argument_group("GRPO update")
     _option(update, GRPOConfig, "lr")
     _option(update, GRPOConfig, "weight_decay")
@@ -164,7 +168,7 @@ def _parser() -> argparse.ArgumentParser:
             f"(default: --clip-eps when given, else {high})")  # fmt: skip
     for name in ("kl_coef", "scale_by_std", "epochs", "minibatches", "micro_batch_size", "max_grad_norm"):
         _option(update, GRPOConfig, name)
-    for name in ("precision", "tis_cap", "old_logprobs", "share_prompt"):
+    for name in ("precision", "tis_cap", "old_logprobs", "share_prompt", "group_weight"):
         _option(update, GRPOConfig, name)
 
     model = train.add_argument_group("model and rollouts")
@@ -195,7 +199,8 @@ def _parser() -> argparse.ArgumentParser:
 def _task_name(value: str) -> str:
     from trainer_client.tasks import TASK_NAMES
 
-    if value in TASK_NAMES or (value.startswith("rg:") and len(value) > 3):
+    prefixed = any(value.startswith(prefix) and len(value) > len(prefix) for prefix in ("rg:", "arithmetic:"))
+    if value in TASK_NAMES or prefixed:
         return value
     raise argparse.ArgumentTypeError(
         f"invalid choice {value!r}: choose {', '.join(TASK_NAMES)} or rg:NAME (a reasoning-gym dataset)"
@@ -317,8 +322,16 @@ def _train(args: argparse.Namespace) -> int:
             from trainer_client.client import first_step as first_step_of
 
             first_step = first_step_of(info, config.start_step)
+            from trainer_client.train import rollout_budget
+
             client.select(
-                info.name, first_step, config.batch_size, config.strategy, config.strategy_params, config.seed
+                info.name,
+                first_step,
+                config.batch_size,
+                config.strategy,
+                config.strategy_params,
+                config.seed,
+                rollouts=rollout_budget(config),
             )
 
         trainer = _build_trainer(args, config, client, info, task)

@@ -14,13 +14,29 @@ import math
 from dataclasses import MISSING, Field, dataclass, field, fields
 from typing import Any
 
-__all__ = ["OLD_LOGPROBS", "PRECISIONS", "GRPOConfig", "TrainConfig", "default_of", "option_name"]
+__all__ = [
+    "GROUP_WEIGHTS",
+    "OLD_LOGPROBS",
+    "PRECISIONS",
+    "ROLLOUT_POLICIES",
+    "GRPOConfig",
+    "TrainConfig",
+    "default_of",
+    "option_name",
+]
 
 # "bf16": the transformer body runs under bfloat16 autocast; the output head, the softmax and the
 # weights, gradients and AdamW state stay float32.
 PRECISIONS = ("fp32", "bf16")
 # Where the old log-probs of the PPO ratio come from when a batch gets more than one optimizer step.
 OLD_LOGPROBS = ("sampler", "recompute")
+# How groups of different sizes weigh in the loss (trainer_client.grpo, "Groups of different sizes").
+GROUP_WEIGHTS = ("prompt", "rollout")
+# How the service shares a step's rollout budget over its prompts (docs/api.md, "Select with a rollout budget").
+ROLLOUT_POLICIES = ("posterior", "knapsack", "variance", "uniform")
+# The strategies the trainer runs itself (trainer_client.train.TRAINER_STRATEGIES): they screen prompts with
+# fixed group sizes of their own and never ask the service for a selection.
+_SELF_SCREENING = ("dynamic_sampling", "speed_rl")
 
 
 def option_name(cls: type, name: str) -> str:
@@ -136,6 +152,16 @@ class GRPOConfig:
         },
     )
 
+    group_weight: str = field(
+        default="prompt",
+        metadata={
+            "help": "how groups of different sizes (--rollout-budget) weigh in the loss: prompt: every group as "
+            "one prompt (each completion weighted by the batch's mean group size / its group's size); rollout: "
+            "every completion the same (a group of 16 weighs 8x a group of 2); equal sizes: the same loss",
+            "choices": GROUP_WEIGHTS,
+        },
+    )
+
     def __post_init__(self) -> None:
         _raise_if(self.problems())
 
@@ -182,6 +208,10 @@ class GRPOConfig:
             problems.append(
                 f"{name('old_logprobs')} must be one of {', '.join(OLD_LOGPROBS)} (got {self.old_logprobs!r})"
             )
+        if self.group_weight not in GROUP_WEIGHTS:
+            problems.append(
+                f"{name('group_weight')} must be one of {', '.join(GROUP_WEIGHTS)} (got {self.group_weight!r})"
+            )
         return problems
 
     def validate(self) -> GRPOConfig:
@@ -207,7 +237,36 @@ class TrainConfig:
     )
     steps: int = field(default=20, metadata={"help": "training steps"})
     batch_size: int = field(default=8, metadata={"help": "prompts per step (B)"})
-    rollouts: int = field(default=8, metadata={"help": "completions per prompt (K)"})
+    rollouts: int = field(
+        default=8,
+        metadata={
+            "help": "completions per prompt (K); with --rollout-budget the dataset's nominal group size (the "
+            "service's K), each prompt then getting its own count"
+        },
+    )
+    rollout_budget: int | None = field(
+        default=None,
+        metadata={
+            "help": "rollouts per step shared out over the step's B prompts by the service (per-prompt counts "
+            "in [--rollouts-min, --rollouts-max] summing to this; default: K for every prompt)"
+        },
+    )
+    rollouts_min: int = field(
+        default=2, metadata={"help": "with --rollout-budget: the fewest rollouts a prompt gets"}
+    )
+    rollouts_max: int | None = field(
+        default=None,
+        metadata={
+            "help": "with --rollout-budget: the most rollouts a prompt gets (default: the service's limit)"
+        },
+    )
+    rollout_policy: str = field(
+        default="posterior",
+        metadata={
+            "help": "with --rollout-budget: how the service shares it out (docs/methods.md §8)",
+            "choices": ROLLOUT_POLICIES,
+        },
+    )
     seed: int = field(default=0, metadata={"help": "seeds selection, sampling and training"})
     max_new_tokens: int = field(default=64, metadata={"help": "completion length cap, tokens"})
     top_p: float = field(
@@ -268,6 +327,7 @@ class TrainConfig:
             )
         if self.max_new_tokens < 1:
             problems.append(f"{name('max_new_tokens')} must be >= 1 (got {self.max_new_tokens})")
+        problems.extend(self._budget_problems())
         if self.top_p != 1.0:
             # The update's log-probs are those of the temperature-scaled softmax over the whole
             # vocabulary; a nucleus-truncated sampler draws from another distribution, and tokens
@@ -287,6 +347,51 @@ class TrainConfig:
             problems.append(f"{name('eval_max_new_tokens')} must be >= 1 (got {self.eval_max_new_tokens})")
         if self.run_id is not None and not (1 <= len(self.run_id) <= 64):
             problems.append(f"{name('run_id')} must be 1..64 characters (request ids add the step and rank)")
+        return problems
+
+    def _budget_problems(self) -> list[str]:
+        """What is wrong with the rollout budget's options (nothing without a budget, unless bounds or a
+        policy are given alone, which would be ignored)."""
+
+        def name(field_name: str) -> str:
+            return option_name(TrainConfig, field_name)
+
+        budget, low, high = self.rollout_budget, self.rollouts_min, self.rollouts_max
+        if budget is None:
+            lone = [
+                name(f)
+                for f in ("rollouts_min", "rollouts_max", "rollout_policy")
+                if getattr(self, f) != default_of(TrainConfig, f)
+            ]
+            verb = "applies" if len(lone) == 1 else "apply"
+            return [f"{', '.join(lone)} {verb} only with {name('rollout_budget')}"] if lone else []
+        problems = []
+        if self.strategy in _SELF_SCREENING:
+            problems.append(
+                f"{name('rollout_budget')} asks the service to share rollouts over the prompts it selects; "
+                f"--strategy {self.strategy} runs in the trainer and screens its own prompts with fixed group "
+                "sizes, so it cannot take a budget: drop --rollout-budget or choose a service strategy"
+            )
+        if low < 1:
+            problems.append(f"{name('rollouts_min')} must be >= 1 (got {low})")
+        if high is not None and high < max(low, 1):
+            problems.append(f"{name('rollouts_max')} {high} is below {name('rollouts_min')} {low}")
+        if budget < self.batch_size * max(low, 1):
+            problems.append(
+                f"{name('rollout_budget')} {budget} cannot give each of the {self.batch_size} prompts "
+                f"{name('rollouts_min')} {low}: raise it to at least {self.batch_size * max(low, 1)} or lower "
+                f"{name('batch_size')} / {name('rollouts_min')}"
+            )
+        elif high is not None and budget > self.batch_size * high:
+            problems.append(
+                f"{name('rollout_budget')} {budget} exceeds {self.batch_size} prompts x {name('rollouts_max')} "
+                f"{high}: lower it to at most {self.batch_size * high} or raise {name('rollouts_max')}"
+            )
+        if self.rollout_policy not in ROLLOUT_POLICIES:
+            problems.append(
+                f"{name('rollout_policy')} must be one of {', '.join(ROLLOUT_POLICIES)} "
+                f"(got {self.rollout_policy!r})"
+            )
         return problems
 
     def validate(self, num_prompts: int | None = None) -> TrainConfig:

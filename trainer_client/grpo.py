@@ -21,6 +21,24 @@ rollout engine and the trainer:
   tokens``, also when the batch is split into micro-batches for memory (each micro-batch's sum is
   divided by the whole batch's token count before ``backward``, so accumulation is exact).
 
+Groups of different sizes (a rollout budget gives prompt i its own n_i): each group's advantages are
+normalized over its own n_i rewards (mean and sample std of that group only); a group of one has no
+spread and gets ``A = 0`` (no gradient; its tokens stay in the denominator like a tied group's). How
+much a group counts is ``group_weight``:
+
+- ``"prompt"`` (the default): every group weighs as one prompt. Each sample's tokens are weighted by
+  ``w_g = nbar / n_g`` (``nbar``: the batch's mean group size), so a group's total weight is ``nbar``
+  times its mean completion length whatever its size, and the loss is the weighted token mean
+  ``sum_t w_t * loss_t / sum_t w_t``. Reason: the budget gives a prompt more rollouts to estimate its
+  advantages and gradient better (lower variance, the objective of Knapsack RL's and VIP's
+  allocations), not to make it count more; with per-rollout weights the allocator would also reweight
+  the training objective toward the prompts it gave the most (the hard, uncertain ones), a second
+  effect nobody asked for.
+- ``"rollout"``: every completion weighs the same (the plain token mean): a group of 16 weighs 8x a
+  group of 2.
+
+With equal sizes every ``w`` is 1 and both are the token mean below, unchanged.
+
 How this departs from the paper (DeepSeekMath's GRPO):
 
 - Token-level mean over the batch instead of a per-sequence mean averaged over sequences (DAPO's
@@ -363,6 +381,8 @@ def check_output_head(model: Any, *, atol: float | None = None) -> None:
 class Sample:
     """One sampled completion with its group-normalized advantage.
 
+    ``weight``: how much each of its tokens counts in the batch's token mean (``build_samples`` sets it
+    from its group's size, see "Groups of different sizes"; 1 when every group has the same size).
     ``sampler_logprobs``: the rollout engine's log-prob of each completion token (what it sampled
     from), or None when the engine does not report them.
     """
@@ -371,8 +391,11 @@ class Sample:
     completion_ids: tuple[int, ...]
     advantage: float
     sampler_logprobs: tuple[float, ...] | None = None
+    weight: float = 1.0
 
     def __post_init__(self) -> None:
+        if not (self.weight > 0 and math.isfinite(self.weight)):
+            raise ValueError(f"a sample's weight must be a positive number (got {self.weight})")
         if self.sampler_logprobs is not None and len(self.sampler_logprobs) != len(self.completion_ids):
             raise ValueError(
                 f"sampler_logprobs has {len(self.sampler_logprobs)} entries for "
@@ -546,7 +569,8 @@ class GRPOLearner:
         steps = 0
         for epoch in range(cfg.epochs):
             for minibatch in _chunks(range(len(samples)), minibatch_size):
-                normalizer = sum(len(samples[i].completion_ids) for i in minibatch)
+                # The (weighted) token count: the plain count when every weight is 1.
+                normalizer = sum(samples[i].weight * len(samples[i].completion_ids) for i in minibatch)
                 trainable = [i for i in minibatch if use_kl or samples[i].advantage != 0.0]
                 if not trainable:
                     continue
@@ -577,6 +601,14 @@ class GRPOLearner:
                             for s in micro
                         ]
                     ).to(logprobs.device)
+                    token_weights = None
+                    if any(s.weight != 1.0 for s in micro):
+                        token_weights = torch.cat(
+                            [
+                                torch.full((len(s.completion_ids),), s.weight, dtype=logprobs.dtype)
+                                for s in micro
+                            ]
+                        ).to(logprobs.device)
                     ref_t = (
                         torch.cat([reference[i] for i in micro_positions]).to(logprobs) if use_kl else None
                     )
@@ -590,6 +622,8 @@ class GRPOLearner:
                         kl_coef=cfg.kl_coef,
                         is_weights=weights,
                     )
+                    if token_weights is not None:
+                        token_loss = token_loss * token_weights
                     (token_loss.sum() / normalizer).backward()
                     sums.add("clipped", diag["clipped"])
                     if use_kl:
@@ -625,23 +659,35 @@ def build_samples(
     sampler_logprobs: Sequence[Sequence[Sequence[float] | None]] | None = None,
     scale_by_std: bool = True,
     eps: float = 1e-4,
+    group_weight: str = "prompt",
 ) -> list[Sample]:
-    """Turn groups (one prompt, its K completions and K rewards) into ``Sample``s with advantages.
+    """Turn groups (one prompt, its n completions and n rewards; n may differ from group to group)
+    into ``Sample``s with advantages normalized over each group's own rewards.
 
     ``sampler_logprobs``, when given, has the shape of ``completions``: the rollout engine's log-prob
-    of every completion token (None for a completion without them).
+    of every completion token (None for a completion without them). ``group_weight`` (``"prompt"`` or
+    ``"rollout"``) sets each sample's weight from its group's size: see "Groups of different sizes" in
+    the module's docstring. Every weight is 1 when all groups have the same size.
     """
+    if group_weight not in ("prompt", "rollout"):
+        raise ValueError(f"group_weight must be 'prompt' or 'rollout' (got {group_weight!r})")
     if sampler_logprobs is None:
         sampler_logprobs = [[None] * len(group) for group in completions]
+    sizes = [len(group) for group in completions]
+    mean_size = sum(sizes) / len(sizes) if sizes else 0.0
     samples: list[Sample] = []
     for prompt, group_completions, group_rewards, group_logprobs in zip(
         prompt_ids, completions, rewards, sampler_logprobs, strict=True
     ):
         if len(group_completions) != len(group_rewards) or len(group_completions) != len(group_logprobs):
             raise ValueError("each group needs one reward per completion (and one log-prob list when given)")
+        if not group_completions:
+            raise ValueError("every group needs at least one completion")
         advantages = group_advantages(
             torch.tensor([list(group_rewards)], dtype=torch.float64), scale_by_std=scale_by_std, eps=eps
         )[0]
+        size = len(group_completions)
+        weight = 1.0 if group_weight == "rollout" or size == mean_size else mean_size / size
         for completion, advantage, logprobs in zip(
             group_completions, advantages.tolist(), group_logprobs, strict=True
         ):
@@ -651,6 +697,7 @@ def build_samples(
                     tuple(completion),
                     float(advantage),
                     None if logprobs is None else tuple(float(x) for x in logprobs),
+                    weight,
                 )
             )
     return samples

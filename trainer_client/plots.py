@@ -1,6 +1,6 @@
 """Learning curves from metrics JSONL files (one or several runs, e.g. one per strategy).
 
-Nine panels, three rows:
+Eleven panels, three rows of four:
 
 - outcomes: mean reward vs step, mean reward vs cumulative rollouts (what a run costs), and the
   greedy evaluation accuracy (when the runs recorded one);
@@ -8,7 +8,9 @@ Nine panels, three rows:
   log-prob mismatch per token (mean solid, max dashed; log scale) with its truncated importance
   weights' capped share;
 - the update: KL (to the reference when the KL penalty is on, else the sampler-to-trainer KL),
-  clip fraction, pre-clip gradient norm, and the policy's entropy.
+  clip fraction, pre-clip gradient norm, and the policy's entropy;
+- the group sizes (rollouts per prompt, which a rollout budget makes differ): their mean per step with
+  the min and max dashed, and a histogram of every group of the run by size, mixed groups hatched.
 
 A quantity a run did not record (an HF-backend run has no sampler log-probs, a run without the KL
 penalty has no reference KL) is simply absent from its panel. There is deliberately no loss panel:
@@ -23,7 +25,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["PANELS", "REQUIRED_FIELDS", "build_figure", "load_metrics", "plot_runs"]
+__all__ = [
+    "PANELS",
+    "REQUIRED_FIELDS",
+    "SIZES_PANEL",
+    "build_figure",
+    "load_metrics",
+    "plot_runs",
+    "size_totals",
+]
 
 # Panel title -> (record keys drawn in it, y label). Keys after the first are drawn dashed.
 PANELS: dict[str, tuple[tuple[str, ...], str]] = {
@@ -36,7 +46,13 @@ PANELS: dict[str, tuple[tuple[str, ...], str]] = {
     "KL": (("kl", "mismatch_kl"), "KL to reference / sampler-trainer KL"),
     "clip fraction and gradient norm": (("clip_frac", "grad_norm"), "clipped share / grad norm"),
     "entropy": (("entropy",), "mean per-token entropy (nats)"),
+    "rollouts per prompt": (
+        ("group_size_mean", "group_size_min", "group_size_max"),
+        "group size (mean; min and max dashed)",
+    ),
 }
+#: The panel with the histogram of group sizes over the whole run (from ``group_sizes``, ``mixed_by_size``).
+SIZES_PANEL = "group sizes (all steps)"
 
 
 #: What every step record holds for the plot (the other quantities are drawn when present).
@@ -73,6 +89,16 @@ def _series(records: Sequence[dict[str, Any]], key: str) -> tuple[list[Any], lis
     return [p[0] for p in points], [p[1] for p in points]
 
 
+def size_totals(records: Sequence[dict[str, Any]], key: str = "group_sizes") -> dict[int, int]:
+    """Groups per size summed over ``records`` (``key``: ``group_sizes`` or ``mixed_by_size``); empty
+    for records written before group sizes were recorded."""
+    totals: dict[int, int] = {}
+    for record in records:
+        for size, count in (record.get(key) or {}).items():
+            totals[int(size)] = totals.get(int(size), 0) + int(count)
+    return dict(sorted(totals.items()))
+
+
 def _pyplot() -> Any:
     import matplotlib
 
@@ -88,8 +114,12 @@ def build_figure(runs: Sequence[tuple[str, Sequence[dict[str, Any]]]], *, title:
 
     plt = _pyplot()
 
-    figure, axes = plt.subplots(3, 3, figsize=(16, 11))
-    panels = dict(zip(PANELS, axes.flat, strict=True))
+    figure, axes = plt.subplots(3, 4, figsize=(21, 11))
+    names = [*PANELS, SIZES_PANEL]
+    panels = dict(zip(names, axes.flat, strict=False))
+    axes.flat[len(names)].set_axis_off()
+    width = 0.8 / max(1, len(runs))
+    all_sizes = sorted({k for _, records in runs for k in size_totals(records)})
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for index, (label, records) in enumerate(runs):
         if not records:
@@ -120,17 +150,28 @@ def build_figure(runs: Sequence[tuple[str, Sequence[dict[str, Any]]]], *, title:
                         linestyle="-" if position == 0 else "--",
                         label=f"{label}: {key}",
                     )
+        sizes, mixed = size_totals(records), size_totals(records, "mixed_by_size")
+        if sizes:  # bars at the position of their size among every run's sizes, side by side per run
+            offset = (index - (len(runs) - 1) / 2) * width
+            xs = [all_sizes.index(k) + offset for k in sizes]
+            bars = panels[SIZES_PANEL]
+            bars.bar(xs, list(sizes.values()), width, color=color, alpha=0.5, label=label)
+            bars.bar(xs, [mixed.get(k, 0) for k in sizes], width, color=color, hatch="//", fill=False,
+                     edgecolor=color, label=f"{label}: mixed")  # fmt: skip
     for name, ax in panels.items():
-        ax.set(title=name, xlabel="step", ylabel=PANELS[name][1])
+        ax.set(title=name, xlabel="step", ylabel=PANELS[name][1] if name in PANELS else "groups")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
-        if ax.lines:
+        if ax.lines or ax.patches:
             ax.legend(fontsize=7)
         else:
             ax.text(0.5, 0.5, "not recorded", ha="center", va="center", transform=ax.transAxes, alpha=0.6)
     panels["reward vs cost"].set_xlabel("rollouts generated (cumulative)")
     panels["evaluation (fixed prompt subset)"].set_xlabel("step (-1: before training)")
     panels["effective ratio"].set_ylim(-0.02, 1.02)
+    panels[SIZES_PANEL].set_xlabel("rollouts per prompt (hatched: mixed groups)")
+    if all_sizes:
+        panels[SIZES_PANEL].set_xticks(range(len(all_sizes)), [str(k) for k in all_sizes])
     mismatch = panels["trainer/sampler mismatch"]
     values = [y for line in mismatch.lines for y in line.get_ydata()]
     if values and min(values) > 0:  # from 1e-5 (float32 on both sides) to 0.1 (bf16): log scale

@@ -1,4 +1,5 @@
-"""Rollout engines: sample K completions per prompt, and follow the policy's weights after each update.
+"""Rollout engines: sample K completions per prompt (or each prompt its own count), and follow the
+policy's weights after each update.
 
 Two backends behind one interface (prompts go in as token ids, so training sees exactly the tokens
 the engine conditioned on):
@@ -39,6 +40,7 @@ __all__ = [
     "PromptRollouts",
     "RolloutEngine",
     "VLLMRollout",
+    "per_prompt_counts",
     "resolve_vllm_dtype",
     "vllm_available",
 ]
@@ -76,12 +78,14 @@ class RolloutEngine(ABC):
         self,
         prompts: Sequence[Sequence[int]],
         *,
-        n: int,
+        n: int | Sequence[int],
         max_new_tokens: int,
         temperature: float,
         top_p: float = 1.0,
     ) -> list[PromptRollouts]:
-        """``n`` completions per prompt; ``temperature == 0`` means greedy (then ``n`` must be 1)."""
+        """``n`` completions per prompt, or ``n[i]`` for prompt ``i`` (one count per prompt: a rollout
+        budget's counts), all in one engine call; ``temperature == 0`` means greedy (then every count
+        must be 1)."""
 
     @abstractmethod
     def sync_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
@@ -107,12 +111,23 @@ def resolve_vllm_dtype(requested: str, *, cuda: bool) -> str:
     return requested
 
 
-def _check_sampling(n: int, max_new_tokens: int, temperature: float, top_p: float) -> None:
-    if n < 1 or max_new_tokens < 1:
-        raise ValueError("n and max_new_tokens must be >= 1")
+def per_prompt_counts(n: int | Sequence[int], prompts: int) -> list[int]:
+    """``n`` as one count per prompt (an int is every prompt's count); ``ValueError`` when a sequence
+    does not have one count per prompt."""
+    if isinstance(n, int):
+        return [n] * prompts
+    counts = [int(c) for c in n]
+    if len(counts) != prompts:
+        raise ValueError(f"n has {len(counts)} counts for {prompts} prompts: give one count per prompt")
+    return counts
+
+
+def _check_sampling(counts: Sequence[int], max_new_tokens: int, temperature: float, top_p: float) -> None:
+    if any(c < 1 for c in counts) or max_new_tokens < 1:
+        raise ValueError("n (every prompt's count) and max_new_tokens must be >= 1")
     if temperature < 0 or not (0 < top_p <= 1):
         raise ValueError("temperature must be >= 0 and top_p in (0, 1]")
-    if temperature == 0 and n != 1:
+    if temperature == 0 and any(c != 1 for c in counts):
         raise ValueError("greedy decoding (temperature 0) gives one completion per prompt: use n=1")
 
 
@@ -182,20 +197,34 @@ class VLLMRollout(RolloutEngine):
         self,
         prompts: Sequence[Sequence[int]],
         *,
-        n: int,
+        n: int | Sequence[int],
         max_new_tokens: int,
         temperature: float,
         top_p: float = 1.0,
     ) -> list[PromptRollouts]:
         from vllm import SamplingParams
 
-        _check_sampling(n, max_new_tokens, temperature, top_p)
+        counts = per_prompt_counts(n, len(prompts))
+        _check_sampling(counts, max_new_tokens, temperature, top_p)
+
         # logprobs=0: the log-prob of each sampled token only (no top-k alternatives).
-        params = SamplingParams(
-            n=n, temperature=temperature, top_p=top_p, max_tokens=max_new_tokens, logprobs=0
+        def params_for(count: int) -> Any:
+            return SamplingParams(
+                n=count, temperature=temperature, top_p=top_p, max_tokens=max_new_tokens, logprobs=0
+            )
+
+        # One call either way; per-prompt counts go in as one SamplingParams per request (vLLM pairs a
+        # list of them with the prompts in order).
+        params: Any = (
+            params_for(counts[0] if counts else 1)
+            if len(set(counts)) <= 1
+            else [params_for(c) for c in counts]
         )
         requests = [{"prompt_token_ids": list(p)} for p in prompts]
         outputs = self._llm.generate(requests, params, use_tqdm=False)
+        got = [len(out.outputs) for out in outputs]
+        if got != counts:  # a vLLM that ignored a request's n would silently change the groups
+            raise RuntimeError(f"vLLM returned {got} completions per prompt, asked for {counts}")
         return [
             PromptRollouts(
                 prompt_token_ids=tuple(out.prompt_token_ids),
@@ -255,18 +284,22 @@ class HFRollout(RolloutEngine):
         self,
         prompts: Sequence[Sequence[int]],
         *,
-        n: int,
+        n: int | Sequence[int],
         max_new_tokens: int,
         temperature: float,
         top_p: float = 1.0,
     ) -> list[PromptRollouts]:
-        _check_sampling(n, max_new_tokens, temperature, top_p)
+        counts = per_prompt_counts(n, len(prompts))
+        _check_sampling(counts, max_new_tokens, temperature, top_p)
         device = next(self.model.parameters()).device
         width = max(len(p) for p in prompts)
-        # Left padding so every prompt ends where generation starts.
-        input_ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
-        attention = torch.zeros((len(prompts), width), dtype=torch.long)
-        for row, prompt in enumerate(prompts):
+        # One row per completion (prompt i repeated counts[i] times, as num_return_sequences would
+        # expand it), so per-prompt counts are one generate call too. Left padding so every prompt
+        # ends where generation starts.
+        rows = [prompt for prompt, count in zip(prompts, counts, strict=True) for _ in range(count)]
+        input_ids = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)
+        attention = torch.zeros((len(rows), width), dtype=torch.long)
+        for row, prompt in enumerate(rows):
             input_ids[row, width - len(prompt) :] = torch.tensor(list(prompt), dtype=torch.long)
             attention[row, width - len(prompt) :] = 1
         sampling = {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": 0}
@@ -277,7 +310,6 @@ class HFRollout(RolloutEngine):
                 input_ids=input_ids.to(device),
                 attention_mask=attention.to(device),
                 max_new_tokens=max_new_tokens,
-                num_return_sequences=n,
                 pad_token_id=self.pad_token_id,
                 eos_token_id=sorted(self.eos_token_ids),
                 use_cache=True,
@@ -286,9 +318,11 @@ class HFRollout(RolloutEngine):
         self.model.train(was_training)
         new_tokens = generated[:, width:].tolist()
         results = []
-        for row, prompt in enumerate(prompts):
+        start = 0
+        for prompt, count in zip(prompts, counts, strict=True):
             completions = []
-            for tokens in new_tokens[row * n : (row + 1) * n]:
+            group, start = new_tokens[start : start + count], start + count
+            for tokens in group:
                 kept, reason = [], "length"
                 for token in tokens:
                     kept.append(token)

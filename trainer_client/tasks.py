@@ -543,7 +543,7 @@ def _check_count(num_prompts: int) -> None:
 
 
 def load_task(name: str, *, num_prompts: int, seed: int, data: str | None = None) -> Task:
-    """Build the named task (``arithmetic``, ``countdown``, ``jsonl``, ``rg:NAME[:LEVELS]``); ``data`` is
+    """Build the named task (``arithmetic[:TIERS]``, ``countdown``, ``jsonl``, ``rg:NAME[:LEVELS]``); ``data`` is
     the JSONL file for ``jsonl`` and must be absent otherwise."""
     if name == "jsonl":
         if not data:
@@ -553,6 +553,8 @@ def load_task(name: str, *, num_prompts: int, seed: int, data: str | None = None
         raise ValueError(f"--data is only read by task 'jsonl'; task {name!r} generates its own problems")
     if name == "arithmetic":
         return arithmetic_task(num_prompts, seed)
+    if name.startswith("arithmetic:"):  # arithmetic:TIERS, e.g. arithmetic:0,3-8 (a pool of chosen tiers)
+        return arithmetic_task(num_prompts, seed, tiers=tuple(_parse_levels(name.partition(":")[2])))
     if name == "countdown":
         return countdown_task(num_prompts, seed)
     if name.startswith(REASONING_GYM_PREFIX):

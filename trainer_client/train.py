@@ -2,10 +2,12 @@
 
 One step, top to bottom (``Trainer.run_step``):
 
-1. select   ``/select`` returns B prompt ids for this step (``--strategy``, seeded by ``--seed``).
-2. rollout  the rollout engine samples K completions per prompt (vLLM, or transformers).
+1. select   ``/select`` returns B prompt ids for this step (``--strategy``, seeded by ``--seed``);
+            with ``--rollout-budget N`` it also returns each prompt's count n_i (summing to N).
+2. rollout  the rollout engine samples K completions per prompt (or n_i for prompt i), in one call
+            (vLLM, or transformers).
 3. reward   the task's verifier scores every completion.
-4. observe  ``/observe`` gets every group's K rewards under request id ``{run_id}-s{step}-r{rank}``;
+4. observe  ``/observe`` gets every group's K (or n_i) rewards under request id ``{run_id}-s{step}-r{rank}``;
             the client retries with the same id, so a retry is never counted twice.
 5. update   one GRPO update on the batch (trainer_client.grpo).
 6. sync     the new weights are pushed into the rollout engine before the next step samples.
@@ -27,6 +29,10 @@ Per-step metrics (one JSON object per line in ``--metrics-out``):
     solve_rate       share of those rollouts with reward >= the dataset's success threshold
     effective_ratio  share of generated groups whose rewards are not all equal (GRPO signal)
     rollouts         completions generated at the step (the cost); total_rollouts: cumulative
+    group_size_min, group_size_mean, group_size_max, group_sizes
+                     the generated groups' sizes (rollouts per prompt): min/mean/max and the number
+                     of groups of each size (``{"2": 5, "16": 1}``; fixed K: ``{"K": groups}``)
+    mixed_by_size    of those groups, how many were mixed, per size (same keys)
     updated          False when no trained group had a reward spread (no update, update fields null)
     mismatch_mean, mismatch_max
                      |log-prob of the trainer - log-prob of the rollout engine| per sampled token,
@@ -57,7 +63,7 @@ from typing import Any, Protocol, TextIO
 
 import numpy as np
 
-from trainer_client.client import DatasetInfo, Result, SelectorClient, first_step
+from trainer_client.client import DatasetInfo, Result, RolloutBudget, SelectorClient, first_step
 from trainer_client.config import TrainConfig
 from trainer_client.grpo import GRPOLearner, UpdateStats, build_samples
 from trainer_client.model import render_prompt
@@ -72,6 +78,8 @@ __all__ = [
     "TrainConfig",
     "Trainer",
     "format_summary",
+    "group_size_fields",
+    "rollout_budget",
 ]
 
 DYNAMIC_SAMPLING = "dynamic_sampling"
@@ -80,6 +88,32 @@ SPEED_RL = "speed_rl"
 TRAINER_STRATEGIES = (DYNAMIC_SAMPLING, SPEED_RL)
 #: SPEED-RL's screening rollouts and the rollouts added to a prompt the screen found mixed (docs/methods.md §7).
 SPEED_INIT, SPEED_CONT = 4, 12
+
+
+def rollout_budget(config: TrainConfig) -> RolloutBudget | None:
+    """The rollout budget every select of the run asks for (``--rollout-budget``), or None."""
+    if config.rollout_budget is None:
+        return None
+    return RolloutBudget(
+        config.rollout_budget, config.rollouts_min, config.rollouts_max, config.rollout_policy
+    )
+
+
+def group_size_fields(sizes: Sequence[int], mixed: Sequence[bool]) -> dict[str, Any]:
+    """A step record's summary of its groups' sizes: min/mean/max, groups per size and mixed groups
+    per size (keys are the sizes as strings, ascending, as JSON object keys must be)."""
+    counts: dict[int, int] = {}
+    mixed_counts: dict[int, int] = {}
+    for size, is_mixed in zip(sizes, mixed, strict=True):
+        counts[size] = counts.get(size, 0) + 1
+        mixed_counts[size] = mixed_counts.get(size, 0) + int(is_mixed)
+    return {
+        "group_size_min": min(sizes),
+        "group_size_mean": statistics.fmean(sizes),
+        "group_size_max": max(sizes),
+        "group_sizes": {str(k): counts[k] for k in sorted(counts)},
+        "mixed_by_size": {str(k): mixed_counts[k] for k in sorted(counts)},
+    }
 
 
 class TaskLike(Protocol):
@@ -180,9 +214,11 @@ class Trainer:
             self._prompt_cache[prompt_id] = cached
         return cached
 
-    def rollout(self, prompt_ids: Sequence[int], n: int | None = None) -> tuple[list[Group], float, float]:
-        """Sample `n` (default K) completions per prompt and score them; returns (groups, gen seconds,
-        reward seconds)."""
+    def rollout(
+        self, prompt_ids: Sequence[int], n: int | Sequence[int] | None = None
+    ) -> tuple[list[Group], float, float]:
+        """Sample `n` (default K) completions per prompt, or ``n[i]`` for prompt i, in one engine call,
+        and score them; returns (groups, gen seconds, reward seconds)."""
         started = time.perf_counter()
         outputs = self.engine.generate(
             [self.prompt_tokens(i) for i in prompt_ids],
@@ -239,9 +275,19 @@ class Trainer:
             self.config.strategy,
             params=self.config.strategy_params or None,
             seed=self.config.seed,
+            rollouts=rollout_budget(self.config),
         )
         timings["select_ms"] += (time.perf_counter() - started) * 1000.0
-        groups, gen_s, reward_s = self.rollout(selection.prompt_ids)
+        counts = selection.rollouts
+        if self.config.rollout_budget is not None and (
+            counts is None or len(counts) != len(selection.prompt_ids)
+        ):
+            raise RuntimeError(
+                f"the service answered a select with a rollout budget without one count per prompt "
+                f"(got {counts!r} for {len(selection.prompt_ids)} prompts): it predates rollout budgets; "
+                "upgrade it or drop --rollout-budget"
+            )
+        groups, gen_s, reward_s = self.rollout(selection.prompt_ids, counts)
         timings["gen_s"] += gen_s
         timings["reward_s"] += reward_s
         observe_ms, duplicate = self.observe(step, groups, self._request_id(step))
@@ -327,6 +373,7 @@ class Trainer:
             sampler_logprobs=[[c.logprobs for c in g.rollouts.completions] for g in trained],
             scale_by_std=cfg.grpo.scale_by_std,
             eps=cfg.grpo.adv_eps,
+            group_weight=cfg.grpo.group_weight,
         )
         stats = self.learner.update(samples)
         train_s = time.perf_counter() - started
@@ -351,6 +398,7 @@ class Trainer:
             "trained_groups": len(trained),
             "rollouts": len(rewards),
             "total_rollouts": self.total_rollouts,
+            **group_size_fields([len(g.rewards) for g in generated], [g.mixed for g in generated]),
             "mean_completion_tokens": statistics.fmean(len(c.token_ids) for c in completions),
             "truncated_share": sum(c.finish_reason == "length" for c in completions) / len(completions),
             **_update_fields(stats),
@@ -458,6 +506,17 @@ def format_summary(records: Sequence[Mapping[str, Any]], *, header: Mapping[str,
         )
     total = sum(int(r["rollouts"]) for r in records)
     lines.append(f"rollouts: {total} total, {total / len(records):.1f} per step")
+    sizes: dict[int, int] = {}
+    for record in records:
+        for size, count in (record.get("group_sizes") or {}).items():
+            sizes[int(size)] = sizes.get(int(size), 0) + int(count)
+    if len(sizes) > 1:  # per-prompt counts (a rollout budget)
+        groups = sum(sizes.values())
+        spread = ", ".join(f"{size}: {sizes[size]}" for size in sorted(sizes))
+        lines.append(
+            f"rollouts per prompt: min {min(sizes)}, mean {sum(k * v for k, v in sizes.items()) / groups:.2f}, "
+            f"max {max(sizes)} (groups per size: {spread})"
+        )
     median = statistics.median
     lines.append(
         "time per step (median): "

@@ -159,3 +159,63 @@ def test_train_says_when_the_service_wants_a_token_and_none_was_sent(start_servi
     )  # past the token: the strategy is refused
     assert from_env.returncode == cli.EXIT_SERVICE and "no-such-strategy" in from_env.stderr
     assert token not in from_env.stderr + from_env.stdout
+
+
+def test_rollout_budget_options_come_from_the_config_fields() -> None:
+    config = _parsed("--rollout-budget", "48", "--rollouts-min", "3", "--rollouts-max", "16",
+                     "--rollout-policy", "knapsack", "--group-weight", "rollout")  # fmt: skip
+    assert (config.rollout_budget, config.rollouts_min, config.rollouts_max) == (48, 3, 16)
+    assert config.rollout_policy == "knapsack" and config.grpo.group_weight == "rollout"
+    plain = _parsed()
+    assert plain.rollout_budget is None and plain.rollouts_min == 2 and plain.rollouts_max is None
+    assert plain.rollout_policy == "posterior" and plain.grpo.group_weight == "prompt"
+    from trainer_client.train import rollout_budget
+
+    budget = rollout_budget(config)
+    assert budget.to_json() == {"budget": 48, "min": 3, "max": 16, "policy": "knapsack"}
+    assert rollout_budget(plain) is None
+
+
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        (["--rollout-budget", "48", "--strategy", "dynamic_sampling"],
+         "--strategy dynamic_sampling runs in the trainer and screens its own prompts with fixed group sizes"),
+        (["--rollout-budget", "48", "--strategy", "speed_rl"], "--strategy speed_rl runs in the trainer"),
+        (["--rollout-budget", "15"], "--rollout-budget 15 cannot give each of the 8 prompts --rollouts-min 2: "
+         "raise it to at least 16"),
+        (["--rollout-budget", "200", "--rollouts-max", "16"],
+         "--rollout-budget 200 exceeds 8 prompts x --rollouts-max 16: lower it to at most 128"),
+        (["--rollout-budget", "48", "--rollouts-min", "6", "--rollouts-max", "4"],
+         "--rollouts-max 4 is below --rollouts-min 6"),
+        (["--rollout-budget", "48", "--rollouts-min", "0"], "--rollouts-min must be >= 1"),
+        (["--rollouts-max", "16"], "--rollouts-max applies only with --rollout-budget"),
+        (["--rollout-policy", "knapsack", "--rollouts-min", "3"],
+         "--rollouts-min, --rollout-policy apply only with --rollout-budget"),
+    ],
+)  # fmt: skip
+def test_rollout_budgets_that_cannot_work_are_refused(extra, says) -> None:
+    with pytest.raises(ValueError) as error:
+        _parsed(*extra)
+    assert says in str(error.value)
+
+
+def test_a_refused_budget_exits_with_one_error_line_before_the_service_is_called(tmp_path) -> None:
+    # port 9 (discard): nothing listens; the configuration is refused before any request
+    result = _run("train", "--service-url", "http://127.0.0.1:9", "--dataset", "d", "--task", "arithmetic",
+                  "--rollout-budget", "48", "--strategy", "dynamic_sampling",
+                  "--metrics-out", str(tmp_path / "m.jsonl"))  # fmt: skip
+    assert result.returncode == cli.EXIT_CONFIG and "Traceback" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "--strategy dynamic_sampling" in errors[0]
+    assert not (tmp_path / "m.jsonl").exists()
+
+
+def test_a_budget_the_service_refuses_stops_at_the_first_select(service, tmp_path) -> None:
+    """--rollouts-max above the service's K limit: the first select's 422, before any model loads."""
+    result = _run("train", "--service-url", service.url, "--dataset", f"b-{uuid.uuid4().hex[:10]}",
+                  "--task", "arithmetic", "--num-prompts", "4", "--batch-size", "2", "--rollouts", "2",
+                  "--no-metadata", "--metrics-out", str(tmp_path / "m.jsonl"),
+                  "--rollout-budget", "2050", "--rollouts-max", "2048")  # fmt: skip
+    assert result.returncode == cli.EXIT_SERVICE, result.stderr
+    assert "Traceback" not in result.stderr and "422" in result.stderr and "max" in result.stderr

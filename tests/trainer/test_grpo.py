@@ -560,3 +560,129 @@ def test_mismatch_kl_of_a_float32_trainer_is_not_rounded_below_zero() -> None:
     )
     assert stats.mismatch_mean == pytest.approx(1e-5, rel=0.2)
     assert 0 < stats.mismatch_kl < 1e-9
+
+
+# --------------------------------------------------------------------------------------------------
+# Groups of different sizes (a rollout budget gives each prompt its own n)
+# --------------------------------------------------------------------------------------------------
+def mixed_size_groups(rng: random.Random, sizes: list[int]):
+    """Prompts, completions and rewards of groups with the given sizes (the first two of size >= 2 mixed)."""
+    prompts = [tuple(rng.randrange(1, 40) for _ in range(rng.randint(2, 6))) for _ in sizes]
+    completions = [
+        [tuple(rng.randrange(1, 40) for _ in range(rng.randint(1, 7))) for _ in range(n)] for n in sizes
+    ]
+    rewards = [[float(rng.random() < 0.5) for _ in range(n)] for n in sizes]
+    for group in [g for g in rewards if len(g) >= 2][:2]:
+        group[0], group[1] = 1.0, 0.0
+    return prompts, completions, rewards
+
+
+def hand_weighted_gradients(model, groups, scale_by_std: bool, group_weight: str) -> list[torch.Tensor]:
+    """The loss written out slowly from the docstring: per group, advantages from its own rewards
+    (``loop_advantages``); each token weighted by nbar / n_g ("prompt") or 1 ("rollout"); the sum of
+    ``-w * A * logp`` over every token divided by the sum of the tokens' weights."""
+    prompts, completions, rewards = groups
+    sizes = [len(g) for g in completions]
+    nbar = sum(sizes) / len(sizes)
+    advantages = loop_advantages(rewards, scale_by_std, 1e-4)
+    model.zero_grad(set_to_none=True)
+    terms, denominator = [], 0.0
+    for prompt, group, advs in zip(prompts, completions, advantages, strict=True):
+        w = nbar / len(group) if group_weight == "prompt" else 1.0
+        for completion, a in zip(group, advs, strict=True):
+            logprobs = completion_logprobs(model, [prompt], [completion])
+            for t in range(len(completion)):
+                terms.append(-w * a * logprobs[t])
+                denominator += w
+    (sum(terms) / denominator).backward()
+    grads = [p.grad.detach().clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    return grads
+
+
+@pytest.mark.parametrize("scale_by_std", [True, False])
+@pytest.mark.parametrize("seed", range(4))
+def test_mixed_size_groups_are_normalized_by_their_own_rewards(seed: int, scale_by_std: bool) -> None:
+    rng = random.Random(seed)
+    sizes = [1, 2, 3, 5, 8, rng.randint(2, 16)]
+    rng.shuffle(sizes)
+    prompts, completions, rewards = mixed_size_groups(rng, sizes)
+    rewards = [[r if rng.random() < 0.7 else rng.random() for r in g] for g in rewards]  # some non-binary
+    samples = build_samples(prompts, completions, rewards, scale_by_std=scale_by_std)
+    want = loop_advantages(rewards, scale_by_std, 1e-4)
+    got, start = [], 0
+    for n in sizes:
+        got.append([s.advantage for s in samples[start : start + n]])
+        start += n
+    for g, w, n in zip(got, want, sizes, strict=True):
+        assert g == pytest.approx(w, rel=1e-12, abs=1e-12)
+        if n == 1:
+            assert g == [0.0]  # a group of one has no spread: no advantage, never NaN
+    nbar = sum(sizes) / len(sizes)
+    weights = [s.weight for s in samples]
+    assert weights == pytest.approx([nbar / n for n in sizes for _ in range(n)], rel=1e-15)
+    assert all(s.weight == 1.0 for s in build_samples(prompts, completions, rewards, group_weight="rollout"))
+    # every group carries the same total weight nbar under "prompt"
+    start = 0
+    for n in sizes:
+        assert sum(weights[start : start + n]) == pytest.approx(nbar)
+        start += n
+
+
+def test_equal_sizes_keep_unit_weights() -> None:
+    rng = random.Random(0)
+    prompts, completions, rewards = mixed_size_groups(rng, [4, 4, 4])
+    assert all(s.weight == 1.0 for s in build_samples(prompts, completions, rewards))
+
+
+@pytest.mark.parametrize("group_weight", ["prompt", "rollout"])
+@pytest.mark.parametrize(("micro", "share_prompt"), [(64, False), (2, True)])
+def test_update_gradient_with_mixed_size_groups_matches_the_slow_loss(
+    group_weight, micro, share_prompt
+) -> None:
+    groups = mixed_size_groups(random.Random(11), [2, 5, 1, 3])
+    samples = build_samples(*groups, group_weight=group_weight)
+    config = GRPOConfig(lr=1e-3, micro_batch_size=micro, share_prompt=share_prompt, max_grad_norm=1e9)
+    got, stats = captured_gradients(GRPOLearner(tiny_model(), config), samples)
+    want = flat(hand_weighted_gradients(tiny_model(), groups, True, group_weight))
+    assert stats.updated
+    assert torch.allclose(flat(got), want, rtol=1e-5, atol=1e-9), float((flat(got) - want).abs().max())
+    # the two weightings are different losses on mixed sizes (the test can tell them apart)
+    other = "rollout" if group_weight == "prompt" else "prompt"
+    assert not torch.allclose(
+        flat(hand_weighted_gradients(tiny_model(), groups, True, other)), want, rtol=1e-3
+    )
+
+
+def test_a_group_weighs_as_one_prompt_whatever_its_size() -> None:
+    """Under "prompt" weights, a group of 2 repeated into a group of 4 (same completions, same centred
+    advantages) moves the policy exactly as the group of 2 did; under "rollout" it counts twice."""
+    rng = random.Random(5)
+    prompts, completions, rewards = mixed_size_groups(rng, [2, 2])
+    doubled = (prompts, [completions[0] * 2, completions[1]], [rewards[0] * 2, rewards[1]])
+    gradients = {}
+    for name, groups in (("plain", (prompts, completions, rewards)), ("doubled", doubled)):
+        for weight in ("prompt", "rollout"):
+            samples = build_samples(*groups, scale_by_std=False, group_weight=weight)
+            config = GRPOConfig(lr=1e-3, max_grad_norm=1e9, scale_by_std=False)
+            gradients[name, weight] = flat(captured_gradients(GRPOLearner(tiny_model(), config), samples)[0])
+    assert torch.allclose(gradients["doubled", "prompt"], gradients["plain", "prompt"], rtol=1e-9, atol=1e-12)
+    assert not torch.allclose(gradients["doubled", "rollout"], gradients["plain", "rollout"], rtol=1e-3)
+
+
+def test_groups_of_one_never_update() -> None:
+    samples = build_samples([(1, 2), (3, 4)], [[(5, 6)], [(7,)]], [[1.0], [0.0]])
+    assert [s.advantage for s in samples] == [0.0, 0.0]
+    stats = GRPOLearner(tiny_model(), GRPOConfig(lr=1e-1)).update(samples)
+    assert not stats.updated and stats.optimizer_steps == 0
+
+
+def test_bad_group_weights_are_refused() -> None:
+    with pytest.raises(ValueError, match="--group-weight must be one of prompt, rollout"):
+        GRPOConfig(group_weight="token")
+    with pytest.raises(ValueError, match="group_weight must be 'prompt' or 'rollout'"):
+        build_samples([(1,)], [[(2,), (3,)]], [[1.0, 0.0]], group_weight="token")
+    with pytest.raises(ValueError, match="at least one completion"):
+        build_samples([(1,)], [[]], [[]])
+    with pytest.raises(ValueError, match="weight must be a positive number"):
+        Sample((1,), (2,), 0.5, weight=0.0)

@@ -139,3 +139,80 @@ def test_engine_follows_weights_after_a_grpo_update(stack) -> None:
     assert engine_after == pytest.approx(_trainer_logprobs(policy, prompt, tokens), abs=ENGINE_VS_TORCH_ATOL)
     moved = _gap(_trainer_logprobs(policy, prompt, first_tokens), old_policy)
     assert moved > 20 * ENGINE_VS_TORCH_ATOL, "the update did not move the policy enough to tell"
+
+
+def test_generate_gives_each_prompt_its_own_count_in_one_call(stack) -> None:
+    tokenizer, _, engine = stack
+    prompts = [_prompt(tokenizer, f"What is {a} + {b}?") for a, b in ((2, 3), (7, 6), (4, 4))]
+    calls = []
+    real = engine._llm.generate
+
+    def counted(*args, **kwargs):
+        calls.append(args[1])
+        return real(*args, **kwargs)
+
+    engine._llm.generate = counted
+    try:
+        outputs = engine.generate(prompts, n=[1, 3, 5], max_new_tokens=6, temperature=1.0)
+    finally:
+        engine._llm.generate = real
+    assert len(calls) == 1 and [p.n for p in calls[0]] == [1, 3, 5]  # one request per prompt, its own n
+    assert [out.prompt_token_ids for out in outputs] == prompts
+    assert [len(out.completions) for out in outputs] == [1, 3, 5]
+    for out in outputs:
+        for completion in out.completions:
+            assert 1 <= len(completion.token_ids) <= 6 and len(completion.logprobs) == len(
+                completion.token_ids
+            )
+    with pytest.raises(ValueError, match="2 counts for 3 prompts"):
+        engine.generate(prompts, n=[2, 2], max_new_tokens=4, temperature=1.0)
+    with pytest.raises(ValueError, match="greedy"):
+        engine.generate(prompts, n=[1, 2, 1], max_new_tokens=4, temperature=0.0)
+
+
+def test_a_budget_step_with_vllm_rolls_out_and_reports_n_i_per_prompt(stack, start_service) -> None:
+    """One GRPO step through the Trainer with vLLM and a rollout budget: each prompt gets the count the
+    service chose, and /observe carries that many rewards for it."""
+    import io
+    import uuid
+
+    from trainer_client.client import SelectorClient
+    from trainer_client.config import TrainConfig
+    from trainer_client.tasks import arithmetic_task
+    from trainer_client.train import Trainer
+
+    tokenizer, policy, engine = stack
+    task = arithmetic_task(6, seed=0)
+    config = TrainConfig(dataset=f"vb-{uuid.uuid4().hex[:10]}", strategy="insight", steps=1, batch_size=3,
+                         rollouts=4, rollout_budget=10, rollouts_min=2, rollouts_max=5, max_new_tokens=8,
+                         grpo=GRPOConfig(lr=1e-6))  # fmt: skip
+    service = start_service()
+    with SelectorClient(service.url) as client:
+        client.create_dataset(config.dataset, len(task.problems), rollouts_per_prompt=4)
+        info = client.get_dataset(config.dataset)
+        trainer = Trainer(config, client=client, dataset_info=info, task=task, tokenizer=tokenizer,
+                          engine=engine, learner=GRPOLearner(policy, config.grpo))  # fmt: skip
+        sent = []
+        real_select, real_observe = client.select, client.observe
+
+        def select(*args, **kwargs):
+            sent.append(("select", real_select(*args, **kwargs)))
+            return sent[-1][1]
+
+        def observe(dataset, step, results, request_id):
+            results = list(results)
+            sent.append(("observe", [(r.prompt_id, len(r.rewards)) for r in results]))
+            return real_observe(dataset, step, results, request_id)
+
+        client.select, client.observe = select, observe
+        records = trainer.run(io.StringIO(), progress=False)
+        summary = client.get_dataset(config.dataset)
+    (kind, selection), (kind2, observed) = sent
+    assert (kind, kind2) == ("select", "observe")
+    counts = selection.rollouts
+    assert sum(counts) == 10 and all(2 <= c <= 5 for c in counts) and len(counts) == 3
+    assert observed == list(zip(selection.prompt_ids, counts, strict=True))
+    record = records[0]
+    assert record["rollouts"] == 10 and record["groups"] == 3
+    assert record["group_sizes"] == {str(k): counts.count(k) for k in sorted(set(counts))}
+    assert summary.rollouts == 10 and summary.observations == 3

@@ -233,3 +233,17 @@ def test_reasoning_gym_levels_and_errors() -> None:
         load_task("rg:chain_sum:easy", num_prompts=4, seed=0)
     with pytest.raises(ValueError, match="no curriculum"):
         load_task("rg:gsm_symbolic:1", num_prompts=4, seed=0)
+
+
+def test_arithmetic_takes_a_tier_list() -> None:
+    task = load_task("arithmetic:0,5-8", num_prompts=50, seed=1)
+    tiers = [p.meta["tier"] for p in task.problems]
+    assert set(tiers) == {0, 5, 6, 7, 8} and sorted(task.groups) == [0, 5, 6, 7, 8]
+    assert max(tiers.count(t) for t in set(tiers)) - min(tiers.count(t) for t in set(tiers)) <= 1  # even
+    assert [p.prompt for p in load_task("arithmetic:0-8", num_prompts=20, seed=2).problems] == [
+        p.prompt for p in load_task("arithmetic", num_prompts=20, seed=2).problems
+    ]
+    with pytest.raises(ValueError, match=r"non-empty subset of 0\.\.8"):
+        load_task("arithmetic:3,9", num_prompts=4, seed=0)
+    with pytest.raises(ValueError, match="bad level list"):
+        load_task("arithmetic:hard", num_prompts=4, seed=0)

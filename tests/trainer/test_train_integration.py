@@ -30,7 +30,8 @@ ROOT = Path(__file__).resolve().parents[2]
 REQUIRED_KEYS = {
     "step", "strategy", "mean_reward", "solve_rate", "effective_ratio", "rollouts", "select_ms",
     "observe_ms", "gen_s", "train_s", "updated", "mismatch_mean", "mismatch_max", "mismatch_kl",
-    "tis_weight_mean", "tis_capped_frac", "clip_frac", "kl", "grad_norm", "entropy",
+    "tis_weight_mean", "tis_capped_frac", "clip_frac", "kl", "grad_norm", "entropy", "group_size_min",
+    "group_size_mean", "group_size_max", "group_sizes", "mixed_by_size",
 }  # fmt: skip
 
 
@@ -136,6 +137,15 @@ def test_format_summary_reports_first_and_last() -> None:
     assert mismatch_line.split()[1:] == ["0.1000", "0.4000", "0.2500"]
     assert not any(line.startswith(("loss", "kl ")) for line in text.splitlines())  # kl not recorded
     assert "rollouts: 32 total" in text
+    assert "rollouts per prompt" not in text  # one group size: nothing to say
+    sized = [
+        {**r, "group_sizes": sizes}
+        for r, sizes in zip(_records(), [{"2": 3, "6": 1}, {"2": 1, "10": 1}] * 2, strict=True)
+    ]
+    line = next(
+        line for line in format_summary(sized, header={}).splitlines() if line.startswith("rollouts per")
+    )
+    assert line == "rollouts per prompt: min 2, mean 4.00, max 10 (groups per size: 2: 8, 6: 2, 10: 2)"
 
 
 def test_plot_draws_the_quantities_that_move_and_no_loss() -> None:
@@ -402,6 +412,7 @@ def test_two_grpo_steps_with_vllm_through_the_cli(service_url, tmp_path) -> None
     for record in records:
         assert record.keys() >= REQUIRED_KEYS
         assert record["strategy"] == "insight" and record["rollouts"] == 16 and record["groups"] == 4
+        assert record["group_sizes"] == {"4": 4} and record["group_size_mean"] == 4  # no budget: K each
         assert 0.0 <= record["mean_reward"] <= 1.0 and 0.0 <= record["effective_ratio"] <= 1.0
         assert record["updated"] == (record["effective_ratio"] > 0)
         assert record["observe_duplicate"] is False
@@ -419,3 +430,80 @@ def test_two_grpo_steps_with_vllm_through_the_cli(service_url, tmp_path) -> None
         info = client.get_dataset(dataset)
     assert (info.observations, info.rollouts) == (8, 32)  # 2 steps x 4 prompts x K=4, each counted once
     assert info.open_step == 1
+
+
+def test_group_size_fields_count_groups_and_mixed_groups_per_size() -> None:
+    from trainer_client.train import group_size_fields
+
+    fields_ = group_size_fields([16, 2, 2, 5, 2], [True, False, True, False, False])
+    assert fields_ == {
+        "group_size_min": 2, "group_size_mean": 5.4, "group_size_max": 16,
+        "group_sizes": {"2": 3, "5": 1, "16": 1}, "mixed_by_size": {"2": 1, "5": 0, "16": 1},
+    }  # fmt: skip
+    assert list(fields_["group_sizes"]) == ["2", "5", "16"]  # ascending by size, not as strings
+    assert group_size_fields([8, 8], [False, False])["group_sizes"] == {"8": 2}
+
+
+def test_plot_draws_the_group_sizes() -> None:
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    from trainer_client.plots import SIZES_PANEL, build_figure, size_totals
+
+    sizes = [{"group_size_min": 2, "group_size_mean": 6.0, "group_size_max": 16, "group_sizes": {"2": 3, "16": 1},
+              "mixed_by_size": {"2": 1, "16": 1}}] * 4  # fmt: skip
+    budget = [{**r, **s} for r, s in zip(_records(), sizes, strict=True)]
+    assert size_totals(budget) == {2: 12, 16: 4} and size_totals(budget, "mixed_by_size") == {2: 4, 16: 4}
+    assert size_totals(_records()) == {}  # records written before group sizes were recorded
+    figure = build_figure([("budget", budget), ("old", _records())])
+    panels = {ax.get_title(): ax for ax in figure.axes}
+    per_step = {line.get_label(): list(line.get_ydata()) for line in panels["rollouts per prompt"].lines}
+    assert per_step == {"budget: group_size_mean": [6.0] * 4, "budget: group_size_min": [2.0] * 4,
+                        "budget: group_size_max": [16.0] * 4}  # fmt: skip
+    heights = [patch.get_height() for patch in panels[SIZES_PANEL].patches]
+    assert heights == [12, 4, 4, 4]  # groups of 2 and 16, then the mixed ones
+    assert [t.get_text() for t in panels[SIZES_PANEL].get_xticklabels()] == ["2", "16"]
+    plt.close(figure)
+
+
+@pytest.mark.model
+@pytest.mark.slow
+def test_a_rollout_budget_gives_each_prompt_its_count_and_reports_each_group_by_its_size(service_url) -> None:
+    """Transformers backend: every prompt gets the count the select returned, in one generate call per
+    step, and every group reaches /observe with that many rewards."""
+    trainer, client = _tiny_trainer(
+        service_url, "insight", rollout_budget=11, rollouts_min=2, rollouts_max=7, rollout_policy="posterior"
+    )
+    selections, reported, calls = [], [], []
+    real_select, real_observe, real_generate = trainer.client.select, trainer.observe, trainer.engine.generate
+
+    def select(*args, **kwargs):
+        selection = real_select(*args, **kwargs)
+        selections.append(selection)
+        return selection
+
+    def observe(step, groups, request_id):
+        reported.append([(g.prompt_id, len(g.rewards), len(g.rollouts.completions)) for g in groups])
+        return real_observe(step, groups, request_id)
+
+    def generate(prompts, **kwargs):
+        calls.append(kwargs["n"])
+        return real_generate(prompts, **kwargs)
+
+    trainer.client.select, trainer.observe, trainer.engine.generate = select, observe, generate
+    try:
+        records = trainer.run(io.StringIO(), progress=False)
+        summary = client.get_dataset(trainer.config.dataset)
+    finally:
+        client.close()
+    assert len(selections) == len(reported) == len(calls) == 2  # one select, one generate, one observe a step
+    for selection, sent, record, n in zip(selections, reported, records, calls, strict=True):
+        counts = selection.rollouts
+        assert len(counts) == 2 and sum(counts) == 11 and all(2 <= c <= 7 for c in counts)
+        assert list(n) == counts
+        assert sent == [(p, c, c) for p, c in zip(selection.prompt_ids, counts, strict=True)]
+        assert record["rollouts"] == 11
+        assert (record["group_size_min"], record["group_size_max"]) == (min(counts), max(counts))
+        assert record["group_size_mean"] == 5.5
+        assert sum(record["group_sizes"].values()) == 2
+    assert summary.rollouts == 22 and summary.observations == 4

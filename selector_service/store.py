@@ -20,6 +20,9 @@ Keys (``P`` = settings.key_prefix, ``v1`` = layout version, ``N`` = dataset name
     P:v1:{N}:snaplock        who is writing a snapshot now (expires unless its writer renews it)
     P:v1:{N}:snapw           ids of snapshots whose chunks are being written (the commit of one removes
                              the chunks of the others: writers that died or lost the lock)
+    P:v1:{N}:closing         token of the select closing a step now (SET NX PX, expires on its own):
+                             observe and metadata writes are refused with 'busy' while it is held (the
+                             engine retries them), so a close's conditional commit is not starved
 
 Log entries (stream fields): ``n`` sequence number (1, 2, 3, ... per dataset incarnation, written in the
 same script that appends, so the log is numbered without holes), ``k`` kind (``o`` observe, ``a``
@@ -60,10 +63,10 @@ from redis.exceptions import RedisError
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 LAYOUT = "v1"
 
-# KEYS: 1 meta, 2 log, 3 rid key.  ARGV: 1 uid, 2 step, 3 request id, 4 payload, 5 rid ttl (s),
+# KEYS: 1 meta, 2 log, 3 rid key, 4 closing.  ARGV: 1 uid, 2 step, 3 request id, 4 payload, 5 rid ttl (s),
 # 6 max step gap, 7 body digest, 8 max lag.  Returns {status, log id or "", open step, lag, log length};
 # status: ok | dup (same id, same body: applied before) | conflict (same id, other body) | closed | ahead |
-# gone.
+# gone | busy (a select is closing a step: nothing applied, send it again shortly).
 # A step s < open step c is accepted as late evidence when c - s <= max lag (docs/methods.md §3.1); the answer
 # and the remembered request id carry its lag, so a retry answers what the first call answered.
 _OBSERVE = """
@@ -77,6 +80,7 @@ if seen then
   if digest ~= ARGV[7] then return {'conflict', lid, tostring(open), lag} end
   return {'dup', lid, tostring(open), lag}
 end
+if KEYS[4] and redis.call('EXISTS', KEYS[4]) == 1 then return {'busy', '', tostring(open), '0'} end
 local step = tonumber(ARGV[2])
 if step < open - tonumber(ARGV[8]) then return {'closed', '', tostring(open), '0'} end
 if step - open > tonumber(ARGV[6]) then return {'ahead', '', tostring(open), '0'} end
@@ -137,16 +141,59 @@ redis.call('HSET', KEYS[1], 'open_step', ARGV[2])
 return {'ok', id, ARGV[2]}
 """
 
-# KEYS: 1 meta, 2 log.  ARGV: 1 uid, 2 payload.  Appends a metadata record (docs/methods.md §6: pass rates and
-# groups of a range of prompts) at the open step, numbered like every other record.
-# Returns {status, log id or "", open step}; status: ok | gone.
+# KEYS: 1 meta, 2 log, 3 closing.  ARGV: 1 uid, 2 payload.  Appends a metadata record (docs/methods.md §6:
+# pass rates and groups of a range of prompts) at the open step, numbered like every other record.
+# Returns {status, log id or "", open step}; status: ok | gone | busy (a select is closing a step).
 _METADATA = """
 local uid = redis.call('HGET', KEYS[1], 'uid')
 if uid ~= ARGV[1] then return {'gone', '', '-1'} end
 local open = redis.call('HGET', KEYS[1], 'open_step') or '0'
+if KEYS[3] and redis.call('EXISTS', KEYS[3]) == 1 then return {'busy', '', open} end
 local n = redis.call('HINCRBY', KEYS[1], 'seq', 1)
 local id = redis.call('XADD', KEYS[2], '*', 'n', n, 'k', 'm', 's', open, 'p', ARGV[2])
 return {'ok', id, open}
+"""
+
+# KEYS: 1 meta, 2 log, 3 closing.  ARGV: 1 uid, 2 step, 3 max step gap, 4 select note, 5 the seq the
+# caller's state applied up to, 6 its open step, 7 the caller's close token.  The conditional commit of a
+# select (engine.Engine.select): it appends the select's record (opening `step`, or a note at the open
+# step) only when the log is still exactly what the caller applied (same uid, seq and open step), since
+# the caller already closed the step and chose its batch from that state. A resend of a commit that was
+# applied (its reply lost) finds its token in `closed_by` and answers ok with the same log id. Releases
+# the closing reservation when the caller's token holds it.
+# Returns {status, log id or "", open step}; status: ok | moved (the log grew: nothing appended) |
+# behind | ahead | gone.
+_CLOSE = """
+local uid = redis.call('HGET', KEYS[1], 'uid')
+if uid ~= ARGV[1] then return {'gone', '', '-1'} end
+local open = tonumber(redis.call('HGET', KEYS[1], 'open_step') or '0')
+local seq = redis.call('HGET', KEYS[1], 'seq') or '0'
+if seq ~= ARGV[5] or open ~= tonumber(ARGV[6]) then
+  local by = redis.call('HGET', KEYS[1], 'closed_by')
+  if by then
+    local token, id = string.match(by, '^(%S+) (%S+)$')
+    if token == ARGV[7] then
+      if redis.call('GET', KEYS[3]) == ARGV[7] then redis.call('DEL', KEYS[3]) end
+      return {'ok', id, tostring(open)}
+    end
+  end
+  return {'moved', '', tostring(open)}
+end
+local step = tonumber(ARGV[2])
+if step < open then return {'behind', '', tostring(open)} end
+if step - open > tonumber(ARGV[3]) then return {'ahead', '', tostring(open)} end
+local n = redis.call('HINCRBY', KEYS[1], 'seq', 1)
+local id = redis.call('XADD', KEYS[2], '*', 'n', n, 'k', 'a', 's', ARGV[2], 'q', ARGV[4])
+if step > open then redis.call('HSET', KEYS[1], 'open_step', ARGV[2]) end
+redis.call('HSET', KEYS[1], 'closed_by', ARGV[7] .. ' ' .. id)
+if redis.call('GET', KEYS[3]) == ARGV[7] then redis.call('DEL', KEYS[3]) end
+return {'ok', id, tostring(math.max(step, open))}
+"""
+
+# KEYS: 1 closing.  ARGV: 1 token.  Releases the closing reservation while `token` holds it.
+_UNRESERVE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
 """
 
 # KEYS: 1 spec, 2 meta.  ARGV: 1 spec JSON, 2 uid, 3 spec fingerprint (JSON of the user-visible fields).
@@ -320,6 +367,9 @@ class Keys:
     def snapw(self, name: str) -> str:
         return f"{self._base(name)}:snapw"
 
+    def closing(self, name: str) -> str:
+        return f"{self._base(name)}:closing"
+
     def claim(self, request_id: str) -> str:
         # Hash-tagged by the request id: independent of any dataset's slot (see `Store.claim_request`).
         return f"{self.prefix}:{{rid:{request_id}}}"
@@ -400,6 +450,8 @@ class Store:
         self._renew = client.register_script(_RENEW_LOCK)
         self._claim = client.register_script(_CLAIM)
         self._release = client.register_script(_RELEASE)
+        self._close = client.register_script(_CLOSE)
+        self._unreserve = client.register_script(_UNRESERVE)
 
     async def close(self) -> None:
         await self.r.aclose()
@@ -500,7 +552,11 @@ class Store:
         replaces it); whether it existed."""
         existed = bool(await self.r.delete(self.keys.spec(name)))
         await self.r.delete(
-            self.keys.meta(name), self.keys.log(name), self.keys.snaplock(name), self.keys.snapw(name)
+            self.keys.meta(name),
+            self.keys.log(name),
+            self.keys.snaplock(name),
+            self.keys.snapw(name),
+            self.keys.closing(name),
         )
         keep = None if keep_snap is None else self.keys.snap_chunk(name, keep_snap, 0).rsplit(":", 1)[0] + ":"
         for pattern in (self.keys.snap_pattern(name), self.keys.rid_pattern(name)):
@@ -556,20 +612,45 @@ class Store:
         max_lag: int = 0,
     ) -> WriteResult:
         res = await self._observe(
-            keys=[self.keys.meta(name), self.keys.log(name), self.keys.rid(name, uid, request_id)],
+            keys=[
+                self.keys.meta(name),
+                self.keys.log(name),
+                self.keys.rid(name, uid, request_id),
+                self.keys.closing(name),
+            ],
             args=[uid, step, request_id, payload, self.rid_ttl, self.max_step_gap, digest, max_lag],
         )
         length = int(_s(res[4])) if len(res) > 4 else 0
         return WriteResult(_s(res[0]), _s(res[1]), int(_s(res[2])), int(_s(res[3])), length)
 
     async def append_metadata(self, name: str, uid: str, payload: bytes) -> WriteResult:
-        """Appends a metadata record (status ok) or reports the dataset gone."""
-        res = await self._metadata(keys=[self.keys.meta(name), self.keys.log(name)], args=[uid, payload])
+        """Appends a metadata record (status ok), or reports the dataset gone or a close in flight (busy)."""
+        res = await self._metadata(
+            keys=[self.keys.meta(name), self.keys.log(name), self.keys.closing(name)], args=[uid, payload]
+        )
         return WriteResult(_s(res[0]), _s(res[1]), int(_s(res[2])))
 
     async def advance(self, name: str, uid: str, step: int, note: str = "") -> WriteResult:
         res = await self._advance(
             keys=[self.keys.meta(name), self.keys.log(name)], args=[uid, step, self.max_step_gap, note]
+        )
+        return WriteResult(_s(res[0]), _s(res[1]), int(_s(res[2])))
+
+    async def reserve_close(self, name: str, token: str, ttl_ms: int) -> bool:
+        """Takes the dataset's closing reservation for `token` (SET NX PX); False when another holds it."""
+        return bool(await self.r.set(self.keys.closing(name), token, nx=True, px=ttl_ms))
+
+    async def release_close(self, name: str, token: str) -> None:
+        """Gives the closing reservation back when `token` still holds it."""
+        await self._unreserve(keys=[self.keys.closing(name)], args=[token])
+
+    async def commit_close(
+        self, name: str, uid: str, step: int, note: str, seq: int, open_step: int, token: str
+    ) -> WriteResult:
+        """Appends a select's record only if the log is still at `seq` with `open_step` (_CLOSE above)."""
+        res = await self._close(
+            keys=[self.keys.meta(name), self.keys.log(name), self.keys.closing(name)],
+            args=[uid, step, self.max_step_gap, note, seq, open_step, token],
         )
         return WriteResult(_s(res[0]), _s(res[1]), int(_s(res[2])))
 

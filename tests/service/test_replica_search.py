@@ -5,8 +5,10 @@ real Redis. Snapshots and trims happen all the time (a snapshot every few record
 reads a few records per round trip, so a replica's catch-up constantly interleaves with another
 replica's snapshot, trim and log growth. Each schedule runs phases of concurrent clients that observe
 (on time, late within max_lag, too late, retried, retried with another body), select (the open step
-or ahead), read, and kill replicas (the replica's in-flight calls are cancelled at whatever point they
-reached, its memory is dropped, a fresh replica takes its place: kill -9 and a restart). A seeded delay
+or ahead; some fail after their close, as any exception in the batch choice would: a 5xx that must
+leave the dataset as it was), read, and kill replicas (the replica's in-flight calls are cancelled at
+whatever point they reached, its memory is dropped, a fresh replica takes its place: kill -9 and a
+restart). A seeded delay
 before and after every store call spreads the interleavings. Clients retry an unanswered call with the
 same request id until they get an answer, as the typed client does.
 
@@ -20,6 +22,7 @@ A failure prints its seed; replay it with REPLICA_SEARCH_SEEDS=<seed>. REPLICA_S
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import os
 import random
 import uuid
@@ -29,7 +32,7 @@ import pytest
 from selector_service.engine import Engine
 from selector_service.errors import Conflict, InvalidRequest, Unavailable
 from selector_service.settings import Settings
-from selector_service.state import DatasetSpec
+from selector_service.state import DatasetSpec, DatasetState
 from selector_service.store import Store, connect
 from tests.service.replica_model import (
     ORDER_DEPENDENT,
@@ -43,6 +46,27 @@ SCHEDULES = int(os.environ.get("REPLICA_SEARCH_SCHEDULES", "150"))
 REPLICAS = 3
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+
+
+# Set in a client's task for the select calls that must fail after their close (the select's batch
+# choice raises, in the replica's worker thread, which inherits the task's context).
+_FAIL_AFTER_CLOSE = contextvars.ContextVar("fail_after_close", default=False)
+_REAL_SELECT = DatasetState.select
+
+
+class InjectedFailure(Exception):
+    """A failure injected into a select after its step close (a 5xx in the service)."""
+
+
+def _select_or_fail(self, *args, **kwargs):
+    if _FAIL_AFTER_CLOSE.get():
+        raise InjectedFailure("injected after the close")
+    return _REAL_SELECT(self, *args, **kwargs)
+
+
+@pytest.fixture(autouse=True)
+def _failures_after_a_close(monkeypatch):
+    monkeypatch.setattr(DatasetState, "select", _select_or_fail)
 
 
 class Killed(Exception):
@@ -187,10 +211,18 @@ async def _client(cluster: Cluster, model: ReplicaModel, name: str, rng: random.
             def select(engine, step=step, strategy=strategy, seed=seed):
                 return engine.select(name, step=step, batch_size=3, strategy=strategy, params={}, seed=seed)
 
+            fail = rng.random() < 0.2
+            token = _FAIL_AFTER_CLOSE.set(fail)
             try:
                 await _answered(cluster, select)
             except Conflict:
                 continue  # another client opened a later step first
+            except InjectedFailure:
+                assert fail
+                continue  # a 5xx: nothing may have moved (the model opens nothing)
+            finally:
+                _FAIL_AFTER_CLOSE.reset(token)
+            assert not fail, "a select that had to fail after its close answered"
             model.opened(step)
         elif roll < 0.97:  # read
             await _answered(cluster, lambda engine: engine.read(name, lambda st: st.open_step))

@@ -677,7 +677,8 @@ class Engine:
                 counts = None if budget is None else state.rollout_counts(ids, budget, seed)
                 return ids, scores, state.open_step, counts
 
-            return await self._close_and_run(name, spec, step, note, check, run)
+            async with self._lock(name):  # the in-memory close is seen by no one until committed
+                return await self._close_and_run(name, spec, step, note, check, run)
 
         return await self._with_spec(name, attempt)
 
@@ -692,6 +693,7 @@ class Engine:
     ) -> T:
         """A select's step close and its answer, atomic with each other: a select that fails (any
         exception, a 4xx or a 5xx) leaves the dataset as it was, in the store and in every process.
+        Caller holds the dataset lock.
 
         The order is: catch up with the log, apply the select's own record (the close of every step
         below `step`, or a note at the open step) to the state IN MEMORY, choose the batch (`run`), and

@@ -766,12 +766,16 @@ class Engine:
     async def _reserve_close(self, name: str, token: str) -> bool:
         """Takes the closing reservation for `token`, waiting while another select holds it (at most about
         its TTL: a holder that died lets it expire). False when it could not be had: the close then goes
-        ahead without it (its commit is conditional anyway)."""
+        ahead without it (its commit is conditional anyway), as when the store does not answer the
+        reservation itself (then the catch-up that follows reports the store's state)."""
         deadline = time.monotonic() + CLOSE_RESERVATION_MS / 1000
         pause = 0.001
         while True:
-            if await self._io(self.store.reserve_close(name, token, CLOSE_RESERVATION_MS)):
-                return True
+            try:
+                if await self.store.reserve_close(name, token, CLOSE_RESERVATION_MS):
+                    return True
+            except (RedisError, OSError):
+                return False
             if time.monotonic() >= deadline:
                 return False
             await asyncio.sleep(pause)

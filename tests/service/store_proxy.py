@@ -7,6 +7,8 @@ failing at the wrong moment does to the service, on demand.
   again on a fresh connection: the service must recognise its own first attempt.
 - `freeze()`: keeps every connection open and forwards nothing more (a frozen store or network).
 - `close()`: closes the listening socket and every connection (a store that died).
+- `fail_after=n, fail="close" | "freeze"`: the first n connections are served; at the next one the
+  proxy closes (the store died) or freezes (it hangs): a store lost at a chosen point of a start-up.
 
 Threads and blocking sockets; for tests and bench scripts.
 """
@@ -20,8 +22,18 @@ import threading
 
 
 class StoreProxy:
-    def __init__(self, upstream_host: str, upstream_port: int, loss: float = 0.0, seed: int = 0) -> None:
+    def __init__(
+        self,
+        upstream_host: str,
+        upstream_port: int,
+        loss: float = 0.0,
+        seed: int = 0,
+        fail_after: int | None = None,
+        fail: str = "close",
+    ) -> None:
         self.upstream = (upstream_host, upstream_port)
+        self.fail_after, self.fail = fail_after, fail
+        self.accepted = 0
         self.loss = loss
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
@@ -53,6 +65,13 @@ class StoreProxy:
                 client, _ = self.listener.accept()
             except OSError:
                 return
+            self.accepted += 1
+            if self.fail_after is not None and self.accepted > self.fail_after:
+                if self.fail == "close":
+                    _shut(client)
+                    self.close()
+                    return
+                self.freeze()
             if self._frozen.is_set():  # accepted, then nothing: a frozen store
                 with self._lock:
                     self._conns.append(client)

@@ -737,6 +737,7 @@ class Engine:
                     raise
                 if res.status == "ok":
                     state.cursor = res.log_id
+                    reserved = False  # the commit released it
                     return answer
                 self._discard(name, state)
                 if res.status == "gone":

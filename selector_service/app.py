@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from redis.exceptions import RedisError
 
 from selector_service import metrics
 from selector_service.api.errors import add_error_handlers
@@ -23,6 +24,7 @@ from selector_service.engine import Engine
 from selector_service.memory import human
 from selector_service.schemas import ObserveRequest
 from selector_service.settings import Settings
+from selector_service.startup import store_lost
 from selector_service.store import Store, connect, durability_problems
 
 log = logging.getLogger("selector_service")
@@ -37,7 +39,10 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         raise RuntimeError(
             "no store configured: set SELECTOR_REDIS_URL or start with `selector-service serve`"
         )
-    client = await connect(settings.redis_url, settings.store_timeout_s)
+    try:
+        client = await connect(settings.redis_url, settings.store_timeout_s)
+    except (RedisError, OSError) as exc:  # serve's check passed a moment ago: exit 2, one line (startup.py)
+        raise store_lost(settings.redis_url, exc) from None
     for problem in await durability_problems(client):
         log.warning("%s (docs/operations.md)", problem)
     store = Store(client, settings.key_prefix, settings.request_id_ttl_s, settings.max_step_gap)

@@ -4,12 +4,13 @@
 
 Without --redis-url (or SELECTOR_REDIS_URL) the service starts its own embedded Valkey, persisting under
 --data-dir. It prints one line with its URL when it is ready, and exits with status 2 and a clear
-message when its store cannot be reached.
+message when its store cannot be reached, before or while the app starts (startup.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import shutil
@@ -26,6 +27,7 @@ from typing import TYPE_CHECKING, NoReturn
 from pydantic import ValidationError
 
 from selector_service.settings import LOG_LEVELS, Settings
+from selector_service.startup import REPORT_ENV, QuietWhenReported, redact, reported
 
 if TYPE_CHECKING:
     from selector_service.embedded import EmbeddedValkey
@@ -62,13 +64,6 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _redact(url: str) -> str:
-    if "@" not in url:
-        return url
-    scheme, _, rest = url.partition("://")
-    return f"{scheme}://***@{rest.rsplit('@', 1)[1]}"
-
-
 def _check_store(url: str, timeout_s: float) -> str | None:
     import redis
 
@@ -78,10 +73,10 @@ def _check_store(url: str, timeout_s: float) -> str | None:
         version = client.info("server").get("redis_version", "?")
         client.close()
     except (redis.exceptions.RedisError, OSError, ValueError) as exc:
-        return f"cannot reach the store at {_redact(url)}: {exc}"
+        return f"cannot reach the store at {redact(url)}: {exc}"
     major = int(str(version).split(".")[0]) if str(version)[0].isdigit() else 0
     if major < 7:
-        return f"the store at {_redact(url)} runs Redis {version}; the service needs Redis 7+ or Valkey"
+        return f"the store at {redact(url)} runs Redis {version}; the service needs Redis 7+ or Valkey"
     return None
 
 
@@ -201,6 +196,12 @@ def _run_uvicorn(settings: Settings) -> int:
     stop = threading.Event()
     threading.Thread(target=_announce_when_ready, args=(url, stop), daemon=True).start()
     mp_dir = None
+    # Where the app (or any worker) says it lost the store while starting (startup.py).
+    fd, report = tempfile.mkstemp(prefix="selector-startup-")
+    os.close(fd)
+    os.environ[REPORT_ENV] = report
+    quiet = QuietWhenReported(report)
+    logging.getLogger("uvicorn.error").addFilter(quiet)
     try:
         if settings.workers > 1:
             # Workers write their request metrics here; /metrics aggregates every worker's files.
@@ -226,10 +227,22 @@ def _run_uvicorn(settings: Settings) -> int:
                 access_log=False,
                 http=protocol_class(settings),  # header size and count, timeouts, connection limit
             )
-            uvicorn.Server(config).run(sockets=[sock])
+            try:
+                uvicorn.Server(config).run(sockets=[sock])
+            except SystemExit:  # uvicorn's start-up failure (status 3): ours to say if the store was lost
+                if reported(report) is None:
+                    raise
+        reason = reported(report)
+        if reason is not None:
+            print(f"selector-service: {reason}", file=sys.stderr, flush=True)
+            return EXIT_STORE
     finally:
         stop.set()
         sock.close()
+        logging.getLogger("uvicorn.error").removeFilter(quiet)
+        os.environ.pop(REPORT_ENV, None)
+        with contextlib.suppress(OSError):
+            os.unlink(report)
         if mp_dir is not None:
             shutil.rmtree(mp_dir, ignore_errors=True)
     return 0

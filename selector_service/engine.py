@@ -88,6 +88,14 @@ SNAPSHOT_PACING_MIN_S = 1.0
 SNAPSHOT_LOCK_TTL_MS = 30_000
 # An import's body is handed from the event loop to the decoding thread in pieces of about this size.
 IMPORT_PIECE_BYTES = 1 << 20
+# A select's close (Engine._close_and_run) holds the dataset's closing reservation for at most this long
+# (observe and metadata writes wait meanwhile), and commits it at most this many times when the log keeps
+# moving between its catch-up and its commit.
+CLOSE_RESERVATION_MS = 5_000
+CLOSE_ATTEMPTS = 5
+# The cursor a state holds between a select's in-memory close and its commit (never seen by anyone else:
+# the dataset lock is held, and the state is discarded unless the commit gives it the real log id).
+PENDING_CURSOR = "pending"
 
 
 @dataclass
@@ -652,38 +660,142 @@ class Engine:
         counts come from the state the batch was chosen from (docs/methods.md §8)."""
         budget = rollout_request(batch_size, rollouts)
 
-        async def attempt(spec: DatasetSpec) -> dict[str, Any]:
+        async def attempt(spec: DatasetSpec):
             _check_batch_size(name, batch_size, spec)
             merged = self.resolve_params(spec, strategy, params)
-            if strategy == "sec":  # refused before the step moves: a request that fails applies nothing
-                grouped = await self.read(name, lambda st: st.arrays.shared.grouped)
-                _check_sec(name, grouped, batch_size)
             note = select_note(strategy, batch_size, _select_digest(strategy, merged, seed, batch_size))
-            res = await self._io(self.store.advance(name, spec.uid, step, note))
-            if res.status == "gone":
-                raise _Gone
-            if res.status == "behind":
-                raise Conflict(f"step {step} of dataset {name!r} is closed; the open step is {res.open_step}")
-            if res.status == "ahead":
-                raise self._too_far_ahead(name, step, res.open_step)
-            return merged
 
-        merged = await self._with_spec(name, attempt)
+            def check(state: DatasetState) -> None:  # on the caught-up state, before anything moves
+                if strategy == "sec":
+                    _check_sec(name, state.arrays.shared.grouped, batch_size)
 
-        def run(state: DatasetState):
-            _check_batch_size(name, batch_size, state.spec)
-            if state.open_step != step:
-                raise Conflict(
-                    f"step {step} of dataset {name!r} is closed; the open step is {state.open_step}"
-                )
+            def run(state: DatasetState):
+                try:
+                    ids, scores = state.select(strategy, merged, batch_size, seed)
+                except strategies.ParamError as exc:
+                    raise InvalidRequest(str(exc)) from None
+                counts = None if budget is None else state.rollout_counts(ids, budget, seed)
+                return ids, scores, state.open_step, counts
+
+            async with self._lock(name):  # the in-memory close is seen by no one until committed
+                return await self._close_and_run(name, spec, step, note, check, run)
+
+        return await self._with_spec(name, attempt)
+
+    async def _close_and_run(
+        self,
+        name: str,
+        spec: DatasetSpec,
+        step: int,
+        note: str,
+        check: Callable[[DatasetState], None],
+        run: Callable[[DatasetState], T],
+    ) -> T:
+        """A select's step close and its answer, atomic with each other: a select that fails (any
+        exception, a 4xx or a 5xx) leaves the dataset as it was, in the store and in every process.
+        Caller holds the dataset lock.
+
+        The order is: catch up with the log, apply the select's own record (the close of every step
+        below `step`, or a note at the open step) to the state IN MEMORY, choose the batch (`run`), and
+        only then commit that record to the store with a conditional script (`Store.commit_close`: only
+        if the log still ends at the record this state applied, with the same uid and open step). So the
+        store never holds the close of a select that did not answer, and the answer is computed from
+        exactly the state every replica reaches by applying the committed log. On any failure after the
+        in-memory close, or when the log moved meanwhile, this process's state is discarded: the next
+        catch-up rebuilds it from the store (snapshot + log), so memory never runs ahead of the log; a
+        moved log is retried (CLOSE_ATTEMPTS). While the close is in flight the dataset's closing
+        reservation (SET NX PX, owned by a token, CLOSE_RESERVATION_MS) makes observe and metadata
+        writes wait (`_until_not_busy`), so a stream of observes cannot starve a select.
+
+        The simpler order (advance in the store first, then select) answered 5xx with the step already
+        closed; a copy of the state before each close would cost the dataset's memory and a copy's time
+        on every select, where this costs one more round trip (the reservation) and, on failure only, a
+        rebuild.
+        """
+        token = uuid.uuid4().hex
+        reserved = await self._reserve_close(name, token)
+        try:
+            for _ in range(CLOSE_ATTEMPTS):
+                state = await self.sync(name)
+                if state.spec.uid != spec.uid:
+                    raise _Gone  # another incarnation: _with_spec looks at the stored spec
+                if step < state.open_step:
+                    raise Conflict(
+                        f"step {step} of dataset {name!r} is closed; the open step is {state.open_step}"
+                    )
+                if step - state.open_step > self.settings.max_step_gap:
+                    raise self._too_far_ahead(name, step, state.open_step)
+                check(state)
+                seq, open_step = state.seq, state.open_step
+                try:
+                    answer = await asyncio.to_thread(_close_in_memory_and_run, state, step, note, run)
+                    res = await self._io(
+                        self.store.commit_close(name, spec.uid, step, note, seq, open_step, token)
+                    )
+                except BaseException:
+                    self._discard(name, state)
+                    raise
+                if res.status == "ok":
+                    state.cursor = res.log_id
+                    reserved = False  # the commit released it
+                    return answer
+                self._discard(name, state)
+                if res.status == "gone":
+                    raise _Gone
+                if res.status == "behind":
+                    raise Conflict(
+                        f"step {step} of dataset {name!r} is closed; the open step is {res.open_step}"
+                    )
+                if res.status == "ahead":
+                    raise self._too_far_ahead(name, step, res.open_step)
+                if not reserved:  # "moved": the log grew between the catch-up and the commit
+                    reserved = await self._reserve_close(name, token)
+            raise Unavailable(
+                f"dataset {name!r} kept receiving writes while this select closed its step "
+                f"({CLOSE_ATTEMPTS} attempts); nothing was applied, retry"
+            )
+        finally:
+            if reserved:
+                with contextlib.suppress(RedisError, OSError, StoreError):
+                    await self.store.release_close(name, token)
+
+    def _discard(self, name: str, state: DatasetState) -> None:
+        """Drops this process's state of `name` (it ran ahead of the log): the next catch-up reloads it."""
+        if self._states.get(name) is state:
+            self._states.pop(name, None)
+
+    async def _reserve_close(self, name: str, token: str) -> bool:
+        """Takes the closing reservation for `token`, waiting while another select holds it (at most about
+        its TTL: a holder that died lets it expire). False when it could not be had: the close then goes
+        ahead without it (its commit is conditional anyway), as when the store does not answer the
+        reservation itself (then the catch-up that follows reports the store's state)."""
+        deadline = time.monotonic() + CLOSE_RESERVATION_MS / 1000
+        pause = 0.001
+        while True:
             try:
-                ids, scores = state.select(strategy, merged, batch_size, seed)
-            except strategies.ParamError as exc:
-                raise InvalidRequest(str(exc)) from None
-            counts = None if budget is None else state.rollout_counts(ids, budget, seed)
-            return ids, scores, state.open_step, counts
+                if await self.store.reserve_close(name, token, CLOSE_RESERVATION_MS):
+                    return True
+            except (RedisError, OSError):
+                return False
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 0.02)
 
-        return await self.read(name, run)
+    async def _until_not_busy(self, write: Callable[[], Awaitable[Any]]) -> Any:
+        """Runs a write script, sending it again while the store answers busy (a select's close holds the
+        dataset's closing reservation; nothing was applied). Unavailable after about twice the
+        reservation's TTL."""
+        deadline = time.monotonic() + 2 * CLOSE_RESERVATION_MS / 1000
+        pause = 0.001
+        while True:
+            res = await self._io(write())
+            if res.status != "busy":
+                return res
+            if time.monotonic() >= deadline:
+                return res
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 0.02)
 
     async def score(
         self, name: str, *, strategy: str, params: dict[str, Any], ids: np.ndarray, seed: int
@@ -737,6 +849,12 @@ class Engine:
 
         return await self._with_spec(name, attempt)
 
+    def _busy(self, name: str) -> Unavailable:
+        return Unavailable(
+            f"dataset {name!r} is closing a step for a select that takes longer than usual; nothing was "
+            "applied, retry"
+        )
+
     def _too_far_ahead(self, name: str, step: int, open_step: int) -> InvalidRequest:
         return InvalidRequest(
             f"step {step} is {step - open_step} steps ahead of the open step {open_step} of dataset {name!r}; "
@@ -774,9 +892,11 @@ class Engine:
                 payload = await asyncio.to_thread(pack_metadata, start, rates, groups)
             else:
                 payload = pack_metadata(start, rates, groups)
-            res = await self._io(self.store.append_metadata(name, spec.uid, payload))
+            res = await self._until_not_busy(lambda: self.store.append_metadata(name, spec.uid, payload))
             if res.status == "gone":
                 raise _Gone
+            if res.status == "busy":
+                raise self._busy(name)
             return start, count
 
         start, count = await self._with_spec(name, attempt)
@@ -819,13 +939,17 @@ class Engine:
                     "(deleted and created again, or replaced by an import); nothing was applied. Use a new "
                     "request id for results of the dataset as it is now"
                 )
-            res = await self._io(
-                self.store.append_observe(name, spec.uid, step, request_id, payload, digest, spec.max_lag)
+            res = await self._until_not_busy(
+                lambda: self.store.append_observe(
+                    name, spec.uid, step, request_id, payload, digest, spec.max_lag
+                )
             )
-            if claimed and res.status in ("gone", "closed", "ahead"):  # refused: nothing applied
+            if claimed and res.status in ("gone", "closed", "ahead", "busy"):  # refused: nothing applied
                 await self._io(self.store.release_request(name, spec.uid, request_id))
             if res.status == "gone":
                 raise _Gone
+            if res.status == "busy":
+                raise self._busy(name)
             return spec, res
 
         spec, res = await self._with_spec(name, attempt)
@@ -905,6 +1029,16 @@ def _apply_entries(state: DatasetState, entries: list) -> tuple[int, bool]:
         except LogGap:
             return count, True
     return len(entries), False
+
+
+def _close_in_memory_and_run(
+    state: DatasetState, step: int, note: str, run: Callable[[DatasetState], T]
+) -> T:
+    """Applies a select's record (what `Store.commit_close` appends: number seq + 1, an advance to
+    `step` carrying the note) to the state, then `run(state)`. Called with the dataset lock held; the
+    caller discards the state if anything fails or the commit does not happen."""
+    state.apply_record(PENDING_CURSOR, {"n": str(state.seq + 1), "k": "a", "s": str(step), "q": note})
+    return run(state)
 
 
 class _Gone(Exception):

@@ -20,6 +20,9 @@ Keys (``P`` = settings.key_prefix, ``v1`` = layout version, ``N`` = dataset name
     P:v1:{N}:snaplock        who is writing a snapshot now (expires unless its writer renews it)
     P:v1:{N}:snapw           ids of snapshots whose chunks are being written (the commit of one removes
                              the chunks of the others: writers that died or lost the lock)
+    P:v1:{N}:closing         token of the select closing a step now (SET NX PX, expires on its own):
+                             observe and metadata writes are refused with 'busy' while it is held (the
+                             engine retries them), so a close's conditional commit is not starved
 
 Log entries (stream fields): ``n`` sequence number (1, 2, 3, ... per dataset incarnation, written in the
 same script that appends, so the log is numbered without holes), ``k`` kind (``o`` observe, ``a``
@@ -60,10 +63,13 @@ from redis.exceptions import RedisError
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 LAYOUT = "v1"
 
-# KEYS: 1 meta, 2 log, 3 rid key.  ARGV: 1 uid, 2 step, 3 request id, 4 payload, 5 rid ttl (s),
-# 6 max step gap, 7 body digest, 8 max lag.  Returns {status, log id or "", open step, lag, log length};
-# status: ok | dup (same id, same body: applied before) | conflict (same id, other body) | closed | ahead |
-# gone.
+# KEYS: 1 meta, 2 log, 3 rid key, 4 closing.  ARGV: 1 uid, 2 step, 3 request id, 4 payload, 5 rid ttl (s),
+# 6 max step gap, 7 body digest, 8 max lag, 9 call token.  Returns {status, log id or "", open step, lag,
+# log length}; status: ok | dup (same id, same body: applied before) | conflict (same id, other body) |
+# closed | ahead | gone | busy (a select is closing a step: nothing applied, send it again shortly).
+# The request id is bound to "<log id> <digest> <lag> <call token>": the token names the engine's call
+# that applied it, so the client library resending that same call (a lost reply) is answered ok, with
+# what the first applied, not dup (a binding written before tokens has none).
 # A step s < open step c is accepted as late evidence when c - s <= max lag (docs/methods.md §3.1); the answer
 # and the remembered request id carry its lag, so a retry answers what the first call answered.
 _OBSERVE = """
@@ -72,11 +78,15 @@ if uid ~= ARGV[1] then return {'gone', '', '-1', '0'} end
 local seen = redis.call('GET', KEYS[3])
 local open = tonumber(redis.call('HGET', KEYS[1], 'open_step') or '0')
 if seen then
-  local lid, digest, lag = string.match(seen, '^(%S+) (%S+) (%S+)$')
+  local lid, digest, lag, token = string.match(seen, '^(%S+) (%S+) (%S+) ?(%S*)$')
   if not lid then return {'dup', seen, tostring(open), '0'} end
   if digest ~= ARGV[7] then return {'conflict', lid, tostring(open), lag} end
+  if token ~= '' and token == ARGV[9] then
+    return {'ok', lid, tostring(open), lag, tostring(redis.call('XLEN', KEYS[2]))}
+  end
   return {'dup', lid, tostring(open), lag}
 end
+if KEYS[4] and redis.call('EXISTS', KEYS[4]) == 1 then return {'busy', '', tostring(open), '0'} end
 local step = tonumber(ARGV[2])
 if step < open - tonumber(ARGV[8]) then return {'closed', '', tostring(open), '0'} end
 if step - open > tonumber(ARGV[6]) then return {'ahead', '', tostring(open), '0'} end
@@ -87,22 +97,37 @@ if step > open then
   open = step
 end
 local lag = tostring(open - step)
-redis.call('SET', KEYS[3], id .. ' ' .. ARGV[7] .. ' ' .. lag, 'EX', tonumber(ARGV[5]))
+local bound = id .. ' ' .. ARGV[7] .. ' ' .. lag
+if ARGV[9] and ARGV[9] ~= '' then bound = bound .. ' ' .. ARGV[9] end
+redis.call('SET', KEYS[3], bound, 'EX', tonumber(ARGV[5]))
 return {'ok', id, tostring(open), lag, tostring(redis.call('XLEN', KEYS[2]))}
 """
 
-# KEYS: 1 claim key.  ARGV: 1 "<dataset name> <uid>", 2 ttl (s).  Returns the incarnation the request id
-# belongs to: ARGV[1] when this call claimed it or it was claimed for the same incarnation before.
+# KEYS: 1 claim key.  ARGV: 1 "<dataset name> <uid>", 2 ttl (s), 3 call token.  Returns the incarnation
+# the request id belongs to ("<name> <uid>" or, written before uids, "<name>") and '1' when this call
+# claimed it: stored as "<name> <uid> <token>", so a resend of the same call (a lost reply) still
+# answers '1'.
 _CLAIM = """
 local cur = redis.call('GET', KEYS[1])
-if cur then return {cur, '0'} end
-redis.call('SET', KEYS[1], ARGV[1], 'EX', tonumber(ARGV[2]))
+if cur then
+  local owner, token = string.match(cur, '^(%S+ %S+) (%S+)$')
+  if owner then
+    if token == ARGV[3] then return {owner, '1'} end
+    return {owner, '0'}
+  end
+  return {cur, '0'}
+end
+redis.call('SET', KEYS[1], ARGV[1] .. ' ' .. ARGV[3], 'EX', tonumber(ARGV[2]))
 return {ARGV[1], '1'}
 """
 
-# KEYS: 1 claim.  ARGV: 1 "<dataset name> <uid>".  Deletes the claim while it still names that incarnation.
+# KEYS: 1 claim.  ARGV: 1 "<dataset name> <uid>".  Deletes the claim while it still names that incarnation
+# (with its call token, or without one: written before tokens).
 _RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+local cur = redis.call('GET', KEYS[1])
+if cur == ARGV[1] or string.match(cur or '', '^(%S+ %S+) %S+$') == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
 return 0
 """
 
@@ -137,24 +162,77 @@ redis.call('HSET', KEYS[1], 'open_step', ARGV[2])
 return {'ok', id, ARGV[2]}
 """
 
-# KEYS: 1 meta, 2 log.  ARGV: 1 uid, 2 payload.  Appends a metadata record (docs/methods.md §6: pass rates and
-# groups of a range of prompts) at the open step, numbered like every other record.
-# Returns {status, log id or "", open step}; status: ok | gone.
+# KEYS: 1 meta, 2 log, 3 closing.  ARGV: 1 uid, 2 payload, 3 call token.  Appends a metadata record
+# (docs/methods.md §6: pass rates and groups of a range of prompts) at the open step, numbered like every
+# other record. The meta hash remembers the token of the last call that appended one (`meta_by`), so a
+# resend of that call (a lost reply) answers ok with the same log id and appends nothing.
+# Returns {status, log id or "", open step}; status: ok | gone | busy (a select is closing a step).
 _METADATA = """
 local uid = redis.call('HGET', KEYS[1], 'uid')
 if uid ~= ARGV[1] then return {'gone', '', '-1'} end
 local open = redis.call('HGET', KEYS[1], 'open_step') or '0'
+local by = redis.call('HGET', KEYS[1], 'meta_by')
+if by and ARGV[3] and ARGV[3] ~= '' then
+  local token, lid = string.match(by, '^(%S+) (%S+)$')
+  if token == ARGV[3] then return {'ok', lid, open} end
+end
+if KEYS[3] and redis.call('EXISTS', KEYS[3]) == 1 then return {'busy', '', open} end
 local n = redis.call('HINCRBY', KEYS[1], 'seq', 1)
 local id = redis.call('XADD', KEYS[2], '*', 'n', n, 'k', 'm', 's', open, 'p', ARGV[2])
+if ARGV[3] and ARGV[3] ~= '' then redis.call('HSET', KEYS[1], 'meta_by', ARGV[3] .. ' ' .. id) end
 return {'ok', id, open}
 """
 
+# KEYS: 1 meta, 2 log, 3 closing.  ARGV: 1 uid, 2 step, 3 max step gap, 4 select note, 5 the seq the
+# caller's state applied up to, 6 its open step, 7 the caller's close token.  The conditional commit of a
+# select (engine.Engine.select): it appends the select's record (opening `step`, or a note at the open
+# step) only when the log is still exactly what the caller applied (same uid, seq and open step), since
+# the caller already closed the step and chose its batch from that state. A resend of a commit that was
+# applied (its reply lost) finds its token in `closed_by` and answers ok with the same log id. Releases
+# the closing reservation when the caller's token holds it.
+# Returns {status, log id or "", open step}; status: ok | moved (the log grew: nothing appended) |
+# behind | ahead | gone.
+_CLOSE = """
+local uid = redis.call('HGET', KEYS[1], 'uid')
+if uid ~= ARGV[1] then return {'gone', '', '-1'} end
+local open = tonumber(redis.call('HGET', KEYS[1], 'open_step') or '0')
+local seq = redis.call('HGET', KEYS[1], 'seq') or '0'
+if seq ~= ARGV[5] or open ~= tonumber(ARGV[6]) then
+  local by = redis.call('HGET', KEYS[1], 'closed_by')
+  if by then
+    local token, id = string.match(by, '^(%S+) (%S+)$')
+    if token == ARGV[7] then
+      if redis.call('GET', KEYS[3]) == ARGV[7] then redis.call('DEL', KEYS[3]) end
+      return {'ok', id, tostring(open)}
+    end
+  end
+  return {'moved', '', tostring(open)}
+end
+local step = tonumber(ARGV[2])
+if step < open then return {'behind', '', tostring(open)} end
+if step - open > tonumber(ARGV[3]) then return {'ahead', '', tostring(open)} end
+local n = redis.call('HINCRBY', KEYS[1], 'seq', 1)
+local id = redis.call('XADD', KEYS[2], '*', 'n', n, 'k', 'a', 's', ARGV[2], 'q', ARGV[4])
+if step > open then redis.call('HSET', KEYS[1], 'open_step', ARGV[2]) end
+redis.call('HSET', KEYS[1], 'closed_by', ARGV[7] .. ' ' .. id)
+if redis.call('GET', KEYS[3]) == ARGV[7] then redis.call('DEL', KEYS[3]) end
+return {'ok', id, tostring(math.max(step, open))}
+"""
+
+# KEYS: 1 closing.  ARGV: 1 token.  Releases the closing reservation while `token` holds it.
+_UNRESERVE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
 # KEYS: 1 spec, 2 meta.  ARGV: 1 spec JSON, 2 uid, 3 spec fingerprint (JSON of the user-visible fields).
-# Returns {'created'|'exists'|'conflict', stored spec JSON}.
+# Returns {'created'|'exists'|'conflict', stored spec JSON}. The uid is new for each call, so a resend of
+# the call that created the dataset (a lost reply) answers 'created' again.
 _CREATE = """
 local cur = redis.call('GET', KEYS[1])
 if cur then
   local ok, decoded = pcall(cjson.decode, cur)
+  if ok and decoded['uid'] == ARGV[2] then return {'created', cur} end  -- this call, resent
   if ok and decoded['fingerprint'] == ARGV[3] then return {'exists', cur} end
   return {'conflict', cur}
 end
@@ -203,6 +281,16 @@ if ARGV[6] == '1' then
   redis.call('HSET', KEYS[1], 'trim', ARGV[3])
 end
 return {'ok', unpack(redis.call('SMEMBERS', KEYS[4]))}
+"""
+
+# KEYS: 1 lock.  ARGV: 1 owner, 2 ttl (ms).  Takes the lock (SET NX PX) for `owner`; 1 when `owner` holds
+# it afterwards (a resend of the call that took it answers 1 again), else 0.
+_TAKE_LOCK = """
+local cur = redis.call('GET', KEYS[1])
+if cur == ARGV[1] then return 1 end
+if cur then return 0 end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', tonumber(ARGV[2]))
+return 1
 """
 
 # KEYS: 1 snaplock.  ARGV: 1 owner, 2 ttl (ms).  Extends the lock when `owner` still holds it; 1 or 0.
@@ -283,6 +371,13 @@ def parse_id(log_id: str) -> tuple[int, int]:
     return (int(ms), int(seq or 0))
 
 
+def _call_token() -> str:
+    """A new token for one call of a write script. The script's arguments carry it, so the client
+    library's resend of that call after a lost reply (connect() retries once on a connection error)
+    carries the same token, and the script recognises its own first attempt by it."""
+    return uuid.uuid4().hex[:16]
+
+
 def _s(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
@@ -320,6 +415,9 @@ class Keys:
     def snapw(self, name: str) -> str:
         return f"{self._base(name)}:snapw"
 
+    def closing(self, name: str) -> str:
+        return f"{self._base(name)}:closing"
+
     def claim(self, request_id: str) -> str:
         # Hash-tagged by the request id: independent of any dataset's slot (see `Store.claim_request`).
         return f"{self.prefix}:{{rid:{request_id}}}"
@@ -344,8 +442,10 @@ async def connect(url: str, timeout_s: float) -> aioredis.Redis | RedisCluster:
     # After a store restart every pooled connection is closed on the server's side, and the first command
     # sent on one fails. So a command that fails to connect or finds its connection closed is sent again,
     # once, on a fresh connection (never after a timeout: the store may just be slow). Every write is
-    # safe to send twice: an observe carries its request id (a second copy is a duplicate), a step
-    # advance to the open step changes nothing, a snapshot commit of an already current snapshot is stale.
+    # safe to send twice, and a second copy of a call answers what the first applied: observe, metadata,
+    # request-id claims and a select's close carry a token per call (`_call_token`) that the script
+    # remembers, a create carries the new uid, an import and a snapshot commit their snapshot id, and
+    # lock takes their owner.
     retry = Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,))
     return aioredis.Redis.from_url(url, health_check_interval=30, retry=retry, **kwargs)
 
@@ -400,6 +500,9 @@ class Store:
         self._renew = client.register_script(_RENEW_LOCK)
         self._claim = client.register_script(_CLAIM)
         self._release = client.register_script(_RELEASE)
+        self._close = client.register_script(_CLOSE)
+        self._take_lock = client.register_script(_TAKE_LOCK)
+        self._unreserve = client.register_script(_UNRESERVE)
 
     async def close(self) -> None:
         await self.r.aclose()
@@ -500,7 +603,11 @@ class Store:
         replaces it); whether it existed."""
         existed = bool(await self.r.delete(self.keys.spec(name)))
         await self.r.delete(
-            self.keys.meta(name), self.keys.log(name), self.keys.snaplock(name), self.keys.snapw(name)
+            self.keys.meta(name),
+            self.keys.log(name),
+            self.keys.snaplock(name),
+            self.keys.snapw(name),
+            self.keys.closing(name),
         )
         keep = None if keep_snap is None else self.keys.snap_chunk(name, keep_snap, 0).rsplit(":", 1)[0] + ":"
         for pattern in (self.keys.snap_pattern(name), self.keys.rid_pattern(name)):
@@ -535,7 +642,7 @@ class Store:
         never applied).
         """
         owner, created = await self._claim(
-            keys=[self.keys.claim(request_id)], args=[f"{name} {uid}", self.rid_ttl]
+            keys=[self.keys.claim(request_id)], args=[f"{name} {uid}", self.rid_ttl, _call_token()]
         )
         owner_name, _, owner_uid = _s(owner).partition(" ")
         return owner_name, owner_uid, _s(created) == "1"
@@ -556,20 +663,56 @@ class Store:
         max_lag: int = 0,
     ) -> WriteResult:
         res = await self._observe(
-            keys=[self.keys.meta(name), self.keys.log(name), self.keys.rid(name, uid, request_id)],
-            args=[uid, step, request_id, payload, self.rid_ttl, self.max_step_gap, digest, max_lag],
+            keys=[
+                self.keys.meta(name),
+                self.keys.log(name),
+                self.keys.rid(name, uid, request_id),
+                self.keys.closing(name),
+            ],
+            args=[
+                uid,
+                step,
+                request_id,
+                payload,
+                self.rid_ttl,
+                self.max_step_gap,
+                digest,
+                max_lag,
+                _call_token(),
+            ],
         )
         length = int(_s(res[4])) if len(res) > 4 else 0
         return WriteResult(_s(res[0]), _s(res[1]), int(_s(res[2])), int(_s(res[3])), length)
 
     async def append_metadata(self, name: str, uid: str, payload: bytes) -> WriteResult:
-        """Appends a metadata record (status ok) or reports the dataset gone."""
-        res = await self._metadata(keys=[self.keys.meta(name), self.keys.log(name)], args=[uid, payload])
+        """Appends a metadata record (status ok), or reports the dataset gone or a close in flight (busy)."""
+        res = await self._metadata(
+            keys=[self.keys.meta(name), self.keys.log(name), self.keys.closing(name)],
+            args=[uid, payload, _call_token()],
+        )
         return WriteResult(_s(res[0]), _s(res[1]), int(_s(res[2])))
 
     async def advance(self, name: str, uid: str, step: int, note: str = "") -> WriteResult:
         res = await self._advance(
             keys=[self.keys.meta(name), self.keys.log(name)], args=[uid, step, self.max_step_gap, note]
+        )
+        return WriteResult(_s(res[0]), _s(res[1]), int(_s(res[2])))
+
+    async def reserve_close(self, name: str, token: str, ttl_ms: int) -> bool:
+        """Takes the dataset's closing reservation for `token` (SET NX PX); False when another holds it."""
+        return bool(await self._take_lock(keys=[self.keys.closing(name)], args=[token, ttl_ms]))
+
+    async def release_close(self, name: str, token: str) -> None:
+        """Gives the closing reservation back when `token` still holds it."""
+        await self._unreserve(keys=[self.keys.closing(name)], args=[token])
+
+    async def commit_close(
+        self, name: str, uid: str, step: int, note: str, seq: int, open_step: int, token: str
+    ) -> WriteResult:
+        """Appends a select's record only if the log is still at `seq` with `open_step` (_CLOSE above)."""
+        res = await self._close(
+            keys=[self.keys.meta(name), self.keys.log(name), self.keys.closing(name)],
+            args=[uid, step, self.max_step_gap, note, seq, open_step, token],
         )
         return WriteResult(_s(res[0]), _s(res[1]), int(_s(res[2])))
 
@@ -604,7 +747,7 @@ class Store:
 
     # ---- snapshots ------------------------------------------------------------------------------
     async def try_snapshot_lock(self, name: str, owner: str, ttl_ms: int) -> bool:
-        return bool(await self.r.set(self.keys.snaplock(name), owner, nx=True, px=ttl_ms))
+        return bool(await self._take_lock(keys=[self.keys.snaplock(name)], args=[owner, ttl_ms]))
 
     async def release_snapshot_lock(self, name: str, owner: str) -> None:
         cur = await self.r.get(self.keys.snaplock(name))

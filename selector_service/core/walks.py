@@ -236,13 +236,23 @@ def _category_window(
 
 
 def sec_policy(ba: BeliefArrays, tau: float) -> np.ndarray:
-    """pi = softmax(Q / tau) over the groups, 0 for groups without prompts (float64[n_groups])."""
+    """pi = softmax(Q / tau) over the groups, 0 for groups without prompts (float64[n_groups]).
+
+    Computed as exp((Q - max Q) / tau): the max is subtracted before dividing, so every exponent is
+    <= 0 and the largest ones are exactly 0. Dividing first overflows for tau below about 1e-308
+    (Q / tau = inf, inf - inf = nan); this way any tau in (0, 1e6] gives a distribution whose weight
+    sits on the groups with the largest Q (each a weight of exactly 1 before normalizing, so the sum
+    is >= 1 and never underflows)."""
     sh = ba.shared
     live = sh.group_size > 0
-    logits = np.where(live, sh.sec_q / tau, -np.inf)
-    top = logits[live].max() if live.any() else 0.0
-    weights: np.ndarray = np.where(live, np.exp(logits - top), 0.0)
-    return weights / weights.sum() if live.any() else weights
+    if not live.any():
+        return np.zeros(live.size, dtype=np.float64)
+    q = np.asarray(sh.sec_q, dtype=np.float64)
+    top = q[live].max()
+    with np.errstate(under="ignore", over="ignore"):
+        weights: np.ndarray = np.where(live, np.exp(np.minimum((q - top) / tau, 0.0)), 0.0)
+    policy: np.ndarray = weights / weights.sum()
+    return policy
 
 
 def sec_batch(ba: BeliefArrays, batch: int, step: int, seed: int, key: str, tau: float) -> np.ndarray:

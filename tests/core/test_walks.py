@@ -7,6 +7,8 @@ pass boundaries, skip rule, category draws, capping and bookkeeping.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -256,6 +258,74 @@ def test_sec_batch_matches_the_twin():
             taken[g] += 1
         assert got.tolist() == expected
         assert np.unique(got).size == 40
+
+
+def twin_sec_policy(q, group_size, tau):
+    """softmax(Q / tau) over the live groups in plain Python floats, one group at a time: the max is
+    subtracted before dividing (math.exp((q - top) / tau)), the definition the kernel must meet."""
+    live = [g for g in range(len(q)) if group_size[g] > 0]
+    top = max(float(q[g]) for g in live)
+    weights = [math.exp((float(q[g]) - top) / tau) if group_size[g] > 0 else 0.0 for g in range(len(q))]
+    total = math.fsum(weights)
+    return [w / total for w in weights]
+
+
+SEC_TAUS = (5e-324, 1e-320, 1e-310, 1e-300, 1e-3, 1.0, 1e6)
+SEC_QS = {
+    "distinct": [0.2, 0.9, 0.0, 0.0, 0.0, 0.4],
+    "tie at the top": [0.9, 0.9, 0.0, 0.0, 0.0, 0.4],
+    "all equal": [0.3] * 6,
+    "all zero": [0.0] * 6,
+    "one apart by the least": [0.5, np.nextafter(0.5, 1.0), 0.0, 0.0, 0.0, 0.5],
+    "empty group holds the max": [0.2, 0.1, 0.0, 7.0, 0.0, 0.3],  # group 3 has no prompt
+}
+
+
+@pytest.mark.parametrize("tau", SEC_TAUS)
+@pytest.mark.parametrize("qs", list(SEC_QS))
+def test_sec_policy_matches_the_twin_over_the_whole_tau_domain(qs, tau):
+    ba = sec_dataset()
+    assert ba.shared.group_size[3] == 0 and (ba.shared.group_size[[0, 1, 2, 5]] > 0).all()
+    ba.shared.sec_q[:] = SEC_QS[qs]
+    pi = sec_policy(ba, tau)
+    want = twin_sec_policy(ba.shared.sec_q, ba.shared.group_size, tau)
+    assert np.isfinite(pi).all() and math.isclose(pi.sum(), 1.0, rel_tol=1e-12)
+    np.testing.assert_allclose(pi, want, rtol=1e-12, atol=1e-300)
+    live = ba.shared.group_size > 0
+    assert (pi[~live] == 0).all()
+    top = ba.shared.sec_q[live].max()
+    assert (pi[live & (ba.shared.sec_q == top)] > 0).all()  # the best groups always keep their weight
+    ids = sec_batch(ba, 40, 1, 3, "sec-tau", tau)  # draws and caps work at every tau
+    assert np.unique(ids).size == 40 and (ba.group[ids] >= 0).all()
+
+
+def test_sec_policy_random_q_and_tau_match_the_twin():
+    rng = np.random.default_rng(7)
+    for _ in range(300):
+        n_groups = int(rng.integers(1, 9))
+        size = rng.integers(0, 4, n_groups)
+        size[int(rng.integers(0, n_groups))] = 1  # at least one live group
+        ba = BeliefArrays.new(int(size.sum()))
+        apply_metadata(ba, 0, None, np.repeat(np.arange(n_groups, dtype=np.int32), size))
+        m = ba.shared.sec_q.size  # groups up to the last one holding a prompt
+        q = rng.choice([0.0, 0.25, 0.5], m) + rng.uniform(0, 1e-3, m) * rng.integers(0, 2, m)
+        ba.shared.sec_q[:] = q
+        tau = float(10.0 ** rng.uniform(-323, 6))
+        pi = sec_policy(ba, tau)
+        np.testing.assert_allclose(pi, twin_sec_policy(q, ba.shared.group_size, tau), rtol=1e-11, atol=1e-300)
+
+
+def test_sec_selects_at_the_smallest_tau_after_a_close():
+    """tau 5e-324 once Q is learnt (a closed step with observations): the greedy policy, no error."""
+    ba = sec_dataset(n=120, groups=(0, 1, 2))
+    for step in range(3):
+        ids, _ = select(
+            ba, strategy="sec", params={"tau": 5e-324}, batch_size=10, step=step, seed=0, key="t", dataset_k=8
+        )
+        assert np.unique(ids).size == 10
+        observe(ba, ids, np.arange(10) % 9)
+        close(ba, "t")
+    assert (ba.shared.sec_q > 0).any()
 
 
 def test_sec_caps_a_category_at_its_size_and_draws_the_rest_elsewhere():

@@ -343,3 +343,21 @@ def test_the_client_uploads_json_and_raw(service, dsname):
         assert json_rows[1].group == GROUPS[1] and json_rows[1].prior_pass_rate == pytest.approx(RATES[1])
         with pytest.raises(InvalidRequest, match="runs past"):
             client.upload_metadata(dsname, group=[1, 2], offset=N - 1)
+
+
+@pytest.mark.parametrize("tau", [5e-324, 1e-320, 1e-310])
+def test_sec_with_the_smallest_tau_selects_after_steps_with_observations(http, dsname, tau):
+    """A tau anywhere in (0, 1e6], here as the dataset's default, selects once Q is learnt (it used to
+    answer 500 from the first select after a closed step with observations, and still advance the step)."""
+    make(http, dsname, defaults={"sec": {"tau": tau}})
+    assert upload(http, dsname, group=GROUPS).status_code == 200
+    for step in range(4):
+        r = http.post("/select", json={"dataset": dsname, "step": step, "batch_size": 8, "strategy": "sec"})
+        assert r.status_code == 200, r.text
+        ids = r.json()["prompt_ids"]
+        assert len(set(ids)) == 8 and all(GROUPS[i] >= 0 for i in ids)
+        results = [{"prompt_id": i, "successes": (i * 3) % 9, "trials": 8} for i in ids]
+        ack = http.post("/observe", json={"dataset": dsname, "step": step, "request_id": f"{dsname}-{step}",
+                                          "results": results})  # fmt: skip
+        assert ack.status_code == 200, ack.text
+    assert http.get(f"/datasets/{dsname}").json()["summary"]["open_step"] == 3

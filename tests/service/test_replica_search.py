@@ -5,8 +5,12 @@ real Redis. Snapshots and trims happen all the time (a snapshot every few record
 reads a few records per round trip, so a replica's catch-up constantly interleaves with another
 replica's snapshot, trim and log growth. Each schedule runs phases of concurrent clients that observe
 (on time, late within max_lag, too late, retried, retried with another body), select (the open step
-or ahead), read, and kill replicas (the replica's in-flight calls are cancelled at whatever point they
-reached, its memory is dropped, a fresh replica takes its place: kill -9 and a restart). A seeded delay
+or ahead; some fail after their close, as any exception in the batch choice would: a 5xx that must
+leave the dataset as it was), read, and kill replicas (the replica's in-flight calls are cancelled at
+whatever point they reached, its memory is dropped, a fresh replica takes its place: kill -9 and a
+restart). In some schedules store replies are lost: the client library sends the same script call
+again (as store.connect's retry does after a connection error), and an observe sent once must still
+be answered with what it applied (the ledger: `applied` answered = results acknowledged). A seeded delay
 before and after every store call spreads the interleavings. Clients retry an unanswered call with the
 same request id until they get an answer, as the typed client does.
 
@@ -20,6 +24,7 @@ A failure prints its seed; replay it with REPLICA_SEARCH_SEEDS=<seed>. REPLICA_S
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import os
 import random
 import uuid
@@ -29,7 +34,7 @@ import pytest
 from selector_service.engine import Engine
 from selector_service.errors import Conflict, InvalidRequest, Unavailable
 from selector_service.settings import Settings
-from selector_service.state import DatasetSpec
+from selector_service.state import DatasetSpec, DatasetState
 from selector_service.store import Store, connect
 from tests.service.replica_model import (
     ORDER_DEPENDENT,
@@ -43,6 +48,27 @@ SCHEDULES = int(os.environ.get("REPLICA_SEARCH_SCHEDULES", "150"))
 REPLICAS = 3
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+
+
+# Set in a client's task for the select calls that must fail after their close (the select's batch
+# choice raises, in the replica's worker thread, which inherits the task's context).
+_FAIL_AFTER_CLOSE = contextvars.ContextVar("fail_after_close", default=False)
+_REAL_SELECT = DatasetState.select
+
+
+class InjectedFailure(Exception):
+    """A failure injected into a select after its step close (a 5xx in the service)."""
+
+
+def _select_or_fail(self, *args, **kwargs):
+    if _FAIL_AFTER_CLOSE.get():
+        raise InjectedFailure("injected after the close")
+    return _REAL_SELECT(self, *args, **kwargs)
+
+
+@pytest.fixture(autouse=True)
+def _failures_after_a_close(monkeypatch):
+    monkeypatch.setattr(DatasetState, "select", _select_or_fail)
 
 
 class Killed(Exception):
@@ -108,9 +134,24 @@ class Replica:
         await self.client.aclose()
 
 
+def _lossy(execute, rng: random.Random, loss: float):
+    """`execute_command` of a Redis client whose script calls lose their reply with probability `loss`:
+    the call runs, its reply is dropped, and the identical command is sent again (the resend's reply
+    is the answer), which is what the client's retry does after a connection error."""
+
+    async def call(*args, **options):
+        if args and str(args[0]).upper() in ("EVALSHA", "EVAL") and rng.random() < loss:
+            await execute(*args, **options)
+        return await execute(*args, **options)
+
+    return call
+
+
 class Cluster:
-    def __init__(self, url: str, prefix: str, rng: random.Random) -> None:
+    def __init__(self, url: str, prefix: str, rng: random.Random, loss: float = 0.0) -> None:
         self.url, self.prefix, self.rng = url, prefix, rng
+        self.loss = loss
+        self.loss_rng = random.Random(rng.random()) if loss else None
         self.settings = Settings(
             redis_url=url,
             key_prefix=prefix,
@@ -122,6 +163,10 @@ class Cluster:
 
     async def start_replica(self) -> Replica:
         client = await connect(self.url, 5.0)
+        if self.loss:
+            client.execute_command = _lossy(
+                client.execute_command, random.Random(self.loss_rng.random()), self.loss
+            )
         store = Store(client, self.prefix, 3600, self.settings.max_step_gap)
         engine = Engine(JitteryStore(store, random.Random(self.rng.random())), self.settings)
         return Replica(engine, client)
@@ -142,18 +187,34 @@ class Cluster:
             await replica.kill()
 
 
-async def _answered(cluster: Cluster, make_call):
-    """Calls until a replica answers (a killed replica or an unreachable store: retry elsewhere)."""
-    for _ in range(200):
+async def _answered(cluster: Cluster, make_call, sends: list | None = None):
+    """Calls until a replica answers (a killed replica or an unreachable store: retry elsewhere); the
+    number of sends it took is appended to `sends`."""
+    for attempt in range(200):
         replica = cluster.pick()
         try:
-            return await replica.call(make_call(replica.engine))
+            answer = await replica.call(make_call(replica.engine))
         except (Killed, Unavailable):
             await asyncio.sleep(0.001)
+            continue
+        if sends is not None:
+            sends.append(attempt + 1)
+        return answer
     raise AssertionError("no replica answered 200 times in a row")
 
 
-async def _client(cluster: Cluster, model: ReplicaModel, name: str, rng: random.Random, tag: str, ops: int):
+async def _client(
+    cluster: Cluster,
+    model: ReplicaModel,
+    name: str,
+    rng: random.Random,
+    tag: str,
+    ops: int,
+    ledger: list[int] | None = None,
+):
+    """One client's random calls. `ledger`: [applied answered, results sent] of new observes answered
+    at their first send (the two must be equal)."""
+    ledger = [0, 0] if ledger is None else ledger
     spec = model.spec
     sent: list[tuple[str, int, list]] = []  # (request id, step, results) of earlier observes
     for i in range(ops):
@@ -174,10 +235,17 @@ async def _client(cluster: Cluster, model: ReplicaModel, name: str, rng: random.
             def observe(engine, rid=rid, step=step, results=results):
                 return engine.observe(name, step=step, request_id=rid, results=results)
 
+            sends: list[int] = []
             try:
-                _, _, lag = await _answered(cluster, observe)
+                applied, duplicate, lag = await _answered(cluster, observe, sends)
             except Conflict:
                 continue  # step closed beyond max_lag, or the id names another body: nothing applied
+            if rid == f"{tag}-{i}" and sends == [1]:  # a new request sent once: lost replies answered right
+                assert (applied, duplicate) == (len(results), False), (
+                    f"request {rid}, sent once, was answered applied {applied}, duplicate {duplicate}"
+                )
+                ledger[0] += applied
+                ledger[1] += len(results)
             model.acknowledged(rid, step, lag, results)
         elif roll < 0.8:  # select: the open step, or ahead (opens it)
             step = model.open_step + rng.choice([0, 0, 0, 1, 2])
@@ -187,10 +255,18 @@ async def _client(cluster: Cluster, model: ReplicaModel, name: str, rng: random.
             def select(engine, step=step, strategy=strategy, seed=seed):
                 return engine.select(name, step=step, batch_size=3, strategy=strategy, params={}, seed=seed)
 
+            fail = rng.random() < 0.2
+            token = _FAIL_AFTER_CLOSE.set(fail)
             try:
                 await _answered(cluster, select)
             except Conflict:
                 continue  # another client opened a later step first
+            except InjectedFailure:
+                assert fail
+                continue  # a 5xx: nothing may have moved (the model opens nothing)
+            finally:
+                _FAIL_AFTER_CLOSE.reset(token)
+            assert not fail, "a select that had to fail after its close answered"
             model.opened(step)
         elif roll < 0.97:  # read
             await _answered(cluster, lambda engine: engine.read(name, lambda st: st.open_step))
@@ -256,7 +332,10 @@ async def _reincarnate(replica: Replica, model: ReplicaModel, name: str, rng: ra
 async def _schedule(url: str, seed: int) -> None:
     rng = random.Random(seed)
     prefix = f"search{uuid.uuid4().hex[:8]}"
-    cluster = Cluster(url, prefix, rng)
+    # Its own stream, so that the schedules of the seeds stay what they were without lost replies.
+    loss = random.Random(f"lost-replies-{seed}").choice([0.0, 0.0, 0.05, 0.2])
+    cluster = Cluster(url, prefix, rng, loss)
+    ledger = [0, 0]
     await cluster.start()
     name = f"s{seed}"
     spec = _random_spec(name, rng)
@@ -267,11 +346,18 @@ async def _schedule(url: str, seed: int) -> None:
         for phase in range(rng.randint(2, 4)):
             clients = [
                 _client(
-                    cluster, model, name, random.Random(rng.random()), f"p{phase}c{c}", rng.randint(3, 14)
+                    cluster,
+                    model,
+                    name,
+                    random.Random(rng.random()),
+                    f"p{phase}c{c}",
+                    rng.randint(3, 14),
+                    ledger,
                 )
                 for c in range(rng.randint(1, 4))
             ]
             await asyncio.gather(*clients)
+            assert ledger[0] == ledger[1], f"seed {seed}: answered applied {ledger[0]} of {ledger[1]} results"
             await _check(cluster, model, name, seed, phase)
             if rng.random() < 0.3:  # a new incarnation through one replica, the others still warm
                 model = await _reincarnate(cluster.pick(), model, name, rng)

@@ -1,0 +1,218 @@
+"""A select's step close is atomic with its answer (docs/api.md POST /select): a select that fails after
+the close (injected here: the batch choice, the close itself or the rollout counts raise) leaves the
+dataset exactly as it was, in the store (open step, log, sequence number) and in the process that ran it
+(a following select answers what a fresh dataset with the same history answers); observe writes wait
+while a close is in flight; a close whose log moved is retried; a resent commit is recognised.
+
+Engines with their own store connections on the real Redis, as the replica search uses them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import redis.asyncio as aioredis
+
+from selector_service.core.rollouts import RolloutRequest
+from selector_service.engine import Engine
+from selector_service.settings import Settings
+from selector_service.state import DatasetSpec, DatasetState
+from selector_service.store import Store, connect
+
+SIZE = 40
+
+
+class Injected(RuntimeError):
+    """The failure a test injects after the close."""
+
+
+@contextlib.asynccontextmanager
+async def engine(url: str, prefix: str | None = None, cleanup: bool = True):
+    prefix = prefix or f"atomic{uuid.uuid4().hex[:8]}"
+    client = await connect(url, 5.0)
+    store = Store(client, prefix, 3600)
+    eng = Engine(store, Settings(redis_url=url, key_prefix=prefix))
+    try:
+        yield eng
+    finally:
+        await eng.close()
+        keys = [k async for k in client.scan_iter(match=f"{prefix}:*", count=1000)] if cleanup else []
+        if keys:
+            await client.delete(*keys)
+        await client.aclose()
+
+
+def results(step: int) -> list:
+    rng = np.random.default_rng(step)
+    return [
+        SimpleNamespace(prompt_id=int(i), rewards=None, successes=int(rng.integers(0, 5)), trials=4)
+        for i in rng.choice(SIZE, 12, replace=False)
+    ]
+
+
+async def history(eng: Engine, name: str, steps: int) -> None:
+    """Steps 0..steps-1, each with a select and its observations (step `steps` is left open)."""
+    for step in range(steps):
+        await eng.select(name, step=step, batch_size=8, strategy="insight", params={}, seed=step)
+        await eng.observe(name, step=step, request_id=f"{name}-{step}", results=results(step))
+
+
+async def store_view(eng: Engine, name: str) -> tuple:
+    r: aioredis.Redis = eng.store.r
+    meta = await eng.store.read_meta(name)
+    return meta["open_step"], meta["seq"], await r.xlen(eng.store.keys.log(name))
+
+
+async def answer(eng: Engine, name: str, step: int) -> tuple:
+    ids, scores, at, counts = await eng.select(
+        name,
+        step=step,
+        batch_size=8,
+        strategy="insight",
+        params={},
+        seed=5,
+        rollouts=RolloutRequest(budget=40, min_rollouts=2, max_rollouts=8, policy="posterior"),
+    )
+    hist = await eng.history(name, 0, 100)
+    return ids.tolist(), scores.tolist() if scores is not None else None, at, counts.tolist(), hist
+
+
+def fail_select(monkeypatch):
+    def boom(self, *args, **kwargs):
+        raise Injected("select")
+
+    monkeypatch.setattr(DatasetState, "select", boom)
+
+
+def fail_close(monkeypatch):
+    real = DatasetState.close_until
+
+    def boom(self, step):
+        if step > self.open_step:
+            raise Injected("close")
+        return real(self, step)
+
+    monkeypatch.setattr(DatasetState, "close_until", boom)
+
+
+def fail_counts(monkeypatch):
+    def boom(self, *args, **kwargs):
+        raise Injected("rollout counts")
+
+    monkeypatch.setattr(DatasetState, "rollout_counts", boom)
+
+
+@pytest.mark.parametrize(
+    ("inject", "target"),
+    [
+        (fail_select, "ahead"),
+        (fail_close, "ahead"),
+        (fail_counts, "ahead"),
+        (fail_select, "open"),  # a select at the open step closes nothing but counts in the history
+        (fail_counts, "open"),
+    ],
+)
+def test_a_failure_after_the_close_leaves_the_dataset_as_it_was(redis_url, monkeypatch, inject, target):
+    name = "atomic"
+
+    async def run() -> None:
+        async with engine(redis_url) as eng, engine(redis_url) as fresh:
+            spec = DatasetSpec(name=name, size=SIZE, rollouts_per_prompt=4)
+            await eng.create_dataset(spec)
+            await fresh.create_dataset(spec)
+            await history(eng, name, 2)
+            await history(fresh, name, 2)
+            before = await store_view(eng, name)
+            step = 3 if target == "ahead" else 1
+            with monkeypatch.context() as patch:
+                inject(patch)
+                for _ in range(3):  # each used to close one more step (0 -> 1 -> 2 -> 5 in the issue)
+                    with pytest.raises(Injected):
+                        await answer(eng, name, step)
+                    assert await store_view(eng, name) == before
+            assert (await eng.describe(name))[1]["open_step"] == 1
+            # The same process, another replica and a fresh dataset with the same history agree.
+            got = await answer(eng, name, step)
+            want = await answer(fresh, name, step)
+            assert got == want
+            async with engine(redis_url, eng.store.keys.prefix.rsplit(":", 1)[0], cleanup=False) as other:
+                assert (await other.read(name, lambda st: (st.open_step, st.seq))) == (
+                    step,
+                    int(before[1]) + 1,
+                )
+
+    asyncio.run(run())
+
+
+def test_observes_wait_while_a_close_is_in_flight(redis_url):
+    name = "atomic-wait"
+
+    async def run() -> None:
+        async with engine(redis_url) as eng:
+            await eng.create_dataset(DatasetSpec(name=name, size=SIZE))
+            assert await eng.store.reserve_close(name, "other", 5_000)
+            pending = asyncio.ensure_future(eng.observe(name, step=0, request_id="w", results=results(0)))
+            await asyncio.sleep(0.2)
+            assert not pending.done() and (await store_view(eng, name))[1] == "0"  # refused busy, waiting
+            await eng.store.release_close(name, "other")
+            assert (await pending)[:2] == (12, False)
+            assert (await store_view(eng, name))[1] == "1"
+
+    asyncio.run(run())
+
+
+def test_a_close_whose_log_moved_is_retried_from_the_store(redis_url, monkeypatch):
+    """An observe lands between the catch-up and the commit (the reservation had expired): the commit
+    is refused, the state rebuilt from the store and the select answered from the log as it is."""
+    name = "atomic-moved"
+
+    async def run_direct() -> None:
+        async with engine(redis_url) as eng, engine(redis_url) as fresh:
+            spec = DatasetSpec(name=name, size=SIZE)
+            for e in (eng, fresh):
+                await e.create_dataset(spec)
+                await history(e, name, 1)
+            real = DatasetState.select
+            loop = asyncio.get_running_loop()
+            calls = []
+
+            def select(self, *args, **kwargs):
+                calls.append(1)
+                if len(calls) == 1:  # another replica's observe, after this one's reservation expired
+                    asyncio.run_coroutine_threadsafe(sneak(), loop).result()
+                return real(self, *args, **kwargs)
+
+            async def sneak() -> None:
+                await eng.store.r.delete(eng.store.keys.closing(name))
+                async with engine(redis_url, eng.store.keys.prefix.rsplit(":", 1)[0], cleanup=False) as other:
+                    await other.observe(name, step=0, request_id="late", results=results(9))
+
+            monkeypatch.setattr(DatasetState, "select", select)
+            got = await answer(eng, name, 1)
+            monkeypatch.undo()
+            assert len(calls) >= 2  # the first choice was thrown away with its state
+            await fresh.observe(name, step=0, request_id="late", results=results(9))
+            assert got == await answer(fresh, name, 1)
+
+    asyncio.run(run_direct())
+
+
+def test_a_resent_commit_answers_what_the_first_applied(redis_url):
+    name = "atomic-resend"
+
+    async def run() -> None:
+        async with engine(redis_url) as eng:
+            _, spec = await eng.create_dataset(DatasetSpec(name=name, size=SIZE))
+            first = await eng.store.commit_close(name, spec.uid, 1, "dps 4 00ff", 0, 0, "tok")
+            again = await eng.store.commit_close(name, spec.uid, 1, "dps 4 00ff", 0, 0, "tok")
+            other = await eng.store.commit_close(name, spec.uid, 1, "dps 4 00ff", 0, 0, "tok2")
+            assert first.status == "ok" and (again.status, again.log_id) == ("ok", first.log_id)
+            assert other.status == "moved"
+            assert await store_view(eng, name) == ("1", "1", 1)
+
+    asyncio.run(run())

@@ -96,7 +96,7 @@ BENCHMARKS = (
     Benchmark(
         "bench_history",
         "bench_history.py",
-        quick=("--n", "100000", "--steps", "10", "--rounds", "60", "--request-steps", "12",
+        quick=("--n", "100000", "--steps", "10", "--request-steps", "12",
                "--out", "{out}/history.json"),
         full=("--out", "{out}/history.json"),
         headline=("max_request_ratio", "max_in_process_ratio"),

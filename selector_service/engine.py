@@ -726,6 +726,11 @@ class Engine:
                 if step - state.open_step > self.settings.max_step_gap:
                     raise self._too_far_ahead(name, step, state.open_step)
                 check(state)
+                if step == state.open_step and state.history.counted(note):
+                    # The same request (strategy, parameters, seed, batch size) was already counted at
+                    # the open step (a retry, or every rank asking for the step): nothing to close and
+                    # nothing new for the history, so no record; the answer is the same either way.
+                    return await asyncio.to_thread(run, state)
                 seq, open_step = state.seq, state.open_step
                 try:
                     answer = await asyncio.to_thread(_close_in_memory_and_run, state, step, note, run)

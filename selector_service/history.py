@@ -9,11 +9,12 @@ and the open step's figures (`header` / `arrays`, checked again by `from_parts` 
 What a row says about step s, and where it comes from:
 
     selected, selects, strategies
-                   the select requests the store accepted for step s: each select appends its strategy,
-                   batch size and a digest of its request to the log record that opens or keeps step s
-                   open (store.advance). A request sent again (same strategy, parameters, seed, batch
-                   size: the same batch) counts once; a select that the service refused after its step
-                   was accepted (409: another trainer closed the step in between) still counts.
+                   the select requests of step s: each select appends its strategy, batch size and a
+                   digest of its request to the log record that opens step s or, at the open step, to a
+                   record of its own (Store.commit_close), committed only once its answer is chosen (a
+                   refused or failed select counts nothing). A request sent again (same strategy,
+                   parameters, seed, batch size: the same batch) counts once, and at the open step a
+                   replica that already counted it appends nothing.
     observed       prompts observed at s (several results of one prompt count once)
     results, rollouts, mean_reward
                    results applied while s was open (late ones included), their trials, and their
@@ -197,6 +198,11 @@ class StepHistory:
         if not 1 <= batch <= _COUNT_MAX:
             raise ValueError(f"select note with batch size {batch}")
         return parts[0], batch, parts[2]
+
+    def counted(self, note: str) -> bool:
+        """Whether the select of this note (`select_note`) was already counted at the open step (False
+        past MAX_DIGESTS distinct ones, where no digest is kept)."""
+        return note.rpartition(" ")[2] in self._digest_set
 
     def select(self, strategy: str, batch: int, digest: str) -> None:
         """Counts a select request at the open step (one already counted there is not counted again)."""

@@ -131,37 +131,6 @@ end
 return 0
 """
 
-# KEYS: 1 meta, 2 log.  ARGV: 1 uid, 2 step, 3 max step gap, 4 select note ("" = none).  Opens `step`
-# (closing every earlier step) when it is ahead by at most the gap (each closed step costs a DPS update
-# of every prompt when applied). A note (history.select_note: the select's strategy, batch size and
-# request digest, for the step history) rides on the advance record, or, at the open step, on a record
-# of its own that advances nothing.
-# Returns {status, log id or "", open step}; status: ok (advanced) | same | behind | ahead | gone.
-_ADVANCE = """
-local uid = redis.call('HGET', KEYS[1], 'uid')
-if uid ~= ARGV[1] then return {'gone', '', '-1'} end
-local open = tonumber(redis.call('HGET', KEYS[1], 'open_step') or '0')
-local step = tonumber(ARGV[2])
-local note = ARGV[4] or ''
-if step == open then
-  if note == '' then return {'same', '', tostring(open)} end
-  local n = redis.call('HINCRBY', KEYS[1], 'seq', 1)
-  local id = redis.call('XADD', KEYS[2], '*', 'n', n, 'k', 'a', 's', ARGV[2], 'q', note)
-  return {'same', id, tostring(open)}
-end
-if step < open then return {'behind', '', tostring(open)} end
-if step - open > tonumber(ARGV[3]) then return {'ahead', '', tostring(open)} end
-local n = redis.call('HINCRBY', KEYS[1], 'seq', 1)
-local id
-if note == '' then
-  id = redis.call('XADD', KEYS[2], '*', 'n', n, 'k', 'a', 's', ARGV[2])
-else
-  id = redis.call('XADD', KEYS[2], '*', 'n', n, 'k', 'a', 's', ARGV[2], 'q', note)
-end
-redis.call('HSET', KEYS[1], 'open_step', ARGV[2])
-return {'ok', id, ARGV[2]}
-"""
-
 # KEYS: 1 meta, 2 log, 3 closing.  ARGV: 1 uid, 2 payload, 3 call token.  Appends a metadata record
 # (docs/methods.md §6: pass rates and groups of a range of prompts) at the open step, numbered like every
 # other record. The meta hash remembers the token of the last call that appended one (`meta_by`), so a
@@ -491,7 +460,6 @@ class Store:
         self.rid_ttl = request_id_ttl_s
         self.max_step_gap = max_step_gap
         self._observe = client.register_script(_OBSERVE)
-        self._advance = client.register_script(_ADVANCE)
         self._metadata = client.register_script(_METADATA)
         self._create = client.register_script(_CREATE)
         self._commit = client.register_script(_COMMIT_SNAPSHOT)
@@ -689,12 +657,6 @@ class Store:
         res = await self._metadata(
             keys=[self.keys.meta(name), self.keys.log(name), self.keys.closing(name)],
             args=[uid, payload, _call_token()],
-        )
-        return WriteResult(_s(res[0]), _s(res[1]), int(_s(res[2])))
-
-    async def advance(self, name: str, uid: str, step: int, note: str = "") -> WriteResult:
-        res = await self._advance(
-            keys=[self.keys.meta(name), self.keys.log(name)], args=[uid, step, self.max_step_gap, note]
         )
         return WriteResult(_s(res[0]), _s(res[1]), int(_s(res[2])))
 

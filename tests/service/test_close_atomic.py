@@ -216,3 +216,28 @@ def test_a_resent_commit_answers_what_the_first_applied(redis_url):
             assert await store_view(eng, name) == ("1", "1", 1)
 
     asyncio.run(run())
+
+
+def test_a_select_already_counted_at_the_open_step_writes_nothing(redis_url):
+    """Every rank of a trainer (or a retry) sending the same select at the open step: the first one's
+    note counts it in the history, the others append no record and get the same answer, on any replica."""
+    name = "atomic-counted"
+
+    async def run() -> None:
+        async with engine(redis_url) as eng:
+            await eng.create_dataset(DatasetSpec(name=name, size=SIZE, rollouts_per_prompt=4))
+            await history(eng, name, 2)  # step 1 open, its first select (seed 1) counted
+            first = await answer(eng, name, 1)  # another request (seed 5): counted, one record
+            counted = await store_view(eng, name)
+            assert await answer(eng, name, 1) == first
+            assert await store_view(eng, name) == counted
+            async with engine(redis_url, eng.store.keys.prefix.rsplit(":", 1)[0], cleanup=False) as other:
+                assert await answer(other, name, 1) == first
+                assert await store_view(other, name) == counted
+            await eng.select(name, step=1, batch_size=8, strategy="insight", params={}, seed=6)
+            assert int((await store_view(eng, name))[1]) == int(counted[1]) + 1  # a new request: one record
+            await eng.select(name, step=2, batch_size=8, strategy="insight", params={}, seed=2)
+            rows, _, _ = await eng.history(name, 0, 10)
+            assert [(r["step"], r["selects"]) for r in rows] == [(0, 1), (1, 3)]
+
+    asyncio.run(run())

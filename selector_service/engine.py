@@ -658,10 +658,10 @@ class Engine:
         """(prompt ids, scores or None, the step, rollouts per prompt or None). `rollouts`: a rollout
         budget (the API's RolloutBudget, or a core RolloutRequest), checked before anything moves; the
         counts come from the state the batch was chosen from (docs/methods.md §8)."""
-        budget = rollout_request(batch_size, rollouts)
 
         async def attempt(spec: DatasetSpec):
-            _check_batch_size(name, batch_size, spec)
+            _check_batch_size(name, batch_size, spec)  # first: a budget's bounds follow from batch_size
+            budget = rollout_request(batch_size, rollouts)
             merged = self.resolve_params(spec, strategy, params)
             note = select_note(strategy, batch_size, _select_digest(strategy, merged, seed, batch_size))
 

@@ -6,7 +6,8 @@
   const body = document.body;
   const DATASET = body.dataset.dataset || "";
   const params = new URLSearchParams(location.search);
-  const REFRESH_S = Math.max(1, Number(params.get("refresh")) || 5);
+  // Seconds between refreshes, 1 to 3600 (a timer above 2^31 - 1 ms would fire at once).
+  const REFRESH_S = Math.min(3600, Math.max(1, Number(params.get("refresh")) || 5));
   const SAMPLE = 2000; // prompts whose posterior means the histogram shows (evenly spaced ids)
   const BELIEF_CHUNK = 500; // ids per /beliefs request
   const BELIEFS_EVERY = 3; // refreshes between two reads of the sample

@@ -120,6 +120,15 @@ def test_a_bad_budget_is_a_422_naming_the_fix_and_applies_nothing(http, dsname, 
     assert open_step(http, dsname) == 0  # the select for step 3 closed nothing
 
 
+def test_a_batch_larger_than_the_dataset_is_named_before_the_budget_it_implies(http, dsname):
+    """The budget's bounds follow from batch_size: a batch the dataset cannot fill is the error to fix."""
+    make(http, dsname, size=30)
+    req = {"dataset": dsname, "step": 0, "batch_size": 31, "rollouts": {"budget": 8}}
+    r = http.post("/select", json=req)
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"] == f"batch_size 31 is larger than dataset {dsname!r} (30 prompts)"
+
+
 def test_groups_of_the_allotted_sizes_are_counted_exactly(http, dsname):
     """Each group is reported with its own number of rewards; the Beta belief counts them exactly, the
     dataset counts every rollout, and a group of n is classified by its own n (a single rollout is

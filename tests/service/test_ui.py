@@ -312,7 +312,7 @@ def test_the_api_docs_render_offline_and_authorize_with_the_token(locked_service
         # Swagger UI is authorized with the token: "Try it out" on GET /datasets gets a 200.
         locked = driver.find_elements(By.CSS_SELECTOR, ".auth-wrapper .authorize.locked")
         assert locked, "the Authorize button does not show the token"
-        block = driver.find_element(By.ID, "operations-default-list_datasets_datasets_get")
+        block = driver.find_element(By.ID, "operations-datasets-listDatasets")  # tag, operation id
         block.find_element(By.CSS_SELECTOR, ".opblock-summary").click()
         wait_for(lambda: block.find_elements(By.CSS_SELECTOR, ".try-out__btn"), what="Try it out")
         block.find_element(By.CSS_SELECTOR, ".try-out__btn").click()

@@ -21,12 +21,11 @@ import tempfile
 import threading
 import time
 import urllib.request
-from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 from pydantic import ValidationError
 
-from selector_service.settings import LOG_LEVELS, Settings
+from selector_service.settings import Settings, serve_flags
 from selector_service.startup import REPORT_ENV, QuietWhenReported, redact, reported
 
 if TYPE_CHECKING:
@@ -49,18 +48,8 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("serve", help="serve the REST API")
     s.set_defaults(subparser=s)
-    s.add_argument("--host", help="interface to listen on (default 127.0.0.1; env SELECTOR_HOST)")
-    s.add_argument("--port", type=int, help="TCP port, 0 = any free one (default 8000; env SELECTOR_PORT)")
-    s.add_argument(
-        "--redis-url", help="Redis 7+/Valkey URL (env SELECTOR_REDIS_URL); unset = embedded Valkey"
-    )
-    s.add_argument(
-        "--data-dir",
-        type=Path,
-        help="embedded store directory (default ./.selector-data; env SELECTOR_DATA_DIR)",
-    )
-    s.add_argument("--workers", type=int, help="worker processes (default 1; env SELECTOR_WORKERS)")
-    s.add_argument("--log-level", choices=LOG_LEVELS, help="log level (default info; env SELECTOR_LOG_LEVEL)")
+    for flag in serve_flags():  # the settings that are also flags (settings.py)
+        s.add_argument(flag.option, type=flag.type, choices=flag.choices, help=flag.help)
     return p
 
 

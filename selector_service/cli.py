@@ -196,9 +196,9 @@ def _run_uvicorn(settings: Settings) -> int:
             # Workers write their request metrics here; /metrics aggregates every worker's files.
             mp_dir = tempfile.mkdtemp(prefix="selector-metrics-")
             os.environ["PROMETHEUS_MULTIPROC_DIR"] = mp_dir
-            # The workers' app factory makes each worker die with this process (lifetime.py).
+            # The workers' app factory makes each worker die with this process (app.py, lifetime.py).
             uvicorn.run(
-                "selector_service.lifetime:worker_app",
+                "selector_service.app:worker_app",
                 factory=True,
                 fd=sock.fileno(),
                 workers=settings.workers,

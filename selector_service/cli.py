@@ -1,6 +1,7 @@
 """`selector-service`: the command line of the service.
 
     selector-service serve [--host 127.0.0.1] [--port 8000] [--redis-url URL] [--data-dir DIR] [--workers N]
+                           [--log-level LEVEL]
 
 Without --redis-url (or SELECTOR_REDIS_URL) the service starts its own embedded Valkey, persisting under
 --data-dir. It prints one line with its URL when it is ready, and exits with status 2 and a clear
@@ -82,11 +83,12 @@ def _announce_when_ready(url: str, stop: threading.Event) -> None:
 
 
 def serve(args: argparse.Namespace) -> int:
-    overrides = {k: v for k, v in vars(args).items() if k != "command" and v is not None}
+    options = {flag.setting: flag.option for flag in serve_flags()}
+    overrides = {k: v for k, v in vars(args).items() if k in options and v is not None}
 
     def source(field: str) -> str:  # where a setting came from, as the user would set it
         env = f"SELECTOR_{field.upper()}"
-        return f"--{field.replace('_', '-')} / {env}" if field in overrides else env
+        return f"{options[field]} / {env}" if field in overrides else env
 
     try:
         settings = Settings(**overrides)

@@ -1,4 +1,5 @@
 """The service's FastAPI app: settings, store and engine wired to the routers of the REST contract.
+`create_app` builds it; `worker_app` is the factory each worker of `serve --workers N` loads.
 
 The HTTP layer lives in `selector_service.api`: dependencies (deps.py), one router per resource
 (routes/), the ASGI middlewares (middleware.py) and the error handlers (errors.py). Routes parse, call
@@ -9,6 +10,9 @@ do>"}`.
 from __future__ import annotations
 
 import logging
+import multiprocessing
+import os
+import signal
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -21,6 +25,7 @@ from selector_service.api.middleware import BodyLimit, InternalErrors, RequestMe
 from selector_service.api.openapi import document_models
 from selector_service.api.routes import datasets, docs, history, ops, selection, ui
 from selector_service.engine import Engine
+from selector_service.lifetime import EXIT_ORPHANED, die_with_parent
 from selector_service.memory import human
 from selector_service.schemas import ObserveRequest
 from selector_service.settings import Settings
@@ -91,3 +96,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(RequestMetrics)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes, import_limit=settings.max_import_bytes)
     return app
+
+
+def worker_app() -> FastAPI:
+    """The app factory of a `serve --workers N` worker (a multiprocessing child of serve).
+
+    It asks for SIGTERM when serve dies (the worker then shuts down like on any SIGTERM), then checks
+    that serve is still its parent: one killed before the request took effect has left the worker to
+    init, and no signal will ever come, so the worker exits at once. Settings come from the environment
+    serve prepared."""
+    parent = multiprocessing.parent_process()
+    if parent is not None:
+        die_with_parent(signal.SIGTERM)
+        if os.getppid() != parent.pid:
+            os._exit(EXIT_ORPHANED)  # nothing started yet; serve is gone, with whoever reads our output
+    return create_app()

@@ -1,6 +1,7 @@
 """`selector-service`: the command line of the service.
 
     selector-service serve [--host 127.0.0.1] [--port 8000] [--redis-url URL] [--data-dir DIR] [--workers N]
+                           [--log-level LEVEL]
 
 Without --redis-url (or SELECTOR_REDIS_URL) the service starts its own embedded Valkey, persisting under
 --data-dir. It prints one line with its URL when it is ready, and exits with status 2 and a clear
@@ -21,12 +22,11 @@ import tempfile
 import threading
 import time
 import urllib.request
-from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 from pydantic import ValidationError
 
-from selector_service.settings import LOG_LEVELS, Settings
+from selector_service.settings import Settings, serve_flags
 from selector_service.startup import REPORT_ENV, QuietWhenReported, redact, reported
 
 if TYPE_CHECKING:
@@ -49,18 +49,8 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("serve", help="serve the REST API")
     s.set_defaults(subparser=s)
-    s.add_argument("--host", help="interface to listen on (default 127.0.0.1; env SELECTOR_HOST)")
-    s.add_argument("--port", type=int, help="TCP port, 0 = any free one (default 8000; env SELECTOR_PORT)")
-    s.add_argument(
-        "--redis-url", help="Redis 7+/Valkey URL (env SELECTOR_REDIS_URL); unset = embedded Valkey"
-    )
-    s.add_argument(
-        "--data-dir",
-        type=Path,
-        help="embedded store directory (default ./.selector-data; env SELECTOR_DATA_DIR)",
-    )
-    s.add_argument("--workers", type=int, help="worker processes (default 1; env SELECTOR_WORKERS)")
-    s.add_argument("--log-level", choices=LOG_LEVELS, help="log level (default info; env SELECTOR_LOG_LEVEL)")
+    for flag in serve_flags():  # the settings that are also flags (settings.py)
+        s.add_argument(flag.option, type=flag.type, choices=flag.choices, help=flag.help)
     return p
 
 
@@ -93,11 +83,12 @@ def _announce_when_ready(url: str, stop: threading.Event) -> None:
 
 
 def serve(args: argparse.Namespace) -> int:
-    overrides = {k: v for k, v in vars(args).items() if k != "command" and v is not None}
+    options = {flag.setting: flag.option for flag in serve_flags()}
+    overrides = {k: v for k, v in vars(args).items() if k in options and v is not None}
 
     def source(field: str) -> str:  # where a setting came from, as the user would set it
         env = f"SELECTOR_{field.upper()}"
-        return f"--{field.replace('_', '-')} / {env}" if field in overrides else env
+        return f"{options[field]} / {env}" if field in overrides else env
 
     try:
         settings = Settings(**overrides)
@@ -207,9 +198,9 @@ def _run_uvicorn(settings: Settings) -> int:
             # Workers write their request metrics here; /metrics aggregates every worker's files.
             mp_dir = tempfile.mkdtemp(prefix="selector-metrics-")
             os.environ["PROMETHEUS_MULTIPROC_DIR"] = mp_dir
-            # The workers' app factory makes each worker die with this process (lifetime.py).
+            # The workers' app factory makes each worker die with this process (app.py, lifetime.py).
             uvicorn.run(
-                "selector_service.lifetime:worker_app",
+                "selector_service.app:worker_app",
                 factory=True,
                 fd=sock.fileno(),
                 workers=settings.workers,

@@ -70,7 +70,6 @@ from selector_service.store import LogView, SnapshotMissing, Store, StoreError, 
 
 log = logging.getLogger("selector_service.engine")
 T = TypeVar("T")
-SYNC_BATCH = 2000  # log records read per round trip while catching up (Settings.sync_batch overrides)
 # How often one catch-up may start over from a newer snapshot before it answers 503: each restart means
 # another replica committed a snapshot and trimmed the log while this one was loading or reading.
 MAX_RELOADS = 20

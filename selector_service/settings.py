@@ -13,6 +13,7 @@ import sys
 import textwrap
 import types
 import typing
+from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import Field, SecretStr, field_validator, model_validator
@@ -289,6 +290,44 @@ class Settings(BaseSettings):
 
 
 # ---------------------------------------------------------------------------------------------------------
+# The flags of `selector-service serve`: cli.py builds its parser from these, the page below lists them.
+
+
+@dataclass(frozen=True)
+class ServeFlag:
+    """One setting that `selector-service serve` also takes as a flag (which wins over its variable)."""
+
+    setting: str
+    option: str  # `--name-with-dashes`
+    help: str
+    type: type | None  # what argparse converts the value with (None: kept as a string)
+    choices: tuple[str, ...] | None = None
+
+
+#: The settings that are also flags, in the order `serve --help` lists them: the help text of each, where
+#: {default} and {env} stand for the setting's default and its environment variable.
+SERVE_FLAGS: dict[str, tuple[str, tuple[str, ...] | None]] = {
+    "host": ("interface to listen on (default {default}; env {env})", None),
+    "port": ("TCP port, 0 = any free one (default {default}; env {env})", None),
+    "redis_url": ("Redis 7+/Valkey URL (env {env}); unset = embedded Valkey", None),
+    "data_dir": ("embedded store directory (default {default}; env {env})", None),
+    "workers": ("worker processes (default {default}; env {env})", None),
+    "log_level": ("log level (default {default}; env {env})", LOG_LEVELS),
+}
+
+
+def serve_flags() -> list[ServeFlag]:
+    """SERVE_FLAGS with each flag's name, help and value type taken from its setting's field."""
+    flags = []
+    for name, (text, choices) in SERVE_FLAGS.items():
+        field = Settings.model_fields[name]
+        shown = text.format(default=_default_text(name, field.default), env=f"SELECTOR_{name.upper()}")
+        kind = field.annotation if field.annotation in (int, float, Path) else None
+        flags.append(ServeFlag(name, "--" + name.replace("_", "-"), shown, kind, choices))
+    return flags
+
+
+# ---------------------------------------------------------------------------------------------------------
 # docs/configuration.md, generated from the fields above.
 
 GENERATE_COMMAND = "python -m selector_service.settings --markdown > docs/configuration.md"
@@ -352,19 +391,8 @@ def _bounds(field: object) -> str:
 
 
 def cli_flags() -> dict[str, str]:
-    """Setting name -> the `selector-service serve` flag that sets it (the flags cli.py declares)."""
-    import argparse
-
-    from selector_service import cli
-
-    flags: dict[str, str] = {}
-    for action in cli._parser()._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for option in action.choices["serve"]._actions:
-                long = [o for o in option.option_strings if o.startswith("--")]
-                if long and option.dest in Settings.model_fields:
-                    flags[option.dest] = long[0]
-    return flags
+    """Setting name -> the `selector-service serve` flag that sets it (SERVE_FLAGS)."""
+    return {flag.setting: flag.option for flag in serve_flags()}
 
 
 def render_markdown() -> str:

@@ -330,7 +330,9 @@ class DatasetState:
         key = (strategy, tuple(sorted(params.items())))
         cache = self._caches.pop(key, None)
         n = self.spec.size
-        cold = self.arrays.shared.cold_version  # cold priors moved: every never-observed prompt may have
+        # Cold priors that moved since the cache was filled change every never-observed prompt's score:
+        # the cache starts over (in its own buffer).
+        cold = self.arrays.shared.cold_version
         if cache is not None and cache.cold_version != cold:
             self._spare_buffer, cache = cache.scores, None
         kw = dict(

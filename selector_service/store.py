@@ -446,7 +446,10 @@ async def durability_problems(client: aioredis.Redis | RedisCluster) -> list[str
 
 
 class Store:
-    """Async access to the datasets' keys. Raises StoreError when the store is unreachable."""
+    """Async access to the datasets' keys. An unreachable store raises redis-py's RedisError (the engine
+    answers 503 for it); StoreError is an answer out of contract: a snapshot chunk missing
+    (SnapshotMissing), the snapshot lock lost while writing, a snapshot that is not the log prefix it
+    claims to be."""
 
     def __init__(
         self,
@@ -737,11 +740,12 @@ class Store:
         The caller holds the snapshot lock as `owner`; it is renewed while chunks are written (a writer
         that dies leaves it for at most `lock_ttl_ms`), and the commit happens only while it is held.
         Chunks are consumed one at a time, so a producer that compresses as it goes never needs the whole
-        snapshot in memory. Returns False (and removes what it wrote) when the dataset is gone, the lock
-        was lost, or a newer snapshot won; raises StoreError (after removing what it wrote) when the
-        record at `covered_id` does not carry `covered_seq` (the state the snapshot was taken from is not
-        the log prefix it claims to be). On an error while writing chunks, removes those written so far
-        and re-raises. A successful commit removes the replaced snapshot and every orphaned one.
+        snapshot in memory. Returns False (and removes what it wrote) when, at the commit, the dataset is
+        gone, the lock was lost, or a newer snapshot won; raises StoreError (after removing what it wrote)
+        when the lock cannot be renewed while chunks are written, or when the record at `covered_id` does
+        not carry `covered_seq` (the state the snapshot was taken from is not the log prefix it claims to
+        be). On an error while writing chunks, removes those written so far and re-raises. A successful
+        commit removes the replaced snapshot and every orphaned one.
         """
         snap_id = uuid.uuid4().hex[:16]
         count = 0

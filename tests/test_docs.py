@@ -140,6 +140,31 @@ def test_configuration_page_covers_every_setting_and_flag():
         assert f"`{flag}`" in text
 
 
+def test_serve_help_names_each_flags_setting_with_its_default(capsys):
+    """`serve --help` is built from the settings: each flag's help says its variable and the field's own
+    default, and the flag converts its value as the field is typed."""
+    from selector_service import cli
+
+    with pytest.raises(SystemExit) as done:
+        cli.main(["serve", "--help"])
+    assert done.value.code == 0
+    help_text = " ".join(capsys.readouterr().out.split())
+    fields = Settings.model_fields
+    expected = {
+        name: f"(default {fields[name].default}; env SELECTOR_{name.upper()})"
+        for name in ("host", "port", "workers", "log_level")
+    }
+    expected["data_dir"] = f"(default ./{fields['data_dir'].default}; env SELECTOR_DATA_DIR)"
+    expected["redis_url"] = "(env SELECTOR_REDIS_URL); unset = embedded Valkey"
+    assert set(cli_flags()) == set(expected)
+    for name, said in expected.items():
+        assert f"{cli_flags()[name]} " in help_text and said in help_text, (name, help_text)
+    args = cli._parser().parse_args(["serve", "--port", "9", "--workers", "2", "--data-dir", "d"])
+    assert (args.port, args.workers, args.data_dir, args.host) == (9, 2, Path("d"), None)
+    with pytest.raises(SystemExit):
+        cli._parser().parse_args(["serve", "--log-level", "loud"])
+
+
 LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)|!\[[^\]]*\]\(([^)\s]+)\)")
 
 

@@ -15,7 +15,7 @@ from urllib.parse import urlparse
 import httpx
 import pytest
 
-from selector_service import lifetime
+from selector_service import app, lifetime
 from tests.utils import ServiceProcess
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
@@ -122,7 +122,7 @@ def _start_after_the_parent_died(parent_pid: int) -> None:
     """A `serve --workers` worker slow enough to start that serve died before its app factory ran."""
     while os.getppid() == parent_pid:
         time.sleep(0.01)
-    lifetime.worker_app()
+    app.worker_app()
     os._exit(0)  # worker_app returned: it would now serve without a parent
 
 

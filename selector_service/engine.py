@@ -665,8 +665,9 @@ class Engine:
             note = select_note(strategy, batch_size, _select_digest(strategy, merged, seed, batch_size))
 
             def check(state: DatasetState) -> None:  # on the caught-up state, before anything moves
-                if strategy == "sec":
-                    _check_sec(name, state.arrays.shared.grouped, batch_size)
+                problem = strategies.STRATEGIES[strategy].unmet(state.arrays, batch_size, name)
+                if problem is not None:
+                    raise InvalidRequest(problem)
 
             def run(state: DatasetState):
                 try:
@@ -1010,19 +1011,6 @@ def _behind_a_trim(state: DatasetState, view: LogView) -> bool:
         return True
     trim = view.meta.get("trim")
     return bool(trim) and parse_id(state.cursor) < parse_id(trim)
-
-
-def _check_sec(name: str, grouped: int, batch_size: int) -> None:
-    if grouped == 0:
-        raise InvalidRequest(
-            f"strategy sec draws prompts by group and dataset {name!r} has none: upload groups with "
-            f"PUT /datasets/{name}/metadata first"
-        )
-    if batch_size > grouped:
-        raise InvalidRequest(
-            f"batch_size {batch_size} is larger than the {grouped} prompts of dataset {name!r} that have "
-            "a group (strategy sec selects only those)"
-        )
 
 
 def _apply_entries(state: DatasetState, entries: list) -> tuple[int, bool]:

@@ -194,10 +194,10 @@ def unpack_results(payload: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray, 
 
 
 class _ScoreCache:
-    """Whole-dataset scores of one deterministic Beta strategy (INSIGHT, expected difficulty, inverse
-    evidence with candidate_ratio null): one float64[N] buffer per dataset and strategy, kept across
-    requests and rescored only where beliefs changed (in place, or wholly in place once a quarter of the
-    prompts changed), so a full pass allocates nothing per request.
+    """Whole-dataset scores of one cacheable strategy (StrategySpec.cacheable: INSIGHT, expected
+    difficulty, inverse evidence) with candidate_ratio null: one float64[N] buffer per dataset and
+    strategy, kept across requests and rescored only where beliefs changed (in place, or wholly in place
+    once a quarter of the prompts changed), so a full pass allocates nothing per request.
 
     `tied` indexes where the scores differ from their common value (every never-observed prompt without
     a cold prior has the same score), so that a select reads only those (select.topk_tied); None when no
@@ -234,7 +234,6 @@ class _ScoreCache:
 class DatasetState:
     """In-memory beliefs of one dataset plus the position in the log they reflect."""
 
-    CACHEABLE = ("insight", "expected_difficulty", "inverse_evidence")
     MAX_CACHES = 2
 
     def __init__(self, spec: DatasetSpec, arrays: BeliefArrays | None = None) -> None:
@@ -325,7 +324,8 @@ class DatasetState:
 
     # ---- selection ------------------------------------------------------------------------------
     def _full_scores(self, strategy: str, params: dict[str, Any]) -> np.ndarray | TiedScores | None:
-        if strategy not in self.CACHEABLE or params.get("candidate_ratio", 16) is not None:
+        spec = strategies.STRATEGIES.get(strategy)  # an unknown one: strategies.select says so
+        if spec is None or not spec.cacheable or spec.ratio(params) is not None:
             return None
         key = (strategy, tuple(sorted(params.items())))
         cache = self._caches.pop(key, None)

@@ -1189,21 +1189,24 @@ def history_batch(n: int, batch: int, step: int, seed: int, key: str, last_state
 
 def mopps_threshold_select(
     draws: np.ndarray,
-    candidates: np.ndarray,
+    candidates: np.ndarray | None,
     k: int,
     rng: Stream,
     low: float = 0.3,
     high: float = 0.7,
 ) -> np.ndarray:
-    """MoPPS `threshold` variant (docs/methods.md §1.2): k ids from `candidates`, chosen uniformly at random among
-    those whose draw lies in [low, high]; if fewer than k do, the rest are the candidates closest to the
-    band (distance to the nearer edge; ties at random). In-band ids come first, in random order."""
+    """MoPPS `threshold` variant (docs/methods.md §1.2): k ids from `candidates` (None: positions in
+    `draws`), chosen uniformly at random among those whose draw lies in [low, high]; if fewer than k do,
+    the rest are the candidates closest to the band (distance to the nearer edge; ties at random).
+    In-band ids come first, in random order."""
     draws = np.asarray(draws, dtype=np.float64)
-    candidates = np.asarray(candidates, dtype=np.int64)
-    if draws.shape != candidates.shape or draws.ndim != 1:
+    if candidates is not None:
+        candidates = np.asarray(candidates, dtype=np.int64)
+    if draws.ndim != 1 or (candidates is not None and draws.shape != candidates.shape):
         raise ValueError("draws and candidates must be 1-d arrays of one length")
     if not low <= high:
         raise ValueError(f"the band needs low <= high, got [{low}, {high}]")
     distance = np.maximum(low - draws, 0.0) + np.maximum(draws - high, 0.0)
-    chosen: np.ndarray = candidates[topk_random_ties(-distance, k, rng)]
+    pos = topk_random_ties(-distance, k, rng)
+    chosen: np.ndarray = pos if candidates is None else candidates[pos]
     return chosen

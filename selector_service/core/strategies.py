@@ -1,5 +1,10 @@
 """The strategy registry: parameters, validation, and `select` / `score` for every strategy.
 
+A strategy is one StrategySpec entry of STRATEGIES: its parameters, how it scores or walks, how it picks a
+batch from a pool, what it requires of a dataset, whether its scores may be cached. `select`, `score`,
+the service's score cache (state.py), its checks before a select (engine.py) and /strategies read the
+entry; nothing branches on a strategy's name.
+
 | strategy            | score (larger is better)          | candidates                       | params (default) |
 |---------------------|-----------------------------------|----------------------------------|------------------|
 | uniform             | none: epoch permutation walk      | -                                | -                |
@@ -38,7 +43,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -53,6 +58,7 @@ from .select import (
     candidate_pool,
     dps_select,
     history_batch,
+    mopps_threshold_select,
     topk_random_ties,
     topk_tied,
     uniform_batch,
@@ -64,6 +70,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "STRATEGIES",
+    "Context",
     "Param",
     "ParamError",
     "StrategySpec",
@@ -181,71 +188,348 @@ class Param:
 
 
 @dataclass(frozen=True)
+class Context:
+    """What a select or a score is keyed by besides the beliefs and the parameters: every random choice
+    is `stream(key, step, seed, purpose)`; `dataset_k` is the dataset's rollouts per prompt."""
+
+    step: int
+    seed: int
+    key: str
+    dataset_k: int
+
+    def stream(self, purpose: str) -> Stream:
+        return stream(self.key, self.step, self.seed, purpose)
+
+
+class ScoreFn(Protocol):
+    """Scores (float64, in the order of `ids`; None = every prompt) under checked `params`, written into
+    `out` when given and the score can (a reused buffer)."""
+
+    def __call__(
+        self,
+        ba: BeliefArrays,
+        ids: np.ndarray | None,
+        params: dict[str, Any],
+        ctx: Context,
+        out: np.ndarray | None,
+        /,
+    ) -> np.ndarray: ...
+
+
+class WalkFn(Protocol):
+    """An unscored strategy's batch (int64[batch_size] distinct prompt ids); raises WalkError when the
+    dataset cannot give one."""
+
+    def __call__(
+        self, ba: BeliefArrays, batch_size: int, params: dict[str, Any], ctx: Context, /
+    ) -> np.ndarray: ...
+
+
+class PickFn(Protocol):
+    """How a batch is chosen from a candidate pool (`candidates`, None = the whole dataset, positions
+    being prompt ids): (positions in the pool, best first; their scores)."""
+
+    def __call__(
+        self,
+        ba: BeliefArrays,
+        candidates: np.ndarray | None,
+        batch_size: int,
+        params: dict[str, Any],
+        ctx: Context,
+        ties: Stream,
+        /,
+    ) -> tuple[np.ndarray, np.ndarray]: ...
+
+
+class WholeFn(Protocol):
+    """A faster way to the same batch and scores when the pool is the whole dataset."""
+
+    def __call__(
+        self, ba: BeliefArrays, batch_size: int, params: dict[str, Any], ties: Stream, /
+    ) -> tuple[np.ndarray, np.ndarray]: ...
+
+
+class Requirement(Protocol):
+    """What a strategy needs of a dataset beyond its beliefs: why a select of `batch_size` by strategy
+    `strategy` cannot run on dataset `dataset` (a message for the client), or None when it can."""
+
+    def __call__(self, strategy: str, ba: BeliefArrays, batch_size: int, dataset: str, /) -> str | None: ...
+
+
+@dataclass(frozen=True)
 class StrategySpec:
-    """A strategy: its parameters; `scored`: select returns scores; `deterministic`: scores depend on
-    the beliefs only (no random draws), so whole-dataset scores may be cached and passed back as
-    `full_scores`."""
+    """A strategy and everything the service needs of it, so that adding one is one entry of STRATEGIES:
+
+    - `params`: its parameters (validate_params);
+    - `walk`: an unscored strategy's batch, straight from a walk; or
+    - `score`: the per-prompt scores (larger is better) that /score answers and a select ranks, with
+      `pick`, how a batch is chosen from a candidate pool (None: the batch_size best scores, ties at
+      random), and `whole`, a faster path to the same batch when the pool is the whole dataset;
+    - `deterministic`: the scores depend on the beliefs only (no random draws), so whole-dataset scores
+      may be passed back to `select` as `full_scores`;
+    - `cacheable`: moreover a prompt's score moves only when a result for it arrives or the cold priors
+      move (not at a step close), so the service keeps whole-dataset scores across requests and rescores
+      only those prompts (state.DatasetState's score cache, for `candidate_ratio` null);
+    - `requires`: what it needs of a dataset beyond its beliefs, checked before a select moves anything.
+
+    The candidate pool is min(candidate_ratio * batch_size, N) prompts, the whole dataset for a
+    strategy without a `candidate_ratio` parameter (`ratio`)."""
 
     name: str
     params: dict[str, Param] = field(default_factory=dict)
-    scored: bool = True
+    walk: WalkFn | None = None
+    score: ScoreFn | None = None
+    pick: PickFn | None = None
+    whole: WholeFn | None = None
     deterministic: bool = True
+    cacheable: bool = False
+    requires: Requirement | None = None
 
+    def __post_init__(self) -> None:
+        if (self.walk is None) == (self.score is None):
+            raise ValueError(f"strategy {self.name!r} needs exactly one of a walk and a score")
+        if self.score is None and (self.pick or self.whole or self.deterministic or self.cacheable):
+            raise ValueError(f"the walk {self.name!r} has no scores to pick from, rank or cache")
+        if self.cacheable and not self.deterministic:
+            raise ValueError(f"strategy {self.name!r}: only deterministic scores may be cached")
+
+    @property
+    def scored(self) -> bool:
+        """A select returns scores, and /score answers for it."""
+        return self.score is not None
+
+    def ratio(self, params: dict[str, Any]) -> int | None:
+        """The candidate ratio `params` name (else its default); None: the pool is the whole dataset."""
+        param = self.params.get("candidate_ratio")
+        ratio: int | None = None if param is None else params.get("candidate_ratio", param.default)
+        return ratio
+
+    def unmet(self, ba: BeliefArrays, batch_size: int, dataset: str) -> str | None:
+        """Why a select of `batch_size` cannot run on the dataset `dataset` (its beliefs `ba`), or None."""
+        return None if self.requires is None else self.requires(self.name, ba, batch_size, dataset)
+
+
+# ---- the strategies' parts ----------------------------------------------------------------------
+
+
+def _uniform_walk(ba: BeliefArrays, batch_size: int, params: dict[str, Any], ctx: Context) -> np.ndarray:
+    return uniform_batch(ba.n, batch_size, ctx.step, ctx.seed, ctx.key)
+
+
+def _history_walk(ba: BeliefArrays, batch_size: int, params: dict[str, Any], ctx: Context) -> np.ndarray:
+    return history_batch(ba.n, batch_size, ctx.step, ctx.seed, ctx.key, ba.last_state)
+
+
+def _greso_walk(ba: BeliefArrays, batch_size: int, params: dict[str, Any], ctx: Context) -> np.ndarray:
+    return greso_batch(ba, batch_size, ctx.key)
+
+
+def _sec_walk(ba: BeliefArrays, batch_size: int, params: dict[str, Any], ctx: Context) -> np.ndarray:
+    return sec_batch(ba, batch_size, ctx.step, ctx.seed, ctx.key, params["tau"])
+
+
+def _groups(strategy: str, ba: BeliefArrays, batch_size: int, dataset: str) -> str | None:
+    """A group for at least batch_size prompts (SEC draws prompts by group)."""
+    grouped = int(ba.shared.grouped)
+    if grouped == 0:
+        return (
+            f"strategy {strategy} draws prompts by group and dataset {dataset!r} has none: upload groups with "
+            f"PUT /datasets/{dataset}/metadata first"
+        )
+    if batch_size > grouped:
+        return (
+            f"batch_size {batch_size} is larger than the {grouped} prompts of dataset {dataset!r} that have "
+            f"a group (strategy {strategy} selects only those)"
+        )
+    return None
+
+
+def _into(out: np.ndarray | None, scores: np.ndarray) -> np.ndarray:
+    if out is None:
+        return scores
+    out[:] = scores
+    return out
+
+
+# Every Beta-family score reads cold priors (coldstart.beta_scores: the stored arrays as they are when
+# the dataset has no metadata).
+
+
+def _insight_k(params: dict[str, Any], dataset_k: int) -> int:
+    k = params["k"] if params["k"] is not None else dataset_k
+    return _k_value(k)
+
+
+def _insight_scores(
+    ba: BeliefArrays, ids: np.ndarray | None, params: dict[str, Any], ctx: Context, out: np.ndarray | None
+) -> np.ndarray:
+    k, eta, mu = _insight_k(params, ctx.dataset_k), params["eta"], params["mu"]
+    return beta_scores(ba, ids, lambda a, b, sub, o: wmi_scores(a, b, sub, k, eta, mu, out=o), out)
+
+
+def _expected_difficulty_scores(
+    ba: BeliefArrays, ids: np.ndarray | None, params: dict[str, Any], ctx: Context, out: np.ndarray | None
+) -> np.ndarray:
+    target = params["target"]
+    return beta_scores(
+        ba, ids, lambda a, b, sub, o: expected_difficulty_scores(a, b, sub, target, out=o), out
+    )
+
+
+def _inverse_evidence_scores(
+    ba: BeliefArrays, ids: np.ndarray | None, params: dict[str, Any], ctx: Context, out: np.ndarray | None
+) -> np.ndarray:
+    return beta_scores(ba, ids, lambda a, b, sub, o: inverse_evidence_scores(a, b, sub, out=o), out)
+
+
+def _learnability_scores(
+    ba: BeliefArrays, ids: np.ndarray | None, params: dict[str, Any], ctx: Context, out: np.ndarray | None
+) -> np.ndarray:
+    return beta_scores(ba, ids, lambda a, b, sub, o: learnability_scores(a, b, sub, out=o), out)
+
+
+def _adarft_scores(
+    ba: BeliefArrays, ids: np.ndarray | None, params: dict[str, Any], ctx: Context, out: np.ndarray | None
+) -> np.ndarray:
+    return _into(out, adarft_scores(ba, ids))
+
+
+def _dps_scores(
+    ba: BeliefArrays, ids: np.ndarray | None, params: dict[str, Any], ctx: Context, out: np.ndarray | None
+) -> np.ndarray:
+    """DPS scores of `ids` (None: every prompt; never-observed ones score their uniform prior)."""
+    weight = params["entropy_weight"]
+    if ids is not None:
+        ids = _check_ids(ids, ba.n)
+        return _into(out, dps_scores(ba.hmm_prior_of(ids), None, weight))
+    uniform = np.full((1, 3), np.float32(1.0 / 3.0), dtype=np.float32)
+    scores = np.full(ba.n, dps_scores(uniform, None, weight)[0])
+    m = ba.observed
+    scores[ba.obs_ids[:m]] = dps_scores(ba.obs_prior[:m], None, weight)
+    return _into(out, scores)
+
+
+def _dps_whole(
+    ba: BeliefArrays, batch_size: int, params: dict[str, Any], ties: Stream
+) -> tuple[np.ndarray, np.ndarray]:
+    """O(prompts ever observed): select.dps_select."""
+    return dps_select(ba, batch_size, params["entropy_weight"], ties)
+
+
+def _thompson(
+    ba: BeliefArrays, ids: np.ndarray | None, target: float, rng: Stream
+) -> tuple[np.ndarray, np.ndarray]:
+    """MoPPS draws for `ids` (None: all) from the Betas of `beta_for` (cold priors), keyed by prompt id."""
+    alpha, beta, sub = beta_for(ba, ids)
+    if sub is None and ids is not None:  # gathered: the draws still belong to the prompt ids
+        return thompson_scores(alpha, beta, None, target, rng, items=ids)
+    return thompson_scores(alpha, beta, sub, target, rng)
+
+
+def _mopps_scores(
+    ba: BeliefArrays, ids: np.ndarray | None, params: dict[str, Any], ctx: Context, out: np.ndarray | None
+) -> np.ndarray:
+    return _thompson(ba, ids, params["target"], ctx.stream("thompson"))[0]
+
+
+def _mopps_pick(
+    ba: BeliefArrays,
+    candidates: np.ndarray | None,
+    batch_size: int,
+    params: dict[str, Any],
+    ctx: Context,
+    ties: Stream,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The closest draws ('topk'), or random draws in the band (select.mopps_threshold_select)."""
+    scores, draws = _thompson(ba, candidates, params["target"], ctx.stream("thompson"))
+    if params["mode"] == "threshold":
+        pos = mopps_threshold_select(draws, None, batch_size, ties)
+    else:
+        pos = topk_random_ties(scores, batch_size, ties)
+    return pos, scores[pos]
+
+
+# ---- the registry -------------------------------------------------------------------------------
 
 _RATIO_16 = Param(16, _ratio, "candidate pool = min(candidate_ratio * batch_size, N); null = whole dataset")
 
+
+def _walk(name: str, walk: WalkFn, params: dict[str, Param] | None = None, **kw: Any) -> StrategySpec:
+    return StrategySpec(name, params or {}, walk=walk, deterministic=False, **kw)
+
+
 STRATEGIES: dict[str, StrategySpec] = {
-    "uniform": StrategySpec("uniform", scored=False, deterministic=False),
-    "history_resampling": StrategySpec("history_resampling", scored=False, deterministic=False),
-    "insight": StrategySpec(
-        "insight",
-        {
-            "eta": Param(3.0, _eta, "width of the difficulty weight exp(-eta (m - mu)^2)"),
-            "mu": Param(0.3, _unit("mu"), "centre of the difficulty weight"),
-            "k": Param(None, _k, "rollouts for I_K; null = the dataset's rollouts_per_prompt"),
-            "candidate_ratio": _RATIO_16,
-        },
-    ),
-    "dps": StrategySpec(
-        "dps",
-        {
-            "entropy_weight": Param(0.0, _entropy_weight, "weight of the prior's entropy (nats)"),
-            "candidate_ratio": Param(None, _ratio, "null = rank the whole dataset (the paper's setting)"),
-        },
-    ),
-    "mopps": StrategySpec(
-        "mopps",
-        {
-            "target": Param(0.5, _unit("target"), "success rate the Thompson draws are pulled toward"),
-            "mode": Param("topk", _mode, "'topk': closest draws; 'threshold': random draws in [0.3, 0.7]"),
-            "candidate_ratio": _RATIO_16,
-        },
-        deterministic=False,
-    ),
-    "expected_difficulty": StrategySpec(
-        "expected_difficulty",
-        {"target": Param(0.5, _unit("target"), "success rate to aim at"), "candidate_ratio": _RATIO_16},
-    ),
-    "inverse_evidence": StrategySpec("inverse_evidence", {"candidate_ratio": _RATIO_16}),
-    "learnability": StrategySpec("learnability", {"candidate_ratio": _RATIO_16}),
-    "adarft": StrategySpec(
-        "adarft",
-        {
-            "eta": Param(50.0, _within("eta", 0.0, 100.0), "step of the target difficulty T", True),
-            "alpha": Param(2.0, _within("alpha", 0.0, 1000.0), "sensitivity of T's update to R - beta", True),
-            "beta": Param(0.5, _unit("beta"), "success rate T steers toward", True),
-        },
-    ),
-    "greso": StrategySpec("greso", scored=False, deterministic=False),
-    "sec": StrategySpec(
-        "sec",
-        {
-            "lr": Param(0.5, _within("lr", 0.0, 1.0, low_open=True), "learning rate of the Q values", True),
-            "tau": Param(1.0, _within("tau", 0.0, 1e6, low_open=True), "softmax temperature over Q"),
-        },
-        scored=False,
-        deterministic=False,
-    ),
+    spec.name: spec
+    for spec in (
+        _walk("uniform", _uniform_walk),
+        _walk("history_resampling", _history_walk),
+        StrategySpec(
+            "insight",
+            {
+                "eta": Param(3.0, _eta, "width of the difficulty weight exp(-eta (m - mu)^2)"),
+                "mu": Param(0.3, _unit("mu"), "centre of the difficulty weight"),
+                "k": Param(None, _k, "rollouts for I_K; null = the dataset's rollouts_per_prompt"),
+                "candidate_ratio": _RATIO_16,
+            },
+            score=_insight_scores,
+            cacheable=True,
+        ),
+        StrategySpec(
+            "dps",
+            {
+                "entropy_weight": Param(0.0, _entropy_weight, "weight of the prior's entropy (nats)"),
+                "candidate_ratio": Param(None, _ratio, "null = rank the whole dataset (the paper's setting)"),
+            },
+            score=_dps_scores,
+            whole=_dps_whole,
+        ),
+        StrategySpec(
+            "mopps",
+            {
+                "target": Param(0.5, _unit("target"), "success rate the Thompson draws are pulled toward"),
+                "mode": Param(
+                    "topk", _mode, "'topk': closest draws; 'threshold': random draws in [0.3, 0.7]"
+                ),
+                "candidate_ratio": _RATIO_16,
+            },
+            score=_mopps_scores,
+            pick=_mopps_pick,
+            deterministic=False,
+        ),
+        StrategySpec(
+            "expected_difficulty",
+            {"target": Param(0.5, _unit("target"), "success rate to aim at"), "candidate_ratio": _RATIO_16},
+            score=_expected_difficulty_scores,
+            cacheable=True,
+        ),
+        StrategySpec(
+            "inverse_evidence", {"candidate_ratio": _RATIO_16}, score=_inverse_evidence_scores, cacheable=True
+        ),
+        StrategySpec("learnability", {"candidate_ratio": _RATIO_16}, score=_learnability_scores),
+        StrategySpec(
+            "adarft",
+            {
+                "eta": Param(50.0, _within("eta", 0.0, 100.0), "step of the target difficulty T", True),
+                "alpha": Param(
+                    2.0, _within("alpha", 0.0, 1000.0), "sensitivity of T's update to R - beta", True
+                ),
+                "beta": Param(0.5, _unit("beta"), "success rate T steers toward", True),
+            },
+            score=_adarft_scores,
+        ),
+        _walk("greso", _greso_walk),
+        _walk(
+            "sec",
+            _sec_walk,
+            {
+                "lr": Param(
+                    0.5, _within("lr", 0.0, 1.0, low_open=True), "learning rate of the Q values", True
+                ),
+                "tau": Param(1.0, _within("tau", 0.0, 1e6, low_open=True), "softmax temperature over Q"),
+            },
+            requires=_groups,
+        ),
+    )
 }
 
 #: DatasetRules field -> (strategy, parameter) it comes from.
@@ -306,59 +590,6 @@ def check_dataset_params(
             )
 
 
-def _insight_k(params: dict[str, Any], dataset_k: int) -> int:
-    k = params["k"] if params["k"] is not None else dataset_k
-    return _k_value(k)
-
-
-def _dps_scores(ba: BeliefArrays, ids: np.ndarray | None, weight: float) -> np.ndarray:
-    """DPS scores of `ids` (None: every prompt; never-observed ones score their uniform prior)."""
-    if ids is not None:
-        ids = _check_ids(ids, ba.n)
-        return dps_scores(ba.hmm_prior_of(ids), None, weight)
-    uniform = np.full((1, 3), np.float32(1.0 / 3.0), dtype=np.float32)
-    out = np.full(ba.n, dps_scores(uniform, None, weight)[0])
-    m = ba.observed
-    out[ba.obs_ids[:m]] = dps_scores(ba.obs_prior[:m], None, weight)
-    return out
-
-
-def _into(out: np.ndarray | None, scores: np.ndarray) -> np.ndarray:
-    if out is None:
-        return scores
-    out[:] = scores
-    return out
-
-
-def _deterministic_scores(
-    ba: BeliefArrays,
-    strategy: str,
-    params: dict[str, Any],
-    ids: np.ndarray | None,
-    dataset_k: int,
-    out: np.ndarray | None = None,
-) -> np.ndarray:
-    """Every Beta-family score reads cold priors (coldstart.beta_scores: the stored arrays as they are
-    when the dataset has no metadata)."""
-    if strategy == "dps":
-        return _into(out, _dps_scores(ba, ids, params["entropy_weight"]))
-    if strategy == "adarft":
-        return _into(out, adarft_scores(ba, ids))
-    if strategy == "learnability":
-        return beta_scores(ba, ids, lambda a, b, sub, o: learnability_scores(a, b, sub, out=o), out)
-    if strategy == "insight":
-        k, eta, mu = _insight_k(params, dataset_k), params["eta"], params["mu"]
-        return beta_scores(ba, ids, lambda a, b, sub, o: wmi_scores(a, b, sub, k, eta, mu, out=o), out)
-    if strategy == "expected_difficulty":
-        target = params["target"]
-        return beta_scores(
-            ba, ids, lambda a, b, sub, o: expected_difficulty_scores(a, b, sub, target, out=o), out
-        )
-    if strategy == "inverse_evidence":
-        return beta_scores(ba, ids, lambda a, b, sub, o: inverse_evidence_scores(a, b, sub, out=o), out)
-    raise AssertionError(f"no deterministic score for {strategy!r}")
-
-
 def select(
     ba: BeliefArrays,
     *,
@@ -388,39 +619,29 @@ def select(
     ):
         raise ParamError(f"batch_size must be an integer in [1, {n}] (the dataset size), got {batch_size!r}")
     batch_size = int(batch_size)
-    if strategy == "uniform":
-        return uniform_batch(n, batch_size, step, seed, key), None
-    if strategy == "history_resampling":
-        return history_batch(n, batch_size, step, seed, key, ba.last_state), None
-    if strategy == "greso":
-        return greso_batch(ba, batch_size, key), None
-    if strategy == "sec":
+    ctx = Context(step, seed, key, dataset_k)
+    if spec.walk is not None:
         try:
-            return sec_batch(ba, batch_size, step, seed, key, params["tau"]), None
+            return spec.walk(ba, batch_size, params, ctx), None
         except WalkError as exc:
             raise ParamError(str(exc)) from None
+    assert spec.score is not None  # a spec has a walk or a score (StrategySpec.__post_init__)
 
-    ratio = params.get("candidate_ratio")  # adarft ranks the whole dataset
+    ratio = spec.ratio(params)
     pool_size = n if ratio is None else min(ratio * batch_size, n)
     whole = pool_size == n
-    ties = stream(key, step, seed, "ties")
-    if strategy == "dps" and whole:  # O(prompts ever observed): select.dps_select
-        return dps_select(ba, batch_size, params["entropy_weight"], ties)
+    ties = ctx.stream("ties")
+    if spec.whole is not None and whole:
+        return spec.whole(ba, batch_size, params, ties)
     # The whole dataset: positions are prompt ids (no id array of N is built); a pool: its ids.
-    candidates = None if whole else candidate_pool(n, pool_size, stream(key, step, seed, "candidates"))
+    candidates = None if whole else candidate_pool(n, pool_size, ctx.stream("candidates"))
 
     def ids_at(pos: np.ndarray) -> np.ndarray:
         return pos if candidates is None else candidates[pos]
 
-    if strategy == "mopps":
-        rng = stream(key, step, seed, "thompson")
-        scores, draws = _thompson(ba, candidates, params["target"], rng)
-        if params["mode"] == "threshold":
-            distance = np.maximum(0.3 - draws, 0.0) + np.maximum(draws - 0.7, 0.0)
-            pos = topk_random_ties(-distance, batch_size, ties)
-        else:
-            pos = topk_random_ties(scores, batch_size, ties)
-        return ids_at(pos), scores[pos]
+    if spec.pick is not None:
+        pos, picked = spec.pick(ba, candidates, batch_size, params, ctx, ties)
+        return ids_at(pos), picked
 
     if full_scores is not None and spec.deterministic:
         tied = full_scores if isinstance(full_scores, TiedScores) else None
@@ -432,7 +653,7 @@ def select(
             return pos, full_scores[pos]
         scores = full_scores if whole else full_scores[candidates]
     else:
-        scores = _deterministic_scores(ba, strategy, params, candidates, dataset_k)
+        scores = spec.score(ba, candidates, params, ctx, None)
     pos = topk_random_ties(scores, batch_size, ties)
     return ids_at(pos), scores[pos]
 
@@ -451,21 +672,9 @@ def score(
 ) -> np.ndarray:
     """Scores (float64, in the order of `ids`; None = every prompt) that `select` ranks by, written into
     `out` when given (a reused buffer, for the deterministic strategies). Raises ParamError for the
-    unscored strategies (uniform, history_resampling)."""
+    unscored strategies (the walks)."""
     spec = _spec(strategy)
     params = validate_params(strategy, params)
-    if not spec.scored:
+    if spec.score is None:
         raise ParamError(f"strategy {strategy!r} walks a permutation and has no per-prompt scores")
-    if strategy == "mopps":
-        return _thompson(ba, ids, params["target"], stream(key, step, seed, "thompson"))[0]
-    return _deterministic_scores(ba, strategy, params, ids, dataset_k, out)
-
-
-def _thompson(
-    ba: BeliefArrays, ids: np.ndarray | None, target: float, rng: Stream
-) -> tuple[np.ndarray, np.ndarray]:
-    """MoPPS draws for `ids` (None: all) from the Betas of `beta_for` (cold priors), keyed by prompt id."""
-    alpha, beta, sub = beta_for(ba, ids)
-    if sub is None and ids is not None:  # gathered: the draws still belong to the prompt ids
-        return thompson_scores(alpha, beta, None, target, rng, items=ids)
-    return thompson_scores(alpha, beta, sub, target, rng)
+    return spec.score(ba, ids, params, Context(step, seed, key, dataset_k), out)

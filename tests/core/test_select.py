@@ -224,6 +224,11 @@ def test_threshold_select_prefers_the_band_at_random():
     # 5 wanted, 3 in band: then the closest outside (0.29 at 0.01, then 0.72 at 0.02)
     five = mopps_threshold_select(draws, cands, 5, stream("k", 0, 0, "ties"))
     assert set(five[:3]) == {101, 102, 103} and five[3:].tolist() == [105, 106]
+    # Without candidates: positions in the draws, the same choice.
+    at = mopps_threshold_select(draws, None, 5, stream("k", 0, 0, "ties"))
+    np.testing.assert_array_equal(cands[at], five)
+    with pytest.raises(ValueError, match="one length"):
+        mopps_threshold_select(draws, cands[:3], 2, stream("k", 0, 0, "ties"))
 
 
 # ---------------------------------------------------------------- the one-pass scan and its fallback

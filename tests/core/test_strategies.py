@@ -12,13 +12,17 @@ from selector_service.core import (
     UNSOLVED,
     BeliefArrays,
     ParamError,
+    StrategySpec,
     apply_results,
     close_step,
     score,
     select,
     validate_params,
 )
-from selector_service.core.coldstart import apply_metadata
+from selector_service.core.coldstart import apply_metadata, beta_for
+from selector_service.core.rng import stream
+from selector_service.core.scores import thompson_scores
+from selector_service.core.select import mopps_threshold_select
 from selector_service.core.strategies import check_dataset_params, dataset_rules
 
 ALL = sorted(STRATEGIES)
@@ -227,6 +231,57 @@ def test_mopps_threshold_mode_picks_from_the_band(beliefs):
     assert np.unique(ids).size == 32
     distance_from_target = np.sqrt(-scores)  # scores are -(g - 0.5)^2
     assert np.all(distance_from_target <= 0.2 + 1e-12)  # every draw g in [0.3, 0.7]
+
+
+def test_mopps_threshold_mode_is_the_threshold_select(beliefs):
+    """Over the whole dataset, a threshold select is select.mopps_threshold_select of the Thompson draws."""
+    params = {"mode": "threshold", "candidate_ratio": None, "target": 0.2}
+    ids, scores = run(beliefs, "mopps", params, batch=32, step=5, seed=1)
+    alpha, beta, sub = beta_for(beliefs, None)
+    want, draws = thompson_scores(alpha, beta, sub, 0.2, stream("ds", 5, 1, "thompson"))
+    np.testing.assert_array_equal(ids, mopps_threshold_select(draws, None, 32, stream("ds", 5, 1, "ties")))
+    np.testing.assert_array_equal(scores, want[ids])
+
+
+# ---------------------------------------------------------------- the registry entries
+
+
+def test_a_spec_walks_or_scores_and_caches_only_deterministic_scores():
+    uniform, mopps = STRATEGIES["uniform"], STRATEGIES["mopps"]
+    with pytest.raises(ValueError, match="exactly one"):
+        StrategySpec("x")
+    with pytest.raises(ValueError, match="exactly one"):
+        StrategySpec("x", walk=uniform.walk, score=mopps.score, deterministic=False)
+    with pytest.raises(ValueError, match="no scores"):
+        StrategySpec("x", walk=uniform.walk, pick=mopps.pick, deterministic=False)
+    with pytest.raises(ValueError, match="only deterministic"):
+        StrategySpec("x", score=mopps.score, deterministic=False, cacheable=True)
+    assert all(name == spec.name for name, spec in STRATEGIES.items())
+    assert {s for s in ALL if STRATEGIES[s].cacheable} == {
+        "insight",
+        "expected_difficulty",
+        "inverse_evidence",
+    }
+
+
+def test_the_pool_is_the_whole_dataset_where_a_spec_says_so():
+    whole = [s for s in SCORED if STRATEGIES[s].ratio(validate_params(s, {})) is None]
+    assert whole == ["adarft", "dps"]
+    assert STRATEGIES["insight"].ratio({}) == 16  # the registry's default where params name none
+    assert STRATEGIES["insight"].ratio({"candidate_ratio": None}) is None
+    assert STRATEGIES["adarft"].ratio({"candidate_ratio": 4}) is None  # adarft has no pool
+
+
+def test_only_sec_requires_groups_and_says_what_to_do():
+    ba = BeliefArrays.new(50)
+    assert [s for s in ALL if STRATEGIES[s].unmet(ba, 4, "d") is not None] == ["sec"]
+    sec = STRATEGIES["sec"]
+    assert "has none: upload groups with PUT /datasets/d/metadata first" in sec.unmet(ba, 4, "d")
+    apply_metadata(ba, 0, None, np.array([0, 1, 1], np.int32))
+    assert "batch_size 4 is larger than the 3 prompts of dataset 'd' that have a group" in sec.unmet(
+        ba, 4, "d"
+    )
+    assert sec.unmet(ba, 3, "d") is None
 
 
 def test_batch_size_is_checked(beliefs):

@@ -16,7 +16,8 @@ from selector_service.core.select import TiedScores
 from selector_service.state import DatasetSpec, DatasetState
 
 SCHEDULES = 200
-CACHED = ("insight", "expected_difficulty", "inverse_evidence")
+#: The strategies whose whole-dataset scores the state caches (StrategySpec.cacheable).
+CACHED = tuple(name for name, spec in strategies.STRATEGIES.items() if spec.cacheable)
 
 
 def _observe(st: DatasetState, rng: np.random.Generator, count: int) -> None:

@@ -542,25 +542,6 @@ class Store:
         """Removes chunks `write_import_chunks` wrote that no dataset refers to (an import given up)."""
         await self._delete_chunks(name, snap_id, count)
 
-    async def import_dataset(
-        self,
-        name: str,
-        spec: dict[str, Any],
-        fingerprint: str,
-        uid: str,
-        covered_id: str,
-        open_step: int,
-        chunks: list[bytes | memoryview],
-    ) -> bool:
-        """Creates `name` from snapshot chunks; False (and nothing left behind) when the name is taken."""
-
-        async def each() -> AsyncIterable[bytes | memoryview]:
-            for chunk in chunks:
-                yield chunk
-
-        snap_id, count = await self.write_import_chunks(name, each())
-        return await self.commit_import(name, spec, fingerprint, uid, covered_id, open_step, snap_id, count)
-
     async def get_spec(self, name: str) -> dict | None:
         raw = await self.r.get(self.keys.spec(name))
         return json.loads(raw) if raw else None

@@ -52,9 +52,9 @@ def run_driver(venv: str, script: str, args: list[str], timeout: float = 900) ->
     return json.loads(lines[-1].removeprefix("DRIVER-REPORT "))
 
 
-def assert_beliefs_match(url: str, dataset: str, fed: list[list[float]], rollouts_per_prompt: int) -> None:
-    """The service's Beta posteriors are exactly prior + the fed successes and failures, and it holds
-    one observation per rolled-out group."""
+def assert_beliefs_match(url: str, dataset: str, fed: list[list[float]], *, groups: int) -> None:
+    """The service's Beta posteriors are exactly prior + the fed (prompt id, reward) pairs' successes and
+    failures, and it holds one observation per rolled-out group (`groups` of them)."""
     successes: dict[int, float] = defaultdict(float)
     trials: dict[int, int] = defaultdict(int)
     for prompt_id, reward in fed:
@@ -63,7 +63,7 @@ def assert_beliefs_match(url: str, dataset: str, fed: list[list[float]], rollout
     with SelectorClient(url) as client:
         info = client.get_dataset(dataset)
         assert info.rollouts == len(fed)
-        assert info.observations == len(fed) // rollouts_per_prompt
+        assert info.observations == groups
         beliefs = client.beliefs(dataset, sorted(trials)).beliefs
     assert [b.prompt_id for b in beliefs] == sorted(trials)
     for belief in beliefs:
@@ -131,7 +131,7 @@ def test_verl_trainer_reports_every_group_and_resumes(
             trained[pid].append(score)
     # verl's rule reward (GSM8K scorer) gave each sample the reward the fake policy aimed for.
     assert {p: sorted(v) for p, v in trained.items()} == {p: sorted(v) for p, v in earned.items()}
-    assert_beliefs_match(service.url, dsname, report["fed"], n)
+    assert_beliefs_match(service.url, dsname, report["fed"], groups=len(report["fed"]) // n)
     if mode == "main":
         assert report["sampler"] == "SelectorCurriculumSampler"
         assert report["trainer"] == "SelectorRayPPOTrainer"
@@ -171,7 +171,7 @@ def test_areal_async_rollout_reports_every_group_late_or_not(
     # dispatcher may have pulled part of step 2 before it; those rows keep their step), never from 0.
     assert min(step for step, _, _ in resumed["reported"]) >= 2
     assert resumed["next_step"] > first["next_step"]
-    assert_beliefs_match(service.url, dsname, report["fed"], n)
+    assert_beliefs_match(service.url, dsname, report["fed"], groups=len(report["fed"]) // n)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -248,7 +248,7 @@ def test_openrlhf_trainer_reports_every_group_and_resumes(
         # selected as service steps 3 and 4 (never step 2 again), and stops.
         assert len(first["updates"]) == 3 and len(resumed["updates"]) == 2
         assert first["open_step"] == 2 and resumed["open_step"] == 4
-    assert_beliefs_match(service.url, dsname, report["fed"], n)
+    assert_beliefs_match(service.url, dsname, report["fed"], groups=len(report["fed"]) // n)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -293,20 +293,7 @@ def applied_beliefs_match(url: str, dataset: str, reports: list[dict[str, Any]])
     applied = [r for r in reports if "refused" not in r and not r["duplicate"]]
     assert len({(r["step"], r["prompt_id"]) for r in applied}) == len(applied), "a group was applied twice"
     fed = [[r["prompt_id"], reward] for r in applied for reward in r["rewards"]]
-    successes: dict[int, float] = defaultdict(float)
-    trials: dict[int, int] = defaultdict(int)
-    for prompt_id, reward in fed:
-        successes[int(prompt_id)] += reward >= 1.0
-        trials[int(prompt_id)] += 1
-    with SelectorClient(url) as client:
-        info = client.get_dataset(dataset)
-        assert info.observations == len(applied) and info.rollouts == len(fed)
-        beliefs = client.beliefs(dataset, sorted(trials)).beliefs
-    for belief in beliefs:
-        pid = belief.prompt_id
-        assert (belief.alpha, belief.beta) == pytest.approx(
-            (1.0 + successes[pid], 1.0 + trials[pid] - successes[pid])
-        ), f"prompt {pid}"
+    assert_beliefs_match(url, dataset, fed, groups=len(applied))
 
 
 def check_v1_run(

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.common import OUT_DIR, ROOT, add_out, emit
+from bench.common import OUT_DIR, ROOT, add_out, emit, redis_answers
 from selector_service.history import select_note
 from selector_service.launcher import ServiceProcess
 from selector_service.state import DatasetSpec, DatasetState, pack_results
@@ -108,18 +108,6 @@ class _ServiceWithoutHistory(ServiceProcess):
         return [cmd[0], "-c", patch, *cmd[3:]]  # cmd: python -m selector_service serve ...
 
 
-def _answers(url: str) -> bool:
-    import redis
-
-    try:
-        client = redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
-        client.ping()
-        client.close()
-        return True
-    except (redis.exceptions.RedisError, OSError):
-        return False
-
-
 def requests_side(redis_url: str | None, n: int, batch: int, steps: int) -> dict[str, Any]:
     import httpx
 
@@ -189,7 +177,7 @@ def main() -> None:
     result["max_in_process_ratio"] = max(in_proc)
     result["ok"] = None  # the target is on the requests
     if args.request_steps:
-        url = None if args.embedded or not _answers(args.redis_url) else args.redis_url
+        url = None if args.embedded or not redis_answers(args.redis_url) else args.redis_url
         result.update(requests_side(url, n, args.batch, args.request_steps))
         result["store"] = "redis" if url else "embedded-valkey"
         requests = [v["ratio"] for k, v in result.items() if k.startswith("request_")]

@@ -161,3 +161,13 @@ def last_json_line(text: str) -> dict[str, Any] | None:
                 return None
             return value if isinstance(value, dict) else None
     return None
+
+
+def redis_answers(url: str) -> bool:
+    """Whether a Redis answers a ping at `url` (within about a second)."""
+    import redis
+
+    try:
+        return bool(redis.Redis.from_url(url, socket_connect_timeout=1).ping())
+    except (redis.RedisError, OSError, ValueError):
+        return False

@@ -31,7 +31,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import OUT_DIR, ROOT, last_json_line
+from bench.common import OUT_DIR, ROOT, last_json_line, redis_answers
 
 REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
 #: The One-Shot-RLVR trace rollout_trace.py replays (not shipped; bench/rollout_trace.py says where it is from).
@@ -239,15 +239,6 @@ def run_one(bench: Benchmark, mode: str, out: Path, timeout: float | None) -> di
         "wall_s": round(wall_s, 1),
         "result": result,
     }
-
-
-def redis_answers(url: str) -> bool:
-    import redis
-
-    try:
-        return bool(redis.Redis.from_url(url, socket_connect_timeout=1).ping())
-    except (redis.RedisError, OSError, ValueError):
-        return False
 
 
 def lookup(result: dict[str, Any] | None, dotted: str) -> Any:

@@ -32,7 +32,6 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import numpy as np
-from redis.exceptions import RedisError
 
 from selector_service.core import strategies
 from selector_service.core.beliefs import _INITIAL_CAPACITY
@@ -42,6 +41,7 @@ from selector_service.core.outcomes import outcomes_from_counts, outcomes_from_f
 from selector_service.core.rollouts import RolloutError, RolloutRequest, check_rollouts
 from selector_service.errors import (
     Conflict,
+    DatasetGone,
     InsufficientMemory,
     InvalidRequest,
     NotFound,
@@ -66,7 +66,15 @@ from selector_service.state import (
     pack_metadata,
     pack_results,
 )
-from selector_service.store import LogView, SnapshotMissing, Store, StoreError, parse_id
+from selector_service.store import (
+    CreateStatus,
+    LogView,
+    SnapshotMissing,
+    Store,
+    StoreError,
+    WriteStatus,
+    parse_id,
+)
 
 log = logging.getLogger("selector_service.engine")
 T = TypeVar("T")
@@ -124,19 +132,6 @@ class Engine:
         self._budget_lock = threading.Lock()  # admission runs on the loop and in decoding threads
 
     # ---- plumbing -------------------------------------------------------------------------------
-    async def _io(self, coro: Awaitable[T]) -> T:
-        try:
-            return await coro
-        except RedisError as exc:
-            raise Unavailable(
-                f"the belief store is unreachable ({type(exc).__name__}: {exc}); retry later"
-            ) from exc
-        except StoreError as exc:
-            raise Unavailable(
-                f"the belief store is missing data it needs ({exc}); check its persistence and eviction "
-                "settings, or restore the dataset from an export"
-            ) from exc
-
     def _lock(self, name: str) -> asyncio.Lock:
         lock = self._locks.get(name)
         if lock is None:
@@ -195,7 +190,7 @@ class Engine:
     async def ready(self) -> bool:
         try:
             return await asyncio.wait_for(self.store.ping(), self.settings.store_timeout_s)
-        except (RedisError, OSError, TimeoutError):
+        except (Unavailable, OSError, TimeoutError):
             return False
 
     async def close(self) -> None:
@@ -228,23 +223,21 @@ class Engine:
                         fresh = await asyncio.to_thread(DatasetState, spec)
                     except MemoryError:
                         raise self._out_of_memory(spec.name, "create") from None
-                status, doc = await self._io(
-                    self.store.create_dataset(spec.name, spec.public(), spec.fingerprint())
-                )
+                status, doc = await self.store.create_dataset(spec.name, spec.public(), spec.fingerprint())
                 stored = DatasetSpec.from_doc(doc)
-                if status == "conflict":
+                if status is CreateStatus.CONFLICT:
                     raise Conflict(
                         f"dataset {spec.name!r} already exists with a different spec "
                         f"({json.dumps(stored.public(), sort_keys=True)}); "
                         "use another name, or DELETE it first"
                     )
-                if status == "created" and fresh is not None:
+                if status is CreateStatus.CREATED and fresh is not None:
                     fresh.spec = stored
                     self._states[spec.name] = fresh
             finally:
                 if token is not None:
                     self._unreserve(token)
-        return status == "created", stored
+        return status is CreateStatus.CREATED, stored
 
     async def create_dataset_from(self, request: DatasetCreate) -> tuple[bool, DatasetSpec]:
         """POST /datasets: the spec a request asks for, its per-strategy defaults checked against each
@@ -272,15 +265,15 @@ class Engine:
         return await self.read(name, lambda st: (st.spec, st.summary()))
 
     async def list_datasets(self) -> list[str]:
-        return await self._io(self.store.list_datasets())
+        return await self.store.list_datasets()
 
     async def record_counts(self, names: list[str]) -> dict[str, int]:
         """How many log records each dataset has had appended (its activity, as /metrics ranks it)."""
-        return await self._io(self.store.read_seqs(names))
+        return await self.store.read_seqs(names)
 
     async def delete_dataset(self, name: str) -> None:
         async with self._lock(name):
-            existed = await self._io(self.store.delete_dataset(name))
+            existed = await self.store.delete_dataset(name)
             self._states.pop(name, None)
             self._snapshot_not_before.pop(name, None)
         if not existed:
@@ -302,7 +295,7 @@ class Engine:
         return stored
 
     async def _stored_spec(self, name: str) -> DatasetSpec | None:
-        doc = await self._io(self.store.get_spec(name))
+        doc = await self.store.get_spec(name)
         return None if doc is None else DatasetSpec.from_doc(doc)
 
     async def _with_spec(self, name: str, attempt: Callable[[DatasetSpec], Awaitable[T]]) -> T:
@@ -314,17 +307,17 @@ class Engine:
         spec = await self.spec(name)
         try:
             return await attempt(spec)
-        except (InvalidRequest, _Gone) as exc:
+        except (InvalidRequest, DatasetGone) as exc:
             stored = await self._stored_spec(name)
             if stored is None or stored.uid == spec.uid:
-                if isinstance(exc, _Gone):
+                if isinstance(exc, DatasetGone):
                     self._states.pop(name, None)
                     raise NotFound(f"dataset {name!r} does not exist (it may have been deleted)") from None
                 raise
             self._states.pop(name, None)
         try:
             return await attempt(stored)
-        except _Gone:
+        except DatasetGone:
             self._states.pop(name, None)
             raise NotFound(f"dataset {name!r} was deleted or recreated while this request ran") from None
 
@@ -348,7 +341,7 @@ class Engine:
         state = self._states.get(name)
         applied = reloads = 0
         while True:
-            view = await self._io(self.store.read_log(name, state.cursor if state else "", batch))
+            view = await self.store.read_log(name, state.cursor if state else "", batch)
             uid = view.meta.get("uid")
             if uid is None:
                 self._states.pop(name, None)
@@ -387,7 +380,7 @@ class Engine:
         None when a chunk of that snapshot is gone: a newer snapshot replaced it while it was read (the
         caller reads the meta hash again).
         """
-        doc = await self._io(self.store.get_spec(name))
+        doc = await self.store.get_spec(name)
         if doc is None or doc.get("uid") != uid:
             raise NotFound(f"dataset {name!r} was deleted while this request ran")
         spec = DatasetSpec.from_doc(doc)
@@ -419,13 +412,16 @@ class Engine:
     ) -> DatasetState | None:
         chunks = self._snapshot_chunks(name, snap, count)
         try:
-            state = await self._io(asyncio.to_thread(load_snapshot_chunks, chunks, None, admit))
-        except Unavailable as exc:
-            if isinstance(exc.__cause__, SnapshotMissing):
-                current = await self._io(self.store.read_meta(name))
+            state = await asyncio.to_thread(load_snapshot_chunks, chunks, None, admit)
+        except StoreError as exc:
+            if isinstance(exc, SnapshotMissing):
+                current = await self.store.read_meta(name)
                 if current.get("snap") != snap:
                     return None
-            raise
+            raise Unavailable(
+                f"the belief store is missing data it needs ({exc}); check its persistence and eviction "
+                "settings, or restore the dataset from an export"
+            ) from exc
         except ValueError as exc:
             # Never fall back to priors silently: that would reset every posterior.
             raise Unavailable(f"snapshot {snap} of dataset {name!r} cannot be read: {exc}") from exc
@@ -531,7 +527,7 @@ class Engine:
                 else:
                     self._snapshot_not_before.pop(name, None)
                 await self.store.release_snapshot_lock(name, self.owner)
-        except (RedisError, OSError) as exc:
+        except (Unavailable, OSError) as exc:
             log.warning("snapshot of %s failed, will retry later: %s", name, exc)
         except StoreError as exc:
             log.error("snapshot of %s refused: %s", name, exc)
@@ -595,24 +591,22 @@ class Engine:
                     del chunk
 
             try:
-                snap_id, count = await self._io(self.store.write_import_chunks(name, compressed()))
+                snap_id, count = await self.store.write_import_chunks(name, compressed())
             except MemoryError:
                 raise self._out_of_memory(name, "import") from None
             committed = False
             try:
                 async with self._lock(name):
-                    ok = await self._io(
-                        self.store.commit_import(
-                            name,
-                            spec.public(),
-                            spec.fingerprint(),
-                            spec.uid,
-                            IMPORTED_CURSOR,
-                            state.open_step,
-                            snap_id,
-                            count,
-                            replace=replace,
-                        )
+                    ok = await self.store.commit_import(
+                        name,
+                        spec.public(),
+                        spec.fingerprint(),
+                        spec.uid,
+                        IMPORTED_CURSOR,
+                        state.open_step,
+                        snap_id,
+                        count,
+                        replace=replace,
                     )
                     committed = True
                     if replace:
@@ -624,7 +618,7 @@ class Engine:
                     self._states[name] = state
             finally:
                 if not committed:
-                    with contextlib.suppress(RedisError, OSError):
+                    with contextlib.suppress(Unavailable, OSError):
                         await self.store.discard_chunks(name, snap_id, count)
         finally:
             for token in tokens:
@@ -718,7 +712,7 @@ class Engine:
             for _ in range(CLOSE_ATTEMPTS):
                 state = await self.sync(name)
                 if state.spec.uid != spec.uid:
-                    raise _Gone  # another incarnation: _with_spec looks at the stored spec
+                    raise DatasetGone(name)  # another incarnation: _with_spec looks at the stored spec
                 if step < state.open_step:
                     raise Conflict(
                         f"step {step} of dataset {name!r} is closed; the open step is {state.open_step}"
@@ -734,24 +728,20 @@ class Engine:
                 seq, open_step = state.seq, state.open_step
                 try:
                     answer = await asyncio.to_thread(_close_in_memory_and_run, state, step, note, run)
-                    res = await self._io(
-                        self.store.commit_close(name, spec.uid, step, note, seq, open_step, token)
-                    )
+                    res = await self.store.commit_close(name, spec.uid, step, note, seq, open_step, token)
                 except BaseException:
                     self._discard(name, state)
                     raise
-                if res.status == "ok":
+                if res.status is WriteStatus.OK:
                     state.cursor = res.log_id
                     reserved = False  # the commit released it
                     return answer
                 self._discard(name, state)
-                if res.status == "gone":
-                    raise _Gone
-                if res.status == "behind":
+                if res.status is WriteStatus.BEHIND:
                     raise Conflict(
                         f"step {step} of dataset {name!r} is closed; the open step is {res.open_step}"
                     )
-                if res.status == "ahead":
+                if res.status is WriteStatus.AHEAD:
                     raise self._too_far_ahead(name, step, res.open_step)
                 if not reserved:  # "moved": the log grew between the catch-up and the commit
                     reserved = await self._reserve_close(name, token)
@@ -761,7 +751,7 @@ class Engine:
             )
         finally:
             if reserved:
-                with contextlib.suppress(RedisError, OSError, StoreError):
+                with contextlib.suppress(Unavailable, OSError):
                     await self.store.release_close(name, token)
 
     def _discard(self, name: str, state: DatasetState) -> None:
@@ -780,7 +770,7 @@ class Engine:
             try:
                 if await self.store.reserve_close(name, token, CLOSE_RESERVATION_MS):
                     return True
-            except (RedisError, OSError):
+            except (Unavailable, OSError):
                 return False
             if time.monotonic() >= deadline:
                 return False
@@ -794,8 +784,8 @@ class Engine:
         deadline = time.monotonic() + 2 * CLOSE_RESERVATION_MS / 1000
         pause = 0.001
         while True:
-            res = await self._io(write())
-            if res.status != "busy":
+            res = await write()
+            if res.status is not WriteStatus.BUSY:
                 return res
             if time.monotonic() >= deadline:
                 return res
@@ -898,9 +888,7 @@ class Engine:
             else:
                 payload = pack_metadata(start, rates, groups)
             res = await self._until_not_busy(lambda: self.store.append_metadata(name, spec.uid, payload))
-            if res.status == "gone":
-                raise _Gone
-            if res.status == "busy":
+            if res.status is WriteStatus.BUSY:
                 raise self._busy(name)
             return start, count
 
@@ -927,7 +915,7 @@ class Engine:
                 payload, digest = outcome_payload(spec, step, results)  # ~0.1 ms for 256 results
             else:
                 payload, digest = await asyncio.to_thread(outcome_payload, spec, step, results)
-            owner, owner_uid, claimed = await self._io(self.store.claim_request(name, spec.uid, request_id))
+            owner, owner_uid, claimed = await self.store.claim_request(name, spec.uid, request_id)
             if owner != name:
                 raise Conflict(
                     f"request_id {request_id!r} was already used for dataset {owner!r}; nothing was applied. "
@@ -936,7 +924,7 @@ class Engine:
             if owner_uid and owner_uid != spec.uid:
                 stored = await self._stored_spec(name)
                 if stored is None or stored.uid != spec.uid:
-                    raise _Gone  # this process's spec is outdated: _with_spec looks again
+                    raise DatasetGone(name)  # this process's spec is outdated: _with_spec looks again
                 # The id was used for an earlier incarnation (deleted and created again, or replaced by an
                 # import): its results went to data that no longer exists; never credit them to this one.
                 raise Conflict(
@@ -944,30 +932,33 @@ class Engine:
                     "(deleted and created again, or replaced by an import); nothing was applied. Use a new "
                     "request id for results of the dataset as it is now"
                 )
-            res = await self._until_not_busy(
-                lambda: self.store.append_observe(
-                    name, spec.uid, step, request_id, payload, digest, spec.max_lag
+            try:
+                res = await self._until_not_busy(
+                    lambda: self.store.append_observe(
+                        name, spec.uid, step, request_id, payload, digest, spec.max_lag
+                    )
                 )
-            )
-            if claimed and res.status in ("gone", "closed", "ahead", "busy"):  # refused: nothing applied
-                await self._io(self.store.release_request(name, spec.uid, request_id))
-            if res.status == "gone":
-                raise _Gone
-            if res.status == "busy":
+            except DatasetGone:
+                if claimed:  # refused: nothing applied
+                    await self.store.release_request(name, spec.uid, request_id)
+                raise
+            if claimed and res.status.refused:
+                await self.store.release_request(name, spec.uid, request_id)
+            if res.status is WriteStatus.BUSY:
                 raise self._busy(name)
             return spec, res
 
         spec, res = await self._with_spec(name, attempt)
-        if res.status == "dup":
+        if res.status is WriteStatus.DUP:
             return 0, True, res.lag
-        if res.status == "conflict":
+        if res.status is WriteStatus.CONFLICT:
             raise Conflict(
                 f"request_id {request_id!r} was already applied with a different body (other results or "
                 "step); nothing was applied. Retry with the identical body, or use a new request id"
             )
-        if res.status == "ahead":
+        if res.status is WriteStatus.AHEAD:
             raise self._too_far_ahead(name, step, res.open_step)
-        if res.status == "closed":
+        if res.status is WriteStatus.CLOSED:
             late = (
                 f"; this dataset accepts results up to {spec.max_lag} steps late (max_lag)"
                 if spec.max_lag
@@ -1031,10 +1022,6 @@ def _close_in_memory_and_run(
     caller discards the state if anything fails or the commit does not happen."""
     state.apply_record(PENDING_CURSOR, {"n": str(state.seq + 1), "k": "a", "s": str(step), "q": note})
     return run(state)
-
-
-class _Gone(Exception):
-    """The store refused a write because the dataset's incarnation it named is gone (deleted or replaced)."""
 
 
 def _select_digest(strategy: str, params: dict[str, Any], seed: int, batch_size: int) -> str:

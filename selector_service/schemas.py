@@ -518,7 +518,7 @@ class PackedResults:
     result would keep hundreds of thousands of objects alive for the garbage collector to walk, with the
     event loop's thread waiting). Row i: prompt `ids[i]`; its rewards `values[offsets[i]:offsets[i+1]]`
     when `has_rewards[i]` (an empty slice is an empty list), else none; `successes[i]` and `trials[i]`,
-    NaN when not given. Indexing gives ResultRow (tests, error paths); engine.outcome_payload reads
+    NaN when not given. Indexing gives ResultRow (tests, error paths); payloads.outcome_payload reads
     the arrays."""
 
     __slots__ = ("has_rewards", "ids", "offsets", "successes", "trials", "values")

@@ -46,9 +46,11 @@ from selector_service.replica import Replica, SyncStats
 from selector_service.schemas import Belief, DatasetCreate
 from selector_service.settings import Settings
 from selector_service.state import DatasetSpec, DatasetState, pack_metadata
-from selector_service.store import CreateStatus, Store, WriteStatus
+from selector_service.store import CreateStatus, Store, WriteResult, WriteStatus
 
 T = TypeVar("T")
+#: What a select answers: prompt ids, their scores (None for a walk), the step, rollouts per prompt.
+SelectAnswer = tuple[np.ndarray, np.ndarray | None, int, np.ndarray | None]
 INLINE_RESULTS = 4096
 # A select's close (Engine._close_and_run) holds the dataset's closing reservation for at most this long
 # (observe and metadata writes wait meanwhile), and commits it at most this many times when the log keeps
@@ -61,6 +63,9 @@ PENDING_CURSOR = "pending"
 
 
 class Engine:
+    """The service's operations on its datasets (what routes, metrics and tests call), over the store
+    and this process's replica of the datasets."""
+
     def __init__(self, store: Store, settings: Settings) -> None:
         self.store = store
         self.settings = settings
@@ -117,9 +122,8 @@ class Engine:
                 fresh = None
                 if held is None or held.spec.fingerprint() != spec.fingerprint():
                     need = admission_bytes(spec.size, min(spec.size, _INITIAL_CAPACITY))
-                    token = self.replica.memory.admit(
-                        spec.name, need, "create"
-                    )  # held until the state is installed
+                    # Held until the state is installed.
+                    token = self.replica.memory.admit(spec.name, need, "create")
                     try:
                         # Materialized now, so that the first select does not pay for allocating the arrays.
                         fresh = await asyncio.to_thread(DatasetState, spec)
@@ -267,12 +271,12 @@ class Engine:
         params: dict[str, Any],
         seed: int,
         rollouts: Any = None,
-    ) -> tuple[np.ndarray, np.ndarray | None, int, np.ndarray | None]:
+    ) -> SelectAnswer:
         """(prompt ids, scores or None, the step, rollouts per prompt or None). `rollouts`: a rollout
         budget (the API's RolloutBudget, or a core RolloutRequest), checked before anything moves; the
         counts come from the state the batch was chosen from (docs/methods.md §8)."""
 
-        async def attempt(spec: DatasetSpec):
+        async def attempt(spec: DatasetSpec) -> SelectAnswer:
             check_batch_size(name, batch_size, spec)  # first: a budget's bounds follow from batch_size
             budget = rollout_request(batch_size, rollouts)
             merged = self.resolve_params(spec, strategy, params)
@@ -283,7 +287,7 @@ class Engine:
                 if problem is not None:
                     raise InvalidRequest(problem)
 
-            def run(state: DatasetState):
+            def run(state: DatasetState) -> SelectAnswer:
                 try:
                     ids, scores = state.select(strategy, merged, batch_size, seed)
                 except strategies.ParamError as exc:
@@ -392,7 +396,7 @@ class Engine:
             await asyncio.sleep(pause)
             pause = min(pause * 2, 0.02)
 
-    async def _until_not_busy(self, write: Callable[[], Awaitable[Any]]) -> Any:
+    async def _until_not_busy(self, write: Callable[[], Awaitable[WriteResult]]) -> WriteResult:
         """Runs a write script, sending it again while the store answers busy (a select's close holds the
         dataset's closing reservation; nothing was applied). Unavailable after about twice the
         reservation's TTL."""

@@ -517,7 +517,7 @@ class Engine:
                 f"{len(results)} results in one request; the limit is {self.settings.max_ids_per_request}"
             )
 
-        async def attempt(spec: DatasetSpec) -> tuple[DatasetSpec, Any]:
+        async def attempt(spec: DatasetSpec) -> tuple[DatasetSpec, WriteResult]:
             if len(results) <= INLINE_RESULTS:
                 payload, digest = outcome_payload(spec, step, results)  # ~0.1 ms for 256 results
             else:

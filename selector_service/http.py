@@ -95,7 +95,7 @@ class BoundedProtocol(HttpToolsProtocol):
         self._ticking = None
 
     # ---- connection -----------------------------------------------------------------------------
-    def connection_made(self, transport: Any) -> None:  # type: ignore[override]
+    def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)
         if len(self.connections) > self.limits.max_connections:
             self._refuse(
@@ -249,8 +249,8 @@ class WorkerProtocol(BoundedProtocol):
 
     _limits: HttpLimits | None = None
 
-    @property  # type: ignore[override]
-    def limits(self) -> HttpLimits:
+    @property
+    def limits(self) -> HttpLimits:  # type: ignore[override]  # the base's attribute, read lazily here
         if WorkerProtocol._limits is None:
             from selector_service.settings import Settings
 

@@ -15,14 +15,35 @@ every dataset it serves), and within what an address-space limit (`ulimit -v`) l
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import resource
+import threading
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
 
-from selector_service.core.beliefs import FIELDS, OBSERVED_FIELDS
+from selector_service.core.beliefs import _INITIAL_CAPACITY, FIELDS, OBSERVED_FIELDS
+from selector_service.errors import InsufficientMemory
 
-__all__ = ["BUDGET_SHARE", "admission_bytes", "default_budget", "machine_memory"]
+if TYPE_CHECKING:
+    from selector_service.state import DatasetSpec, DatasetState
+
+__all__ = [
+    "BUDGET_SHARE",
+    "Admit",
+    "MemoryLedger",
+    "admission_bytes",
+    "default_budget",
+    "machine_memory",
+    "observed_rows",
+]
+
+#: Why a dataset comes into the process: the words of a refusal say what became of it.
+Action = Literal["create", "import", "load"]
+#: What a snapshot decoder calls with the spec and array layout it read, before it allocates anything.
+Admit = Callable[["DatasetSpec", list[Any]], None]
 
 #: Share of the process's memory the default budget gives to datasets; the rest is the interpreter, numba,
 #: request bodies and the kernels' temporaries.
@@ -37,6 +58,17 @@ def admission_bytes(size: int, observed_rows: int) -> int:
     it comes into the process: its arrays (43 B/prompt + 65 per observed row) twice, live and the copy a
     snapshot takes."""
     return 2 * (_PER_PROMPT * size + _PER_OBSERVED * observed_rows)
+
+
+def observed_rows(size: int, layout: list[Any]) -> int:
+    """Rows of the observed set a snapshot's layout declares (a fresh dataset's first capacity when it
+    declares none; a version 1 snapshot, converted on load, at most every prompt)."""
+    for name, _dtype, shape in layout:
+        if name == "obs_ids":
+            return int(shape[0])
+    if any(name == "hmm_d" for name, _, _ in layout):
+        return size
+    return min(size, _INITIAL_CAPACITY)
 
 
 def _cgroup_limit() -> int | None:
@@ -86,3 +118,82 @@ def human(nbytes: float) -> str:
         if abs(nbytes) >= size:
             return f"{nbytes / size:.1f} {unit}"
     return f"{int(nbytes)} B"
+
+
+class MemoryLedger:
+    """What one process charges against its memory budget: every dataset it holds (`held`, shared with
+    its owner), every one allocated and not installed yet (`incoming`), every admission not allocated
+    yet. Admission runs on the event loop and in decoding threads, under one lock."""
+
+    def __init__(self, budget: int, held: Mapping[str, DatasetState]) -> None:
+        self.budget = budget
+        self.held = held
+        self.incoming: dict[str, DatasetState] = {}  # allocated by a catch-up, not installed yet
+        self._reserved: dict[object, tuple[str, int]] = {}  # admitted, not allocated yet
+        self._lock = threading.Lock()
+
+    def charged(self, replacing: str | None = None) -> int:
+        """Bytes charged now: every dataset held (but `replacing`'s, about to be replaced), every one
+        allocated and not installed yet, every admission not allocated yet."""
+        states = [s for n, s in list(self.held.items()) if n != replacing]
+        states += list(self.incoming.values())
+        return sum(s.memory_bytes() for s in states) + sum(b for _, b in list(self._reserved.values()))
+
+    def admit(self, name: str, nbytes: int, action: Action, replacing: str | None = None) -> object:
+        """Reserves `nbytes` for dataset `name` (InsufficientMemory when they do not fit in the budget);
+        returns the token `unreserve` takes once the dataset is allocated and counted, or given up."""
+        with self._lock:
+            held = self.charged(replacing)
+            if held + nbytes > self.budget:
+                raise self._no_room(name, nbytes, held, action)
+            token = object()
+            self._reserved[token] = (name, nbytes)
+            return token
+
+    def unreserve(self, token: object) -> None:
+        with self._lock:
+            self._reserved.pop(token, None)
+
+    @contextlib.contextmanager
+    def admitting(self, name: str, action: Action, replacing: str | None = None) -> Iterator[Admit]:
+        """An `admit(spec, layout)` for a snapshot decoder (or a fresh dataset: layout []), which admits
+        the dataset it is about to allocate; its reservations are given back when the block ends (the
+        dataset is counted by then, or given up)."""
+        tokens: list[object] = []
+
+        def admit(spec: DatasetSpec, layout: list[Any]) -> None:
+            need = admission_bytes(spec.size, observed_rows(spec.size, layout))
+            tokens.append(self.admit(name, need, action, replacing))
+
+        try:
+            yield admit
+        finally:
+            for token in tokens:
+                self.unreserve(token)
+
+    def _no_room(self, name: str, nbytes: int, held: int, action: Action) -> InsufficientMemory:
+        after = {
+            "create": "nothing was created",
+            "import": "nothing was imported",
+            "load": "it stays intact in the store; serve it from a replica with room for it",
+        }[action]
+        return InsufficientMemory(
+            f"dataset {name!r} needs about {human(nbytes)} of memory in this process (43 bytes per prompt "
+            f"plus 65 per observed prompt, twice: live and a snapshot's copy) and the datasets it holds "
+            f"already take {human(held)} of its {human(self.budget)} memory budget "
+            f"(SELECTOR_MEMORY_BUDGET_BYTES); {after}. Delete datasets no longer needed, or give the "
+            "service more memory and a larger SELECTOR_MEMORY_BUDGET_BYTES"
+        )
+
+    def out_of_memory(self, name: str, action: Action) -> InsufficientMemory:
+        """What an allocation that failed (MemoryError) for dataset `name` answers."""
+        done = {
+            "create": "nothing was created",
+            "import": "nothing was imported",
+            "load": "the store keeps it",
+        }
+        return InsufficientMemory(
+            f"the process ran out of memory allocating dataset {name!r} ({done[action]}): its memory "
+            f"budget ({human(self.budget)}, SELECTOR_MEMORY_BUDGET_BYTES) is larger than what the "
+            "machine or its limits (ulimit, cgroup) allow; lower it"
+        )

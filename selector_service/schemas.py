@@ -154,6 +154,7 @@ class RolloutBudget(_Request):
         le=K_MAX,
         description=f"Most rollouts of one prompt, >= min and at most the K limit {K_MAX}; null = {K_MAX}.",
     )
+    # A Literal of core's tuple of names: pydantic expands it at runtime, mypy only takes literal values.
     policy: Literal[ROLLOUT_POLICIES] = Field(  # type: ignore[valid-type]
         DEFAULT_ROLLOUT_POLICY,
         description="How the budget is shared: "
@@ -501,7 +502,7 @@ def _decode_observe(raw: bytes) -> tuple[FastObserve | None, str]:
         except msgspec.ValidationError as exc:
             return None, _problem(exc, lo)
     del head, array
-    return FastObserve(head_fields[0], head_fields[1], head_fields[2], packed.done()), ""  # type: ignore[arg-type]
+    return FastObserve(head_fields[0], head_fields[1], head_fields[2], packed.done()), ""
 
 
 class ResultRow(NamedTuple):
@@ -518,7 +519,7 @@ class PackedResults:
     result would keep hundreds of thousands of objects alive for the garbage collector to walk, with the
     event loop's thread waiting). Row i: prompt `ids[i]`; its rewards `values[offsets[i]:offsets[i+1]]`
     when `has_rewards[i]` (an empty slice is an empty list), else none; `successes[i]` and `trials[i]`,
-    NaN when not given. Indexing gives ResultRow (tests, error paths); engine.outcome_payload reads
+    NaN when not given. Indexing gives ResultRow (tests, error paths); payloads.outcome_payload reads
     the arrays."""
 
     __slots__ = ("has_rewards", "ids", "offsets", "successes", "trials", "values")

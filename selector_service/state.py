@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 import struct
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -260,7 +261,7 @@ class DatasetState:
         self._spare_buffer: np.ndarray | None = None
 
     # ---- applying the log -----------------------------------------------------------------------
-    def apply_record(self, log_id: str, fields: dict[bytes | str, bytes]) -> None:
+    def apply_record(self, log_id: str, fields: Mapping[str, bytes | str] | Mapping[bytes, bytes]) -> None:
         """Applies one log entry (already known to be newer than `cursor`).
 
         Raises LogGap, changing nothing, when the record's sequence number is not `seq + 1`. Records from

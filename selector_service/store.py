@@ -45,13 +45,15 @@ the same script.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import re
 import time
 import uuid
-from collections.abc import AsyncIterable
+from collections.abc import AsyncIterable, Awaitable, Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any
+from enum import StrEnum
+from typing import Any, ParamSpec, TypeVar, cast
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
@@ -59,6 +61,8 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
+
+from selector_service.errors import DatasetGone, Unavailable
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 LAYOUT = "v1"
@@ -296,7 +300,8 @@ return 'created'
 
 
 class StoreError(Exception):
-    """The store could not be reached or answered out of contract (maps to 503)."""
+    """The store answered out of contract: a snapshot chunk missing (SnapshotMissing), the snapshot lock
+    lost while writing, a snapshot that is not the log prefix it claims to be."""
 
 
 class SnapshotMissing(StoreError):
@@ -304,17 +309,64 @@ class SnapshotMissing(StoreError):
     current one), or the store lost it (eviction, no persistence)."""
 
 
-class DatasetGone(Exception):
-    """The dataset was deleted (or deleted and recreated) while a request was in flight (maps to 404)."""
+class WriteStatus(StrEnum):
+    """What a write script answered (a dataset gone raises DatasetGone instead)."""
+
+    OK = "ok"  # applied (or, for a resend of the call that applied it, applied before)
+    DUP = "dup"  # observe: same request id, same body, applied by an earlier call
+    CONFLICT = "conflict"  # observe: same request id, another body
+    CLOSED = "closed"  # observe: the step is closed (later than max lag)
+    AHEAD = "ahead"  # the step is further ahead of the open step than max_step_gap
+    BUSY = "busy"  # observe, metadata: a select is closing a step; send it again shortly
+    MOVED = "moved"  # close: the log grew since the state the caller applied; nothing appended
+    BEHIND = "behind"  # close: the step is below the open step
+
+    @property
+    def refused(self) -> bool:
+        """The write was refused with nothing recorded, not even its request id: a later call with the
+        same request id is a new request."""
+        return self in (WriteStatus.CLOSED, WriteStatus.AHEAD, WriteStatus.BUSY)
+
+
+class CreateStatus(StrEnum):
+    """What a create answered: the dataset created (by this call, or by a resend of it), the name held
+    by the same spec already, or by another spec."""
+
+    CREATED = "created"
+    EXISTS = "exists"
+    CONFLICT = "conflict"
 
 
 @dataclass(frozen=True)
 class WriteResult:
-    status: str
+    status: WriteStatus
     log_id: str
     open_step: int
     lag: int = 0
     log_length: int = 0
+
+
+#: One log record as read: its stream id and its fields (names decoded, values as stored).
+LogEntry = tuple[str, dict[str, bytes]]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _reachable(method: Callable[P, Awaitable[R]]) -> Callable[P, Coroutine[Any, Any, R]]:
+    """Makes a store call that fails to reach the store raise Unavailable (503), what every caller
+    answers for it, instead of redis-py's RedisError."""
+
+    @functools.wraps(method)
+    async def call(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return await method(*args, **kwargs)
+        except RedisError as exc:
+            raise Unavailable(
+                f"the belief store is unreachable ({type(exc).__name__}: {exc}); retry later"
+            ) from exc
+
+    return call
 
 
 @dataclass(frozen=True)
@@ -323,7 +375,7 @@ class LogView:
 
     meta: dict[str, str]
     length: int
-    entries: list
+    entries: list[LogEntry]
 
     @property
     def seq(self) -> int:
@@ -349,6 +401,14 @@ def _call_token() -> str:
 
 def _s(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _status(name: str, raw: Any) -> WriteStatus:
+    """A write script's status; DatasetGone when it answered that the incarnation it named is gone."""
+    status = _s(raw)
+    if status == "gone":
+        raise DatasetGone(name)
+    return WriteStatus(status)
 
 
 class Keys:
@@ -400,14 +460,13 @@ class Keys:
 
 async def connect(url: str, timeout_s: float) -> aioredis.Redis | RedisCluster:
     """Connects to a standalone server or, when the server runs in cluster mode, to the whole cluster."""
-    kwargs = {"socket_timeout": timeout_s, "socket_connect_timeout": timeout_s}
-    probe = aioredis.Redis.from_url(url, **kwargs)
+    probe = aioredis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
     try:
         info = await probe.info("cluster")
     finally:
         await probe.aclose()
     if info.get("cluster_enabled") in (1, "1"):
-        return RedisCluster.from_url(url, **kwargs)
+        return RedisCluster.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
     # After a store restart every pooled connection is closed on the server's side, and the first command
     # sent on one fails. So a command that fails to connect or finds its connection closed is sent again,
     # once, on a fresh connection (never after a timeout: the store may just be slow). Every write is
@@ -416,7 +475,13 @@ async def connect(url: str, timeout_s: float) -> aioredis.Redis | RedisCluster:
     # remembers, a create carries the new uid, an import and a snapshot commit their snapshot id, and
     # lock takes their owner.
     retry = Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,))
-    return aioredis.Redis.from_url(url, health_check_interval=30, retry=retry, **kwargs)
+    return aioredis.Redis.from_url(
+        url,
+        health_check_interval=30,
+        retry=retry,
+        socket_timeout=timeout_s,
+        socket_connect_timeout=timeout_s,
+    )
 
 
 async def durability_problems(client: aioredis.Redis | RedisCluster) -> list[str]:
@@ -446,10 +511,10 @@ async def durability_problems(client: aioredis.Redis | RedisCluster) -> list[str
 
 
 class Store:
-    """Async access to the datasets' keys. An unreachable store raises redis-py's RedisError (the engine
-    answers 503 for it); StoreError is an answer out of contract: a snapshot chunk missing
-    (SnapshotMissing), the snapshot lock lost while writing, a snapshot that is not the log prefix it
-    claims to be."""
+    """Async access to the datasets' keys, raising the service's own errors: Unavailable when the store
+    cannot be reached, DatasetGone when a write names an incarnation that is gone, and StoreError for
+    an answer out of contract (a snapshot chunk missing: SnapshotMissing; the snapshot lock lost while
+    writing; a snapshot that is not the log prefix it claims to be)."""
 
     def __init__(
         self,
@@ -478,19 +543,26 @@ class Store:
     async def close(self) -> None:
         await self.r.aclose()
 
+    @_reachable
     async def ping(self) -> bool:
         return bool(await self.r.ping())
 
     # ---- datasets -------------------------------------------------------------------------------
-    async def create_dataset(self, name: str, spec: dict[str, Any], fingerprint: str) -> tuple[str, dict]:
+    @_reachable
+    async def create_dataset(
+        self, name: str, spec: dict[str, Any], fingerprint: str
+    ) -> tuple[CreateStatus, dict[str, Any]]:
+        """Creates dataset `name` with a new uid unless the name is taken; returns what the create
+        answered and the stored spec document (this one's, or the one holding the name)."""
         uid = uuid.uuid4().hex
         doc = dict(spec, uid=uid, fingerprint=fingerprint)
         status, stored = await self._create(
             keys=[self.keys.spec(name), self.keys.meta(name)], args=[json.dumps(doc), uid, fingerprint]
         )
         await self.r.sadd(self.keys.registry, name)
-        return _s(status), json.loads(_s(stored))
+        return CreateStatus(_s(status)), json.loads(_s(stored))
 
+    @_reachable
     async def write_import_chunks(
         self, name: str, chunks: AsyncIterable[bytes | memoryview]
     ) -> tuple[str, int]:
@@ -509,6 +581,7 @@ class Store:
             raise
         return snap_id, count
 
+    @_reachable
     async def commit_import(
         self,
         name: str,
@@ -538,18 +611,22 @@ class Store:
         await self.r.sadd(self.keys.registry, name)
         return True
 
+    @_reachable
     async def discard_chunks(self, name: str, snap_id: str, count: int) -> None:
         """Removes chunks `write_import_chunks` wrote that no dataset refers to (an import given up)."""
         await self._delete_chunks(name, snap_id, count)
 
-    async def get_spec(self, name: str) -> dict | None:
+    @_reachable
+    async def get_spec(self, name: str) -> dict[str, Any] | None:
         raw = await self.r.get(self.keys.spec(name))
         return json.loads(raw) if raw else None
 
+    @_reachable
     async def list_datasets(self) -> list[str]:
         names = sorted(_s(n) for n in await self.r.smembers(self.keys.registry))
         return names
 
+    @_reachable
     async def delete_dataset(self, name: str, keep_snap: str | None = None) -> bool:
         """Deletes every key of dataset `name` (but the chunks of snapshot `keep_snap`, an import's that
         replaces it); whether it existed."""
@@ -581,6 +658,7 @@ class Store:
             await self.r.delete(*batch)
 
     # ---- writes ---------------------------------------------------------------------------------
+    @_reachable
     async def claim_request(self, name: str, uid: str, request_id: str) -> tuple[str, str, bool]:
         """Claims `request_id` for incarnation `uid` of dataset `name`; returns the dataset name and uid it
         belongs to (`name`, `uid` unless it was first used for another dataset or an earlier incarnation
@@ -599,11 +677,13 @@ class Store:
         owner_name, _, owner_uid = _s(owner).partition(" ")
         return owner_name, owner_uid, _s(created) == "1"
 
+    @_reachable
     async def release_request(self, name: str, uid: str, request_id: str) -> None:
         """Undoes a claim this process made for an observe the dataset refused (nothing applied), so a
         refused request leaves no trace; a claim that meanwhile names another incarnation is left alone."""
         await self._release(keys=[self.keys.claim(request_id)], args=[f"{name} {uid}"])
 
+    @_reachable
     async def append_observe(
         self,
         name: str,
@@ -614,6 +694,8 @@ class Store:
         digest: str,
         max_lag: int = 0,
     ) -> WriteResult:
+        """Appends an observe record atomically with its request id (_OBSERVE above); DatasetGone when
+        incarnation `uid` is gone."""
         res = await self._observe(
             keys=[
                 self.keys.meta(name),
@@ -634,39 +716,47 @@ class Store:
             ],
         )
         length = int(_s(res[4])) if len(res) > 4 else 0
-        return WriteResult(_s(res[0]), _s(res[1]), int(_s(res[2])), int(_s(res[3])), length)
+        return WriteResult(_status(name, res[0]), _s(res[1]), int(_s(res[2])), int(_s(res[3])), length)
 
+    @_reachable
     async def append_metadata(self, name: str, uid: str, payload: bytes) -> WriteResult:
-        """Appends a metadata record (status ok), or reports the dataset gone or a close in flight (busy)."""
+        """Appends a metadata record (status ok), or reports a close in flight (busy); DatasetGone when
+        incarnation `uid` is gone."""
         res = await self._metadata(
             keys=[self.keys.meta(name), self.keys.log(name), self.keys.closing(name)],
             args=[uid, payload, _call_token()],
         )
-        return WriteResult(_s(res[0]), _s(res[1]), int(_s(res[2])))
+        return WriteResult(_status(name, res[0]), _s(res[1]), int(_s(res[2])))
 
+    @_reachable
     async def reserve_close(self, name: str, token: str, ttl_ms: int) -> bool:
         """Takes the dataset's closing reservation for `token` (SET NX PX); False when another holds it."""
         return bool(await self._take_lock(keys=[self.keys.closing(name)], args=[token, ttl_ms]))
 
+    @_reachable
     async def release_close(self, name: str, token: str) -> None:
         """Gives the closing reservation back when `token` still holds it."""
         await self._unreserve(keys=[self.keys.closing(name)], args=[token])
 
+    @_reachable
     async def commit_close(
         self, name: str, uid: str, step: int, note: str, seq: int, open_step: int, token: str
     ) -> WriteResult:
-        """Appends a select's record only if the log is still at `seq` with `open_step` (_CLOSE above)."""
+        """Appends a select's record only if the log is still at `seq` with `open_step` (_CLOSE above);
+        DatasetGone when incarnation `uid` is gone."""
         res = await self._close(
             keys=[self.keys.meta(name), self.keys.log(name), self.keys.closing(name)],
             args=[uid, step, self.max_step_gap, note, seq, open_step, token],
         )
-        return WriteResult(_s(res[0]), _s(res[1]), int(_s(res[2])))
+        return WriteResult(_status(name, res[0]), _s(res[1]), int(_s(res[2])))
 
     # ---- reads ----------------------------------------------------------------------------------
+    @_reachable
     async def read_meta(self, name: str) -> dict[str, str]:
         raw = await self.r.hgetall(self.keys.meta(name))
         return {_s(k): _s(v) for k, v in raw.items()}
 
+    @_reachable
     async def read_seqs(self, names: list[str]) -> dict[str, int]:
         """Each dataset's record count (the meta hash's seq; 0 for one that has none), in one pipelined
         round trip: what /metrics ranks datasets by activity with."""
@@ -678,6 +768,7 @@ class Store:
         values = await pipe.execute()
         return {name: int(_s(v)) if v is not None else 0 for name, v in zip(names, values, strict=True)}
 
+    @_reachable
     async def read_log(self, name: str, after_id: str, count: int) -> LogView:
         """One round trip, one atomic step: the meta hash, the log length and the first `count` records
         after `after_id` ("" = from the start). Records are (id, {field: value}) pairs."""
@@ -692,18 +783,22 @@ class Store:
         return LogView(meta, int(length), entries)
 
     # ---- snapshots ------------------------------------------------------------------------------
+    @_reachable
     async def try_snapshot_lock(self, name: str, owner: str, ttl_ms: int) -> bool:
         return bool(await self._take_lock(keys=[self.keys.snaplock(name)], args=[owner, ttl_ms]))
 
+    @_reachable
     async def release_snapshot_lock(self, name: str, owner: str) -> None:
         cur = await self.r.get(self.keys.snaplock(name))
         if cur is not None and _s(cur) == owner:
             await self.r.delete(self.keys.snaplock(name))
 
+    @_reachable
     async def renew_snapshot_lock(self, name: str, owner: str, ttl_ms: int) -> bool:
         """Extends the snapshot lock by `ttl_ms` if `owner` still holds it; False when it was lost."""
         return bool(await self._renew(keys=[self.keys.snaplock(name)], args=[owner, ttl_ms]))
 
+    @_reachable
     async def write_snapshot(
         self,
         name: str,
@@ -782,9 +877,11 @@ class Store:
                 return
             lo += 64
 
+    @_reachable
     async def read_snapshot_chunk(self, name: str, snap_id: str, index: int) -> bytes:
-        """Chunk `index` of snapshot `snap_id`; StoreError when it is missing (evicted or deleted)."""
+        """Chunk `index` of snapshot `snap_id`; SnapshotMissing when it is missing (replaced, evicted or
+        deleted)."""
         part = await self.r.get(self.keys.snap_chunk(name, snap_id, index))
         if part is None:
             raise SnapshotMissing(f"snapshot {snap_id} of dataset {name!r} is missing chunk {index}")
-        return part
+        return cast(bytes, part)  # the client decodes no responses (connect): values are bytes

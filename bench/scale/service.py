@@ -17,7 +17,7 @@ import redis
 from bench.common import fmt_n, median, peak_rss, percentile, reset_peak_rss, rss
 from bench.scale.kernels import HMM_DECAY, full_beliefs, random_outcomes
 from selector_service.core import BeliefArrays
-from selector_service.engine import REPLAY_BUDGET
+from selector_service.replica import REPLAY_BUDGET
 from selector_service.snapshot import serialize_snapshot
 from selector_service.state import DatasetSpec, DatasetState
 from selector_service.store import Keys

@@ -5,7 +5,7 @@ The header is the one part of an export the codec parses before it checks anythi
 fuzzed on its own: a genuine export's header with one node anywhere in it (the spec, the per-strategy
 defaults, the counters, the shared state, the array layout) replaced by arbitrary JSON (deep nesting,
 huge or non-finite numbers, wrong types), checked by the same function the import route runs
-(`engine.read_export`). Then over HTTP: a header nested 2,000 levels deep, and a few forged headers, are
+(`backup.read_export`). Then over HTTP: a header nested 2,000 levels deep, and a few forged headers, are
 422 and leave the service serving."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from selector_service.engine import read_export
+from selector_service.backup import read_export
 from selector_service.errors import InvalidRequest
 from selector_service.snapshot import SNAPSHOT_MAGIC, _header_digest, serialize_snapshot
 from selector_service.state import DatasetSpec, DatasetState

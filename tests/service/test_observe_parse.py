@@ -14,8 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from selector_service.engine import outcome_payload
 from selector_service.errors import InvalidRequest
+from selector_service.payloads import outcome_payload
 from selector_service.schemas import ObserveRequest, decode_observe
 from selector_service.state import DatasetSpec
 

@@ -123,12 +123,16 @@ class Replica:
 
     async def kill(self) -> None:
         self.dead = True
-        for task in [*self.inflight, *self.engine._snapshotting.values(), *self.engine._maintaining.values()]:
+        for task in [
+            *self.inflight,
+            *self.engine.replica.snapshotting.values(),
+            *self.engine.replica.maintaining.values(),
+        ]:
             task.cancel()
         await asyncio.gather(
             *self.inflight,
-            *self.engine._snapshotting.values(),
-            *self.engine._maintaining.values(),
+            *self.engine.replica.snapshotting.values(),
+            *self.engine.replica.maintaining.values(),
             return_exceptions=True,
         )
         await self.client.aclose()

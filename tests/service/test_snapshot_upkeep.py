@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from selector_service import engine as engine_module
+from selector_service import replica as replica_module
 from selector_service.engine import Engine
 from selector_service.settings import Settings
 from selector_service.state import DatasetSpec
@@ -115,7 +115,7 @@ def test_the_lock_is_renewed_while_a_slow_snapshot_is_written(redis_url, monkeyp
 
 
 def test_a_killed_writer_holds_the_lock_for_at_most_its_ttl():
-    assert engine_module.SNAPSHOT_LOCK_TTL_MS <= 60_000
+    assert replica_module.SNAPSHOT_LOCK_TTL_MS <= 60_000
 
 
 @pytest.mark.parametrize("threshold", [3, 7])
@@ -128,7 +128,9 @@ def test_observe_only_traffic_is_snapshotted(redis_url, threshold):
             await engine.create_dataset(DatasetSpec(name="w", size=5))
             for i in range(5 * threshold):
                 await engine.observe("w", step=0, request_id=f"w-{i}", results=[_result(i % 5)])
-                await asyncio.gather(*engine._maintaining.values(), *engine._snapshotting.values())
+                await asyncio.gather(
+                    *engine.replica.maintaining.values(), *engine.replica.snapshotting.values()
+                )
             meta = await engine.store.read_meta("w")
             assert meta.get("snap"), "no snapshot was written"
             length = (await engine.store.read_log("w", "", 1)).length

@@ -314,12 +314,12 @@ def test_engine_paces_automatic_snapshots(redis_url):
             first = (await store.read_meta("ds")).get("snap")
             assert first, "the record trigger did not write a snapshot"
             # As if that snapshot had taken long: the next one must wait although the trigger fires.
-            engine._snapshot_not_before["ds"] = time.monotonic() + 3600
+            engine.replica.snapshot_not_before["ds"] = time.monotonic() + 3600
             await _observe_steps(engine, "ds", range(2, 4), seed=5)
             await engine.read("ds", lambda st: None)
             await engine.flush_snapshots()
             assert (await store.read_meta("ds")).get("snap") == first
-            engine._snapshot_not_before["ds"] = 0.0
+            engine.replica.snapshot_not_before["ds"] = 0.0
             await engine.read("ds", lambda st: None)
             await engine.flush_snapshots()
             assert (await store.read_meta("ds")).get("snap") != first

@@ -1,0 +1,246 @@
+"""What requests become in the log: requests checked against their dataset, packed into the payloads
+of log records (state.pack_results and state.pack_metadata define the record layout), and the digests
+that name them (an observe's body, bound to its request id; a select's, in the step history).
+
+Everything here is a pure function of the request and the dataset's spec: no store, no state, so every
+replica packs a request into the same bytes and refuses a bad one with the same words.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from selector_service.core import strategies
+from selector_service.core.outcomes import outcomes_from_counts, outcomes_from_flat
+from selector_service.core.rollouts import RolloutError, RolloutRequest, check_rollouts
+from selector_service.errors import InvalidRequest
+from selector_service.schemas import PackedResults
+from selector_service.state import DatasetSpec, pack_results
+
+
+def resolve_params(spec: DatasetSpec, strategy: str, params: dict[str, Any]) -> dict[str, Any]:
+    """The parameters a request for `strategy` runs with: the dataset's defaults for it, then the
+    request's own, checked (InvalidRequest naming the parameter and the fix)."""
+    if strategy not in strategies.STRATEGIES:
+        raise InvalidRequest(
+            f"unknown strategy {strategy!r}; choose one of {', '.join(sorted(strategies.STRATEGIES))}"
+        )
+    merged = dict(spec.defaults.get(strategy, {}))
+    merged.update(params)
+    try:
+        strategies.check_dataset_params(strategy, params, spec.defaults)
+        return strategies.validate_params(strategy, merged)
+    except strategies.ParamError as exc:
+        raise InvalidRequest(str(exc)) from exc
+
+
+def select_digest(strategy: str, params: dict[str, Any], seed: int, batch_size: int) -> str:
+    """Names a select request in the step history: requests that give the same batch share it."""
+    doc = json.dumps([strategy, params, seed, batch_size], sort_keys=True, default=str)
+    return hashlib.blake2b(doc.encode(), digest_size=12).hexdigest()
+
+
+def rollout_request(batch_size: int, rollouts: Any) -> RolloutRequest | None:
+    """The checked rollout budget of a select (None without one): the API's RolloutBudget (budget, min,
+    max, policy) or a core RolloutRequest, checked against batch_size (InvalidRequest naming the fix)."""
+    if rollouts is None:
+        return None
+    if isinstance(rollouts, RolloutRequest):
+        fields = (rollouts.budget, rollouts.min_rollouts, rollouts.max_rollouts, rollouts.policy)
+    else:
+        fields = (rollouts.budget, rollouts.min, rollouts.max, rollouts.policy)
+    try:
+        return check_rollouts(batch_size, *fields)
+    except RolloutError as exc:
+        raise InvalidRequest(f"{exc}; nothing was applied") from None
+
+
+def check_batch_size(name: str, batch_size: int, spec: DatasetSpec) -> None:
+    """InvalidRequest when a select asks for more prompts than dataset `name` has."""
+    if batch_size > spec.size:
+        raise InvalidRequest(f"batch_size {batch_size} is larger than dataset {name!r} ({spec.size} prompts)")
+
+
+def check_ids(ids: np.ndarray, size: int) -> None:
+    """InvalidRequest unless `ids` is a non-empty array of prompt ids in 0..size-1."""
+    if ids.size == 0:
+        raise InvalidRequest("prompt_ids is empty: pass at least one prompt id")
+    lo, hi = int(ids.min()), int(ids.max())
+    if lo < 0 or hi >= size:
+        bad = lo if lo < 0 else hi
+        raise InvalidRequest(f"prompt id {bad} is out of range: ids must be in 0..{size - 1}")
+
+
+def outcome_payload(spec: DatasetSpec, step: int, results: Sequence[Any]) -> tuple[bytes, str]:
+    """Turns results into packed (ids, successes, trials, states), checking values against the spec, and
+    the digest of the request body (dataset, step and results exactly as sent: rewards, or successes
+    and trials) that a request id is bound to.
+
+    A result is any object with the attributes `prompt_id`, `rewards`, `successes`, `trials` (the API's
+    validated models; reading attributes avoids re-serializing thousands of rewards per request).
+    """
+    if isinstance(results, PackedResults):
+        return _packed_payload(spec, step, results)
+    n = len(results)
+    if n == 0:
+        raise InvalidRequest("results is empty: send at least one result")
+    ids = np.empty(n, dtype=np.int64)
+    succ = np.empty(n, dtype=np.float64)
+    trials = np.empty(n, dtype=np.float64)
+    states = np.empty(n, dtype=np.int8)
+    reward_rows: list[int] = []
+    flat: list[float] = []
+    offsets = [0]
+    count_rows: list[int] = []
+    for i, r in enumerate(results):
+        pid = r.prompt_id
+        if not 0 <= pid < spec.size:
+            raise InvalidRequest(
+                f"results[{i}].prompt_id {pid} is out of range: ids must be in 0..{spec.size - 1}"
+            )
+        ids[i] = pid
+        rewards = r.rewards
+        if rewards is not None:
+            if r.successes is not None or r.trials is not None:
+                raise InvalidRequest(f"results[{i}]: send either rewards or successes + trials, not both")
+            if len(rewards) == 0:
+                raise InvalidRequest(f"results[{i}].rewards is empty: send one reward per rollout")
+            reward_rows.append(i)
+            flat.extend(rewards)
+            offsets.append(len(flat))
+            continue
+        s, t = r.successes, r.trials
+        if s is None or t is None:
+            raise InvalidRequest(f"results[{i}]: send rewards, or both successes and trials")
+        if not (math.isfinite(s) and math.isfinite(t)):
+            raise InvalidRequest(f"results[{i}]: successes and trials must be finite")
+        if t < 1 or t != int(t):
+            raise InvalidRequest(f"results[{i}].trials is {t}: it must be a whole number >= 1")
+        if s < 0:
+            raise InvalidRequest(f"results[{i}].successes is {s}: it must be >= 0")
+        if s > t:
+            raise InvalidRequest(f"results[{i}]: successes ({s}) > trials ({t})")
+        if spec.reward_mode == "binary" and s != int(s):
+            raise InvalidRequest(
+                f"results[{i}].successes is {s}: a binary-mode dataset counts whole successes "
+                "(create the dataset with reward_mode 'fractional' for fractional rewards)"
+            )
+        succ[i], trials[i] = s, t
+        count_rows.append(i)
+    values = np.asarray(flat, dtype=np.float64)
+    if not np.isfinite(values).all():
+        bad = int(np.flatnonzero(~np.isfinite(values))[0])
+        row = reward_rows[int(np.searchsorted(offsets, bad, side="right")) - 1]
+        raise InvalidRequest(f"results[{row}].rewards contains {values[bad]}: rewards must be finite numbers")
+    if reward_rows:
+        rows = np.asarray(reward_rows, dtype=np.int64)
+        rs, rt, rst = outcomes_from_flat(
+            values,
+            np.asarray(offsets, dtype=np.int64),
+            spec.reward_mode,
+            spec.success_threshold,
+        )
+        succ[rows], trials[rows], states[rows] = rs, rt, rst
+    if count_rows:
+        rows = np.asarray(count_rows, dtype=np.int64)
+        states[rows] = outcomes_from_counts(succ[rows], trials[rows])
+    return pack_results(ids, succ, trials, states), _body_digest(
+        spec.name, step, ids, values, offsets, reward_rows, succ, trials, count_rows
+    )
+
+
+def _packed_payload(spec: DatasetSpec, step: int, pr: PackedResults) -> tuple[bytes, str]:
+    """outcome_payload of results decoded as arrays (schemas.PackedResults): the same checks in the
+    same order (the first row with a problem is named, with the first problem of that row, in the words
+    of the loop above), the same payload and the same digest, in a few array passes."""
+    n = len(pr)
+    if n == 0:
+        raise InvalidRequest("results is empty: send at least one result")
+    ids, has_r, s, t = pr.ids, pr.has_rewards, pr.successes, pr.trials
+    lengths = np.diff(pr.offsets)
+    has_s, has_t = ~np.isnan(s), ~np.isnan(t)
+    counts = ~has_r
+    with np.errstate(invalid="ignore"):
+        s_, t_ = np.nan_to_num(s), np.nan_to_num(t, nan=1.0)
+        checks = (
+            (~((ids >= 0) & (ids < spec.size)),
+             lambda i: f"results[{i}].prompt_id {ids[i]} is out of range: ids must be in 0..{spec.size - 1}"),
+            (has_r & (has_s | has_t),
+             lambda i: f"results[{i}]: send either rewards or successes + trials, not both"),
+            (has_r & (lengths == 0), lambda i: f"results[{i}].rewards is empty: send one reward per rollout"),
+            (counts & ~(has_s & has_t), lambda i: f"results[{i}]: send rewards, or both successes and trials"),
+            (counts & ((t_ < 1) | (t_ != np.floor(t_))),
+             lambda i: f"results[{i}].trials is {int(t[i])}: it must be a whole number >= 1"),
+            (counts & (s_ < 0), lambda i: f"results[{i}].successes is {s[i]}: it must be >= 0"),
+            (counts & (s_ > t_), lambda i: f"results[{i}]: successes ({s[i]}) > trials ({int(t[i])})"),
+            (counts & (s_ != np.floor(s_)) & (spec.reward_mode == "binary"),
+             lambda i: f"results[{i}].successes is {s[i]}: a binary-mode dataset counts whole successes "
+             "(create the dataset with reward_mode 'fractional' for fractional rewards)"),
+        )  # fmt: skip
+    bad = [(int(np.argmax(mask)), order) for order, (mask, _) in enumerate(checks) if mask.any()]
+    if bad:
+        row, order = min(bad)
+        raise InvalidRequest(checks[order][1](row))
+    values = pr.values
+    reward_rows = np.flatnonzero(has_r)
+    count_rows = np.flatnonzero(counts)
+    offsets = np.zeros(reward_rows.size + 1, dtype=np.int64)
+    np.cumsum(lengths[reward_rows], out=offsets[1:])
+    if not np.isfinite(values).all():
+        bad_value = int(np.flatnonzero(~np.isfinite(values))[0])
+        row = int(reward_rows[int(np.searchsorted(offsets, bad_value, side="right")) - 1])
+        raise InvalidRequest(
+            f"results[{row}].rewards contains {values[bad_value]}: rewards must be finite numbers"
+        )
+    succ = np.empty(n, dtype=np.float64)
+    trials = np.empty(n, dtype=np.float64)
+    states = np.empty(n, dtype=np.int8)
+    if reward_rows.size:
+        rs, rt, rst = outcomes_from_flat(values, offsets, spec.reward_mode, spec.success_threshold)
+        succ[reward_rows], trials[reward_rows], states[reward_rows] = rs, rt, rst
+    if count_rows.size:
+        succ[count_rows], trials[count_rows] = s[count_rows], t[count_rows]
+        states[count_rows] = outcomes_from_counts(succ[count_rows], trials[count_rows])
+    return pack_results(ids, succ, trials, states), _body_digest(
+        spec.name, step, ids, values, offsets, reward_rows, succ, trials, count_rows
+    )
+
+
+def _body_digest(
+    name: str,
+    step: int,
+    ids: np.ndarray,
+    values: np.ndarray,
+    offsets: np.ndarray | list[int],
+    reward_rows: np.ndarray | list[int],
+    succ: np.ndarray,
+    trials: np.ndarray,
+    count_rows: np.ndarray | list[int],
+) -> str:
+    """blake2b of an observe body in a canonical binary form: each part length-prefixed, numbers as
+    little-endian int64/float64 (so 1 and 1.0 are the same reward, as they are the same number in JSON)."""
+    h = hashlib.blake2b(digest_size=16)
+
+    def part(data: bytes) -> None:
+        h.update(len(data).to_bytes(8, "little"))
+        h.update(data)
+
+    part(name.encode())
+    part(int(step).to_bytes(8, "little"))
+    for arr, dtype in (
+        (ids, "<i8"),
+        (reward_rows, "<i8"),
+        (offsets, "<i8"),
+        (values, "<f8"),
+        (count_rows, "<i8"),
+        (succ[count_rows] if len(count_rows) else (), "<f8"),
+        (trials[count_rows] if len(count_rows) else (), "<f8"),
+    ):
+        part(np.ascontiguousarray(arr, dtype=dtype).tobytes())
+    return h.hexdigest()

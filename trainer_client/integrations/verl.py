@@ -100,13 +100,8 @@ def _config_get(config: Any, key: str, default: Any = None) -> Any:
     return getter(key, default) if getter is not None else getattr(config, key, default)
 
 
-def verl_version() -> tuple[int, int] | None:
-    """(major, minor) of the installed verl, or None when verl is not installed."""
-    return framework_version("verl")
-
-
 def _check_verl_version(trainer_reports: bool) -> None:
-    version = verl_version()
+    version = framework_version("verl")
     if version is None:
         return  # used outside verl (custom loops): nothing to check
     if version < (0, 5):

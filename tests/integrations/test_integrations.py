@@ -246,7 +246,7 @@ def test_verl_v1_reports_keep_the_first_report_and_count_late_ones(service: Any,
         c.create_dataset(dsname, 4, rollouts_per_prompt=2, max_lag=1)
         buffer = ReportingBuffer()
         buffer.selector_sampler = SimpleNamespace(  # type: ignore[assignment]
-            client=c, run_id="run", settings=SelectorOptions(url=service.url, dataset=dsname)
+            client=c, run_id="run", options=SelectorOptions(url=service.url, dataset=dsname)
         )
         c.select(dsname, 0, 2, "uniform")
         buffer._report("u1", 0, 1, [1.0, 0.0])

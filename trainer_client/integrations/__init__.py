@@ -36,7 +36,7 @@ from typing import Any, NamedTuple
 
 from packaging.version import Version
 
-from trainer_client.client import NotFound, Result, RolloutBudget, SelectorClient, first_step
+from trainer_client.client import NotFound, Result, RolloutBudget, Selection, SelectorClient, first_step
 
 __all__ = [
     "SelectedStep",
@@ -346,16 +346,31 @@ class SelectedStep(NamedTuple):
 
 
 class StepSampler:
-    """What the adapters' samplers share (mixed into each, beside torch's ``Sampler``): the service step
-    the next selection asks for, the run id reports are filed under, and their checkpoint.
+    """What the adapters' samplers share (mixed into each, beside torch's ``Sampler``): the client and
+    options a selection uses, the service step it asks for next, the run id reports are filed under,
+    and their checkpoint.
 
-    A sampler sets ``next_step`` (where the service says this run starts, `ensure_dataset`) and
-    ``run_id`` (None when its reports are made elsewhere); one that a loader iterates implements
-    `select_step` and returns a `StepIterator` over the epoch's steps from ``__iter__``. ``state_dict`` / ``load_state_dict``
+    A sampler sets ``client``, ``options``, ``next_step`` (where the service says this run starts,
+    `ensure_dataset`) and ``run_id`` (None when its reports are made elsewhere); one that a loader
+    iterates implements `select_step` and returns a `StepIterator` over the epoch's steps from
+    ``__iter__``. ``state_dict`` / ``load_state_dict``
     are what torchdata's ``StatefulDataLoader`` saves and restores with the loader."""
 
+    client: SelectorClient
+    options: SelectorOptions
     next_step: int
     run_id: str | None = None
+
+    def select(self, count: int, rollouts: RolloutBudget | None = None) -> tuple[int, Selection]:
+        """``/select`` of ``count`` prompts at ``next_step`` with the options' strategy, params and seed;
+        moves ``next_step`` on and returns the step selected with the answer."""
+        step = self.next_step
+        o = self.options
+        selection = self.client.select(
+            o.dataset, step, count, o.strategy, o.params or None, o.seed, rollouts=rollouts
+        )
+        self.next_step = step + 1
+        return step, selection
 
     def select_step(self) -> SelectedStep:
         """Select ``next_step`` (and advance it); what to hand out."""

@@ -125,10 +125,9 @@ class SelectorSampler(StepSampler, Sampler[int]):
             raise ValueError(f"rank {rank} outside 0..{world_size - 1}")
         self.batch_size = batch_size
         self.client = client
-        self.dataset = dataset
-        self.strategy = strategy
-        self.params = dict(params) if params else None
-        self.seed = seed
+        self.options = SelectorOptions(
+            dataset=dataset, client=client, strategy=strategy, params=dict(params or {}), seed=seed
+        )
         self.next_step = start_step
         self.rank = rank
         self.world_size = world_size
@@ -147,11 +146,7 @@ class SelectorSampler(StepSampler, Sampler[int]):
     def select_step(self) -> SelectedStep:
         """Select the next step; the codes of this rank's share of it."""
         with self.lock:
-            step = self.next_step
-            selection = self.client.select(
-                self.dataset, step, self.batch_size * self.world_size, self.strategy, self.params, self.seed
-            )
-            self.next_step = step + 1
+            step, selection = self.select(self.batch_size * self.world_size)
         mine = selection.prompt_ids[self.rank :: self.world_size]
         rows = mine if self.row_of is None else [self.row_of[pid] for pid in mine]
         return SelectedStep(step, [step * self.size + row for row in rows])

@@ -159,10 +159,7 @@ class SelectorPromptSampler(StepSampler, Sampler[int]):
         return StepIterator(self, self.steps_per_epoch())
 
     def select_step(self) -> SelectedStep:
-        step = self.next_step
-        o = self.options
-        selection = self.client.select(o.dataset, step, self.batch_size, o.strategy, o.params or None, o.seed)
-        self.next_step = step + 1
+        step, selection = self.select(self.batch_size)
         return SelectedStep(step, [self.row_of[pid] for pid in selection.prompt_ids])
 
     def handed_out(self, step: int, item: int, count: int | None) -> None:

@@ -89,12 +89,15 @@ class SelectorDataSource(StepSampler):
         self.prompts: list[Any] = list(self.inner.dataset.origin_samples)
         ids = [self._prompt_id(row, sample) for row, sample in enumerate(self.prompts)]
         self.row_of = check_permutation(ids, "slime prompt data (metadata prompt_id)")
-        self.dataset = _setting("SELECTOR_DATASET")
-        self.strategy = os.environ.get("SELECTOR_STRATEGY") or "insight"
-        self.seed = int(os.environ.get("SELECTOR_SEED") or 0)
         self.max_lag = int(os.environ.get("SELECTOR_MAX_LAG") or 2)
         self.client = client or SelectorClient(
             _setting("SELECTOR_URL"), token=os.environ.get("SELECTOR_API_TOKEN"), timeout=30.0, retries=5
+        )
+        self.options = SelectorOptions(
+            dataset=_setting("SELECTOR_DATASET"),
+            client=self.client,
+            strategy=os.environ.get("SELECTOR_STRATEGY") or "insight",
+            seed=int(os.environ.get("SELECTOR_SEED") or 0),
         )
         self.client.check_server()
         self.next_step = self._ensure_dataset()
@@ -110,12 +113,9 @@ class SelectorDataSource(StepSampler):
         return row if value is None else value
 
     def _ensure_dataset(self) -> int:
-        options = SelectorOptions(
-            dataset=self.dataset, client=self.client, strategy=self.strategy, seed=self.seed
-        )
         return ensure_dataset(
             self.client,
-            options,
+            self.options,
             len(self.prompts),
             int(self.args.n_samples_per_prompt),
             max_lag=self.max_lag,
@@ -132,9 +132,7 @@ class SelectorDataSource(StepSampler):
         needed = num_samples - len(groups)
         if needed == 0:
             return groups
-        step = self.next_step
-        selection = self.client.select(self.dataset, step, needed, self.strategy, None, self.seed)
-        self.next_step = step + 1
+        step, selection = self.select(needed)
         n = int(self.args.n_samples_per_prompt)
         for prompt_id in selection.prompt_ids:
             group = []
@@ -218,5 +216,8 @@ def report_all_samples(args: Any, all_samples: Sequence[Sequence[Any]], data_sou
         ids, rewards = by_step[step]
         results = group_results(ids, rewards)
         data_source.client.observe(
-            data_source.dataset, step, results, request_id=request_id(data_source.run_id, step, prompts=ids)
+            data_source.options.dataset,
+            step,
+            results,
+            request_id=request_id(data_source.run_id, step, prompts=ids),
         )

@@ -101,10 +101,9 @@ class SelectorRepeatSampler(StepSampler, Sampler[int]):
         self.batch_size = batch_size
         self.repeat_count = repeat_count
         self.client = client
-        self.dataset = dataset
-        self.strategy = strategy
-        self.params = dict(params) if params else None
-        self.seed = seed
+        self.options = SelectorOptions(
+            dataset=dataset, client=client, strategy=strategy, params=dict(params or {}), seed=seed
+        )
         self.next_step = start_step
         self.latest_step: int | None = None
         self.history: dict[int, list[int]] = {}
@@ -120,16 +119,12 @@ class SelectorRepeatSampler(StepSampler, Sampler[int]):
 
     def select_next(self) -> list[int]:
         """Ask the service for the next step's prompts; record them; return their dataset rows."""
-        step = self.next_step
-        selection = self.client.select(
-            self.dataset, step, self.batch_size, self.strategy, self.params, self.seed
-        )
+        step, selection = self.select(self.batch_size)
         ids = list(selection.prompt_ids)
         self.history[step] = ids
         for old in [s for s in self.history if s <= step - _HISTORY]:
             del self.history[old]
         self.latest_step = step
-        self.next_step = step + 1
         return ids if self.row_of is None else [self.row_of[pid] for pid in ids]
 
     def select_step(self) -> SelectedStep:

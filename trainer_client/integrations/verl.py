@@ -194,7 +194,7 @@ class SelectorCurriculumSampler(StepSampler, _SamplerBase):  # type: ignore[misc
         _check_verl_version(trainer_reports or report_groups)
         self.report_groups = report_groups
         sampler_config = _config_get(data_config, "sampler")
-        self.settings = resolve_options(_config_get(sampler_config, "selector"), os.environ)
+        self.options = resolve_options(_config_get(sampler_config, "selector"), os.environ)
         workers = _config_get(data_config, "dataloader_num_workers", 0)
         if workers:
             raise ValueError(
@@ -217,21 +217,21 @@ class SelectorCurriculumSampler(StepSampler, _SamplerBase):  # type: ignore[misc
         self._row_of = check_permutation(_row_prompt_ids(data_source), "verl train dataset extra_info.index")
         self.prompt_of = {row: pid for pid, row in self._row_of.items()}
         if not report_groups:
-            self.settings.refuse_rollout_budget(
+            self.options.refuse_rollout_budget(
                 "verl's trainer here rolls out actor_rollout_ref.rollout.n completions of every prompt; "
                 "per-prompt counts need verl 0.9's v1 trainer (trainer.use_v1=True)"
             )
         self.issued: deque[Issued] = deque()
 
-        self.client = client or self.settings.connect(per_prompt_rollouts=report_groups)
+        self.client = client or self.options.connect(per_prompt_rollouts=report_groups)
         self.client.check_server()
-        self.run_id: str = new_run_id(self.settings.run_id, "verl")
+        self.run_id: str = new_run_id(self.options.run_id, "verl")
         self.next_step = ensure_dataset(
             self.client,
-            self.settings,
+            self.options,
             self.num_rows,
-            self.settings.rollouts_per_prompt or DEFAULT_ROLLOUTS,
-            max_lag=self.settings.max_lag if self.settings.max_lag is not None else max_lag,
+            self.options.rollouts_per_prompt or DEFAULT_ROLLOUTS,
+            max_lag=self.options.max_lag if self.options.max_lag is not None else max_lag,
         )
         self.open_step: int | None = None
         self.open_ids: list[int] = []
@@ -263,12 +263,8 @@ class SelectorCurriculumSampler(StepSampler, _SamplerBase):  # type: ignore[misc
                 "without observations",
                 self.open_step,
             )
-        step = self.next_step
-        s = self.settings
-        budget = s.rollouts() if self.report_groups else None
-        selection = self.client.select(
-            s.dataset, step, self.batch_size, s.strategy, s.params or None, s.seed, rollouts=budget
-        )
+        budget = self.options.rollouts() if self.report_groups else None
+        step, selection = self.select(self.batch_size, rollouts=budget)
         if budget is not None and (
             selection.rollouts is None or len(selection.rollouts) != len(selection.prompt_ids)
         ):
@@ -278,7 +274,6 @@ class SelectorCurriculumSampler(StepSampler, _SamplerBase):  # type: ignore[misc
             )
         if not self.report_groups:
             self.open_step, self.open_ids = step, list(selection.prompt_ids)
-        self.next_step = step + 1
         counts = None if budget is None else [int(n) for n in selection.rollouts or []]
         return SelectedStep(step, [self._row_of[pid] for pid in selection.prompt_ids], counts)
 
@@ -290,7 +285,7 @@ class SelectorCurriculumSampler(StepSampler, _SamplerBase):  # type: ignore[misc
                 "update() was called without a selected step: the sampler selected nothing yet"
             )
         ids = batch_prompt_ids(batch)
-        key = self.settings.reward_key or DEFAULT_REWARD_KEY
+        key = self.options.reward_key or DEFAULT_REWARD_KEY
         # TensorDict refuses `key in td`; membership has to go through keys().
         if key not in batch.batch.keys():  # noqa: SIM118
             raise KeyError(f"the batch has no {key!r} tensor; set data.sampler.selector.reward_key")
@@ -306,5 +301,5 @@ class SelectorCurriculumSampler(StepSampler, _SamplerBase):  # type: ignore[misc
                 "supported: every selected group must be reported"
             )
         step = self.open_step
-        self.client.observe(self.settings.dataset, step, results, request_id=request_id(self.run_id, step))
+        self.client.observe(self.options.dataset, step, results, request_id=request_id(self.run_id, step))
         self.open_step, self.open_ids = None, []

@@ -89,12 +89,13 @@ class SelectorDataSource(StepSampler):
         self.prompts: list[Any] = list(self.inner.dataset.origin_samples)
         ids = [self._prompt_id(row, sample) for row, sample in enumerate(self.prompts)]
         self.row_of = check_permutation(ids, "slime prompt data (metadata prompt_id)")
+        dataset = _setting("SELECTOR_DATASET")
         self.max_lag = int(os.environ.get("SELECTOR_MAX_LAG") or 2)
         self.client = client or SelectorClient(
             _setting("SELECTOR_URL"), token=os.environ.get("SELECTOR_API_TOKEN"), timeout=30.0, retries=5
         )
         self.options = SelectorOptions(
-            dataset=_setting("SELECTOR_DATASET"),
+            dataset=dataset,
             client=self.client,
             strategy=os.environ.get("SELECTOR_STRATEGY") or "insight",
             seed=int(os.environ.get("SELECTOR_SEED") or 0),

@@ -346,15 +346,15 @@ class SelectedStep(NamedTuple):
 
 
 class StepSampler:
-    """What the adapters' samplers share (mixed into each, beside torch's ``Sampler``): the client and
-    options a selection uses, the service step it asks for next, the run id reports are filed under,
-    and their checkpoint.
+    """What the adapters' samplers share (mixed into each, beside torch's ``Sampler`` where the trainer
+    wants one): the client and options a selection uses, the service step it asks for next, the run id
+    reports are filed under, and their checkpoint.
 
     A sampler sets ``client``, ``options``, ``next_step`` (where the service says this run starts,
     `ensure_dataset`) and ``run_id`` (None when its reports are made elsewhere); one that a loader
     iterates implements `select_step` and returns a `StepIterator` over the epoch's steps from
-    ``__iter__``. ``state_dict`` / ``load_state_dict``
-    are what torchdata's ``StatefulDataLoader`` saves and restores with the loader."""
+    ``__iter__``. ``state_dict`` / ``load_state_dict`` are what torchdata's ``StatefulDataLoader``
+    saves and restores with the loader."""
 
     client: SelectorClient
     options: SelectorOptions

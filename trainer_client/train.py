@@ -56,7 +56,6 @@ import math
 import statistics
 import sys
 import time
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TextIO
@@ -66,6 +65,7 @@ import numpy as np
 from trainer_client.client import DatasetInfo, Result, RolloutBudget, SelectorClient, first_step
 from trainer_client.config import TrainConfig
 from trainer_client.grpo import GRPOLearner, UpdateStats, build_samples
+from trainer_client.integrations import new_run_id, request_id
 from trainer_client.model import render_prompt
 from trainer_client.rollout import PromptRollouts, RolloutEngine
 
@@ -194,7 +194,7 @@ class Trainer:
         self.client, self.dataset_info, self.task = client, dataset_info, task
         self.tokenizer, self.engine, self.learner, self.rank = tokenizer, engine, learner, rank
         self.threshold = dataset_info.success_threshold
-        self.run_id = config.run_id or f"{config.strategy}-{config.seed}-{uuid.uuid4().hex[:8]}"
+        self.run_id = new_run_id(config.run_id, f"{config.strategy}-{config.seed}")
         self.start_step = first_step(dataset_info, config.start_step)
         self.total_rollouts = 0
         self._prompt_cache: dict[int, tuple[int, ...]] = {}
@@ -260,8 +260,7 @@ class Trainer:
         return solved / len(self.eval_ids)
 
     def _request_id(self, step: int, round_index: int | None = None) -> str:
-        base = f"{self.run_id}-s{step}-r{self.rank}"
-        return base if round_index is None else f"{base}-d{round_index}"
+        return request_id(self.run_id, step, rank=self.rank, round_index=round_index)
 
     def _collect_selected(
         self, step: int, timings: dict[str, float]

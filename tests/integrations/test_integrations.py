@@ -20,7 +20,7 @@ import torch
 from tests.integrations.frameworks import common
 from tests.utils import tiny_llama_config
 from trainer_client.client import DatasetInfo, Result, SelectorClient
-from trainer_client.integrations import check_permutation, first_step, group_results
+from trainer_client.integrations import check_permutation, first_step, framework_version, group_results
 from trainer_client.integrations import verl as verl_adapter
 
 # verl's datasets are `datasets.Dataset` frames; TRL brings `datasets` along.
@@ -51,6 +51,37 @@ def test_check_permutation() -> None:
         check_permutation([1, 0, 1], "ids")
     with pytest.raises(ValueError, match="integer id"):
         check_permutation([0, None], "ids")
+
+
+def test_request_ids_are_stable_in_their_values() -> None:
+    """Resumed runs resend their reports under these ids, so the layout may not drift."""
+    from trainer_client.integrations import request_id
+
+    assert request_id("run", 3) == "run-s3"
+    assert request_id("run", 3, prompts=[7]) == "run-s3-p7"
+    assert request_id("run", 3, rank=1) == "run-s3-r1"
+    assert request_id("run", 3, rank=1, round_index=2) == "run-s3-r1-d2"
+    assert request_id("run", 3, sequence=4) == "run-g4-s3"
+    # Several prompts: a digest of the distinct ids, whatever their order.
+    assert (
+        request_id("run", 3, prompts=[2, 1, 2])
+        == request_id("run", 3, prompts=[1, 2])
+        == "run-s3-649fb86e33eb"
+    )
+    assert request_id("run", 3, prompts=[1, 3]) != request_id("run", 3, prompts=[1, 2])
+
+
+def test_framework_version_reads_releases_of_any_build(monkeypatch: pytest.MonkeyPatch) -> None:
+    for installed, expected in (
+        ("0.9.1", (0, 9)),
+        ("0.9.0rc1", (0, 9)),
+        ("0.8.0+cu124", (0, 8)),
+        ("1", (1, 0)),
+    ):
+        monkeypatch.setattr(verl_adapter.metadata, "version", lambda name, v=installed: v)
+        assert framework_version("verl") == expected
+    monkeypatch.undo()
+    assert framework_version("no-such-package-installed") is None
 
 
 def _info(open_step: int | None, observations: int | None) -> DatasetInfo:
@@ -215,7 +246,7 @@ def test_verl_v1_reports_keep_the_first_report_and_count_late_ones(service: Any,
         c.create_dataset(dsname, 4, rollouts_per_prompt=2, max_lag=1)
         buffer = ReportingBuffer()
         buffer.selector_sampler = SimpleNamespace(  # type: ignore[assignment]
-            client=c, run_id="run", settings=SelectorOptions(url=service.url, dataset=dsname)
+            client=c, run_id="run", options=SelectorOptions(url=service.url, dataset=dsname)
         )
         c.select(dsname, 0, 2, "uniform")
         buffer._report("u1", 0, 1, [1.0, 0.0])

@@ -14,8 +14,13 @@
 All speak to the service only through `trainer_client.client.SelectorClient`, take their settings as one
 `SelectorOptions`, and follow the same rules as our own loop: a service prompt id is a stable integer per
 prompt (a dataset column, never a row position that filtering can shift), each training step selects
-once, and every group of rollouts is reported to ``/observe`` with a request id that makes a retried
-report count once.
+once, and every group of rollouts is reported to ``/observe`` with a request id (`request_id`) that
+makes a retried report count once.
+
+What every adapter does the same way lives here: the options (`SelectorOptions`), creating the service
+dataset (`ensure_dataset`), grouping rewards (`group_results`), handing out a selected step's rows one at
+a time with a checkpointable position (`StepIterator` over a `StepSampler`), request ids
+(`request_id`, `new_run_id`) and the installed framework's version (`framework_version`).
 
 This package imports no trainer framework; each submodule imports its framework when it is imported.
 """
@@ -23,18 +28,28 @@ This package imports no trainer framework; each submodule imports its framework 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+import uuid
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any
+from importlib import metadata
+from typing import Any, NamedTuple
 
-from trainer_client.client import NotFound, Result, RolloutBudget, SelectorClient, first_step
+from packaging.version import Version
+
+from trainer_client.client import NotFound, Result, RolloutBudget, Selection, SelectorClient, first_step
 
 __all__ = [
+    "SelectedStep",
     "SelectorOptions",
+    "StepIterator",
+    "StepSampler",
     "check_permutation",
     "ensure_dataset",
     "first_step",
+    "framework_version",
     "group_results",
+    "new_run_id",
+    "request_id",
 ]
 
 logger = logging.getLogger(__name__)
@@ -222,10 +237,68 @@ def group_results(prompt_ids: Iterable[int], rewards: Iterable[float]) -> list[R
     return [Result(prompt_id=pid, rewards=group) for pid, group in grouped.items()]
 
 
+def new_run_id(given: str | None, prefix: str) -> str:
+    """The run id reports are filed under: the one given, else ``{prefix}-`` and ten random hex digits.
+
+    A sampler keeps it in its checkpoint (`StepSampler.state_dict`), so a resumed run resends its
+    reports under the same request ids."""
+    return given or f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+def request_id(
+    run_id: str,
+    step: int,
+    *,
+    sequence: int | None = None,
+    rank: int | None = None,
+    prompts: Collection[int] | None = None,
+    round_index: int | None = None,
+) -> str:
+    """The request id of one ``/observe`` report: the service applies a request id once, so a retried
+    or resent report (the same id, the same body) counts once, and every distinct report needs its own.
+
+    ``{run_id}[-g{sequence}]-s{step}[-r{rank}][-p{prompt}|-{digest}][-d{round_index}]``, each part only
+    when given: ``sequence`` numbers the reports of trainers whose reports are not told apart by their
+    step (TRL files a generation under the latest selected step); ``rank`` is the reporting process
+    when each rank reports its own share; ``prompts`` are the prompts of a report that covers only some
+    of the step's, named by the prompt when there is one and by a digest of the sorted distinct ids
+    otherwise (the same prompts in any order give the same id); ``round_index`` is the round of a step
+    that reports several rounds (dynamic sampling). Ids are deterministic in these values, which is
+    what lets a resumed run resend a report as a duplicate."""
+    parts = [run_id]
+    if sequence is not None:
+        parts.append(f"g{sequence}")
+    parts.append(f"s{step}")
+    if rank is not None:
+        parts.append(f"r{rank}")
+    if prompts is not None:
+        distinct = sorted({int(p) for p in prompts})
+        if len(distinct) == 1:
+            parts.append(f"p{distinct[0]}")
+        else:
+            parts.append(uuid.uuid5(uuid.NAMESPACE_OID, ",".join(map(str, distinct))).hex[:12])
+    if round_index is not None:
+        parts.append(f"d{round_index}")
+    return "-".join(parts)
+
+
 def one_group(run_id: str, step: int, prompt_id: int, rewards: list[float]) -> tuple[list[Result], str]:
     """The report of one prompt's group, made by adapters that report each group as it finishes: its
-    results and its request id ``{run_id}-s{step}-p{prompt_id}`` (a resent report is a duplicate)."""
-    return [Result(prompt_id=prompt_id, rewards=rewards)], f"{run_id}-s{step}-p{prompt_id}"
+    results and its request id (`request_id` with the one prompt)."""
+    return [Result(prompt_id=prompt_id, rewards=rewards)], request_id(run_id, step, prompts=(prompt_id,))
+
+
+def framework_version(package: str) -> tuple[int, int] | None:
+    """(major, minor) of an installed package (a trainer framework), or None when it is not installed.
+
+    Read with `packaging.version` (every framework's environment has it), so pre-releases and local
+    builds such as ``0.9.0rc1`` or ``0.8.0+cu124`` count as their release."""
+    try:
+        installed = metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+    major, minor, *_ = (*Version(installed).release, 0, 0)
+    return major, minor
 
 
 def log_too_late(prompt_id: int, step: int, detail: str, remedy: str) -> None:
@@ -260,3 +333,121 @@ def check_permutation(ids: Sequence[int], where: str) -> dict[int, int]:
             raise ValueError(f"{where}: prompt id {prompt_id} appears in rows {rows[prompt_id]} and {row}")
         rows[prompt_id] = row
     return rows
+
+
+class SelectedStep(NamedTuple):
+    """One selected step as a sampler hands it out: its number, the items it yields in order (dataset
+    rows, or whatever the sampler's loader decodes), and each item's rollout count (None: every prompt
+    gets the trainer's own group size)."""
+
+    step: int
+    items: list[int]
+    counts: list[int] | None = None
+
+
+class StepSampler:
+    """What the adapters' samplers share (mixed into each, beside torch's ``Sampler`` where the trainer
+    wants one): the client and options a selection uses, the service step it asks for next, the run id
+    reports are filed under, and their checkpoint.
+
+    A sampler sets ``client``, ``options``, ``next_step`` (where the service says this run starts,
+    `ensure_dataset`) and ``run_id`` (None when its reports are made elsewhere); one that a loader
+    iterates implements `select_step` and returns a `StepIterator` over the epoch's steps from
+    ``__iter__``. ``state_dict`` / ``load_state_dict`` are what torchdata's ``StatefulDataLoader``
+    saves and restores with the loader."""
+
+    client: SelectorClient
+    options: SelectorOptions
+    next_step: int
+    run_id: str | None = None
+
+    def select(self, count: int, rollouts: RolloutBudget | None = None) -> tuple[int, Selection]:
+        """``/select`` of ``count`` prompts at ``next_step`` with the options' strategy, params and seed;
+        moves ``next_step`` on and returns the step selected with the answer."""
+        step = self.next_step
+        o = self.options
+        selection = self.client.select(
+            o.dataset, step, count, o.strategy, o.params or None, o.seed, rollouts=rollouts
+        )
+        self.next_step = step + 1
+        return step, selection
+
+    def select_step(self) -> SelectedStep:
+        """Select ``next_step`` (and advance it); what to hand out."""
+        raise NotImplementedError
+
+    def handed_out(self, step: int, item: int, count: int | None) -> None:
+        """Called with every item as the loader takes it (for samplers that remember what is in flight)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        state: dict[str, Any] = {"next_step": self.next_step}
+        if self.run_id is not None:
+            state["run_id"] = self.run_id
+        return state
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume: never go back to a step the service has already moved past, and file reports under
+        the checkpoint's run id (a report the crashed run sent already is then a duplicate)."""
+        self.next_step = max(int(state["next_step"]), self.next_step)
+        if state.get("run_id"):
+            self.run_id = str(state["run_id"])
+
+
+class StepIterator(Iterator[int]):
+    """One epoch of a `StepSampler`: ``steps`` service steps, each selected when its first item is
+    needed (not before: the previous step's rewards may still change the service's choice), its items
+    handed out one at a time.
+
+    It has ``state_dict`` / ``load_state_dict`` so that ``StatefulDataLoader`` checkpoints the position
+    instead of fast-forwarding on resume (which would select, and close, extra steps). A checkpoint
+    taken in the middle of a step resumes at the next step: the run that crashed after it may have
+    rolled out and reported the rest of that step already, so those items are dropped, not rolled out
+    twice."""
+
+    def __init__(self, owner: StepSampler, steps: int) -> None:
+        self.owner = owner
+        self.steps_left = steps
+        self.step: int | None = None
+        self.rows: list[int] = []
+        self.counts: list[int] | None = None
+        self.position = 0
+
+    def __next__(self) -> int:
+        if self.position == len(self.rows):
+            if self.steps_left == 0:
+                raise StopIteration
+            self.step, self.rows, self.counts = self.owner.select_step()
+            self.position = 0
+            self.steps_left -= 1
+        item = self.rows[self.position]
+        count = None if self.counts is None else self.counts[self.position]
+        self.position += 1
+        assert self.step is not None
+        self.owner.handed_out(self.step, item, count)
+        return item
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "steps_left": self.steps_left,
+            "step": self.step,
+            "rows": list(self.rows),
+            "counts": None if self.counts is None else list(self.counts),
+            "position": self.position,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.steps_left = int(state["steps_left"])
+        self.step = None if state.get("step") is None else int(state["step"])
+        # AReaL's sampler once saved its items as "codes".
+        self.rows = [int(r) for r in state.get("rows", state.get("codes", []))]
+        counts = state.get("counts")
+        self.counts = None if counts is None else [int(c) for c in counts]
+        self.position = int(state["position"])
+        if self.position < len(self.rows):
+            logger.info(
+                "resuming in the middle of service step %s: its %d items not yet handed out at the "
+                "checkpoint are dropped",
+                self.step,
+                len(self.rows) - self.position,
+            )
+            self.position = len(self.rows)

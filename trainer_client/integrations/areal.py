@@ -56,7 +56,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-import uuid
 from collections.abc import Iterator, Mapping, Sequence, Sized
 from typing import Any
 
@@ -64,10 +63,14 @@ from torch.utils.data import Dataset, Sampler
 
 from trainer_client.client import AsyncSelectorClient, Conflict, SelectorClient
 from trainer_client.integrations import (
+    SelectedStep,
     SelectorOptions,
+    StepIterator,
+    StepSampler,
     check_permutation,
     ensure_dataset,
     log_too_late,
+    new_run_id,
     one_group,
 )
 
@@ -90,36 +93,7 @@ STEP_KEY = "selector_step"
 PROMPT_KEY = "selector_prompt_id"
 
 
-class _Steps(Iterator[int]):
-    """One epoch of codes; selects a step when its first item is needed. Stateful for StatefulDataLoader."""
-
-    def __init__(self, owner: SelectorSampler, steps: int) -> None:
-        self.owner = owner
-        self.steps_left = steps
-        self.codes: list[int] = []
-        self.position = 0
-
-    def __next__(self) -> int:
-        if self.position == len(self.codes):
-            if self.steps_left == 0:
-                raise StopIteration
-            self.codes = self.owner.select_next()
-            self.position = 0
-            self.steps_left -= 1
-        code = self.codes[self.position]
-        self.position += 1
-        return code
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"steps_left": self.steps_left, "codes": list(self.codes), "position": self.position}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.steps_left = int(state["steps_left"])
-        self.codes = [int(c) for c in state["codes"]]
-        self.position = int(state["position"])
-
-
-class SelectorSampler(Sampler[int]):
+class SelectorSampler(StepSampler, Sampler[int]):
     """The train data loader's sampler: one service step per data-loader batch (see the module docstring).
 
     ``batch_size`` is this rank's data-loader batch size; the step selects ``batch_size * world_size``
@@ -151,10 +125,9 @@ class SelectorSampler(Sampler[int]):
             raise ValueError(f"rank {rank} outside 0..{world_size - 1}")
         self.batch_size = batch_size
         self.client = client
-        self.dataset = dataset
-        self.strategy = strategy
-        self.params = dict(params) if params else None
-        self.seed = seed
+        self.options = SelectorOptions(
+            dataset=dataset, client=client, strategy=strategy, params=dict(params or {}), seed=seed
+        )
         self.next_step = start_step
         self.rank = rank
         self.world_size = world_size
@@ -168,26 +141,15 @@ class SelectorSampler(Sampler[int]):
         return self.size // (self.batch_size * self.world_size)
 
     def __iter__(self) -> Iterator[int]:
-        return _Steps(self, self.steps_per_epoch())
+        return StepIterator(self, self.steps_per_epoch())
 
-    def select_next(self) -> list[int]:
+    def select_step(self) -> SelectedStep:
         """Select the next step; the codes of this rank's share of it."""
         with self.lock:
-            step = self.next_step
-            selection = self.client.select(
-                self.dataset, step, self.batch_size * self.world_size, self.strategy, self.params, self.seed
-            )
-            self.next_step = step + 1
+            step, selection = self.select(self.batch_size * self.world_size)
         mine = selection.prompt_ids[self.rank :: self.world_size]
         rows = mine if self.row_of is None else [self.row_of[pid] for pid in mine]
-        return [step * self.size + row for row in rows]
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"next_step": self.next_step}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Resume: never go back to a step the service has already moved past."""
-        self.next_step = max(int(state["next_step"]), self.next_step)
+        return SelectedStep(step, [step * self.size + row for row in rows])
 
 
 class SelectorDataset(Dataset):
@@ -275,7 +237,7 @@ class SelectorWorkflow(_WorkflowBase):  # type: ignore[misc,valid-type]
         self.url = url
         self.dataset = dataset
         self.group_size = group_size
-        self.run_id = run_id or f"areal-{uuid.uuid4().hex[:10]}"
+        self.run_id = new_run_id(run_id, "areal")
         self.token = token
         self.timeout = timeout
         self.retries = retries

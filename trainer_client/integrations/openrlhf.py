@@ -60,7 +60,6 @@ import logging
 import os
 import runpy
 import sys
-import uuid
 from collections import defaultdict, deque
 from collections.abc import Iterator, Mapping, Sequence
 from importlib import metadata
@@ -70,10 +69,15 @@ from torch.utils.data import Sampler
 
 from trainer_client.client import Conflict, SelectorClient
 from trainer_client.integrations import (
+    SelectedStep,
     SelectorOptions,
+    StepIterator,
+    StepSampler,
     check_permutation,
     ensure_dataset,
+    framework_version,
     log_too_late,
+    new_run_id,
     one_group,
 )
 
@@ -110,54 +114,7 @@ def _options_json(options: SelectorOptions) -> str:
 # --------------------------------------------------------------------------------------------------
 
 
-class _Steps(Iterator[int]):
-    """One epoch of rows; selects a step when its first row is needed. Stateful for StatefulDataLoader."""
-
-    def __init__(self, owner: SelectorPromptSampler, steps: int) -> None:
-        self.owner = owner
-        self.steps_left = steps
-        self.step = -1
-        self.rows: list[int] = []
-        self.position = 0
-
-    def __next__(self) -> int:
-        if self.position < len(self.rows) and self.step < self.owner.start_step:
-            # Restored from a checkpoint taken in the middle of a step (dynamic filtering pulls prompts
-            # past step boundaries): the crashed run may have rolled out and reported the rest of that
-            # step after the checkpoint, so its remaining rows are dropped, not rolled out twice.
-            logger.info(
-                "dropping %d rows of step %d selected before the checkpoint",
-                len(self.rows) - self.position,
-                self.step,
-            )
-            self.rows, self.position = [], 0
-        if self.position == len(self.rows):
-            if self.steps_left == 0:
-                raise StopIteration
-            self.step, self.rows = self.owner.select_next()
-            self.position = 0
-            self.steps_left -= 1
-        row = self.rows[self.position]
-        self.position += 1
-        self.owner.dispatched(self.step, row)
-        return row
-
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "steps_left": self.steps_left,
-            "step": self.step,
-            "rows": list(self.rows),
-            "position": self.position,
-        }
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.steps_left = int(state["steps_left"])
-        self.step = int(state["step"])
-        self.rows = [int(r) for r in state["rows"]]
-        self.position = int(state["position"])
-
-
-class SelectorPromptSampler(Sampler[int]):
+class SelectorPromptSampler(StepSampler, Sampler[int]):
     """Rows of OpenRLHF's ``PromptDataset``, one service step of ``batch_size`` prompts at a time.
 
     ``prompts`` are the dataset's prompt texts (what the rollout echoes back) and ``prompt_ids`` the
@@ -188,8 +145,8 @@ class SelectorPromptSampler(Sampler[int]):
         self.batch_size = batch_size
         self.client = client
         self.options = options
-        self.start_step = self.next_step = start_step
-        self.run_id = run_id
+        self.next_step = start_step
+        self.run_id: str = run_id
         self.in_flight: dict[str, deque[tuple[int, int]]] = defaultdict(deque)
 
     def __len__(self) -> int:
@@ -199,17 +156,14 @@ class SelectorPromptSampler(Sampler[int]):
         return len(self.prompts) // self.batch_size
 
     def __iter__(self) -> Iterator[int]:
-        return _Steps(self, self.steps_per_epoch())
+        return StepIterator(self, self.steps_per_epoch())
 
-    def select_next(self) -> tuple[int, list[int]]:
-        step = self.next_step
-        o = self.options
-        selection = self.client.select(o.dataset, step, self.batch_size, o.strategy, o.params or None, o.seed)
-        self.next_step = step + 1
-        return step, [self.row_of[pid] for pid in selection.prompt_ids]
+    def select_step(self) -> SelectedStep:
+        step, selection = self.select(self.batch_size)
+        return SelectedStep(step, [self.row_of[pid] for pid in selection.prompt_ids])
 
-    def dispatched(self, step: int, row: int) -> None:
-        self.in_flight[self.prompts[row]].append((step, self.id_of_row[row]))
+    def handed_out(self, step: int, item: int, count: int | None) -> None:
+        self.in_flight[self.prompts[item]].append((step, self.id_of_row[item]))
 
     def claim(self, prompt: str) -> tuple[int, int]:
         """(step, prompt id) of the oldest in-flight row with this prompt text."""
@@ -223,14 +177,6 @@ class SelectorPromptSampler(Sampler[int]):
         if not queue:
             del self.in_flight[prompt]
         return found
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"next_step": self.next_step, "run_id": self.run_id}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Resume: never go back to a step the service has already moved past."""
-        self.next_step = max(int(state["next_step"]), self.next_step)
-        self.run_id = str(state.get("run_id") or self.run_id)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -419,7 +365,7 @@ def _build_classes() -> dict[str, type]:
                 client=client,
                 options=options,
                 start_step=start,
-                run_id=options.run_id or f"openrlhf-{uuid.uuid4().hex[:10]}",
+                run_id=new_run_id(options.run_id, "openrlhf"),
             )
             self.selector_reporter = GroupReporter(
                 self.selector_sampler,
@@ -471,15 +417,6 @@ def __getattr__(name: str) -> Any:
 # --------------------------------------------------------------------------------------------------
 # Entry point
 # --------------------------------------------------------------------------------------------------
-
-
-def openrlhf_version() -> tuple[int, int] | None:
-    try:
-        version = metadata.version("openrlhf")
-    except metadata.PackageNotFoundError:
-        return None
-    major, minor, *_ = [*(int(p) for p in version.split(".")[:2] if p.isdigit()), 0, 0]
-    return major, minor
 
 
 _FIELD_TYPES = {f.name: f.type for f in dataclasses.fields(SelectorOptions)}
@@ -564,7 +501,7 @@ def install(options: SelectorOptions) -> type:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """``python -m trainer_client.integrations.openrlhf [--selector.KEY VALUE ...] <train_ppo_ray args>``"""
-    version = openrlhf_version()
+    version = framework_version("openrlhf")
     if version is None:
         raise SystemExit("OpenRLHF is not installed in this environment (pip install openrlhf)")
     if version < (0, 11):

@@ -17,8 +17,8 @@ given as ``module.path`` strings on its command line:
     slime calls ``f(args, all_samples, data_source)`` after each rollout with every generated group,
     including the groups dynamic sampling (``--dynamic-sampling-filter-path``) dropped, before the
     training batch is built. `report_all_samples` groups the rewards by (step, prompt) and reports each
-    step with ``/observe`` (request id ``{run_id}-s{step}-{digest of the prompts}``: a retried report
-    counts once, and groups of one step finished in two rollouts are two reports).
+    step with ``/observe`` (request id ``{run_id}-s{step}-`` and the report's prompts, `request_id`: a
+    retried report counts once, and groups of one step finished in two rollouts are two reports).
 
 Settings come from the environment (slime's ``args`` has no room for them): ``SELECTOR_URL``,
 ``SELECTOR_DATASET``, ``SELECTOR_STRATEGY`` (default insight), ``SELECTOR_SEED``, ``SELECTOR_API_TOKEN``,
@@ -35,14 +35,21 @@ import copy
 import json
 import logging
 import os
-import uuid
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from trainer_client.client import SelectorClient
-from trainer_client.integrations import SelectorOptions, check_permutation, ensure_dataset, group_results
+from trainer_client.integrations import (
+    SelectorOptions,
+    StepSampler,
+    check_permutation,
+    ensure_dataset,
+    group_results,
+    new_run_id,
+    request_id,
+)
 
 __all__ = ["SelectorDataSource", "report_all_samples", "sample_reward"]
 
@@ -66,8 +73,11 @@ def _inner_source(args: Any) -> Any:
     return RolloutDataSource(args)
 
 
-class SelectorDataSource:
-    """slime data source whose ``get_samples`` asks the selector service (see the module docstring)."""
+class SelectorDataSource(StepSampler):
+    """slime data source whose ``get_samples`` asks the selector service (see the module docstring).
+
+    Its checkpoint (``save`` / ``load``) is the sampler state of every adapter (`StepSampler`) plus
+    slime's sample and group counters."""
 
     def __init__(self, args: Any, *, client: SelectorClient | None = None, inner: Any = None) -> None:
         self.args = args
@@ -79,16 +89,20 @@ class SelectorDataSource:
         self.prompts: list[Any] = list(self.inner.dataset.origin_samples)
         ids = [self._prompt_id(row, sample) for row, sample in enumerate(self.prompts)]
         self.row_of = check_permutation(ids, "slime prompt data (metadata prompt_id)")
-        self.dataset = _setting("SELECTOR_DATASET")
-        self.strategy = os.environ.get("SELECTOR_STRATEGY") or "insight"
-        self.seed = int(os.environ.get("SELECTOR_SEED") or 0)
+        dataset = _setting("SELECTOR_DATASET")
         self.max_lag = int(os.environ.get("SELECTOR_MAX_LAG") or 2)
         self.client = client or SelectorClient(
             _setting("SELECTOR_URL"), token=os.environ.get("SELECTOR_API_TOKEN"), timeout=30.0, retries=5
         )
+        self.options = SelectorOptions(
+            dataset=dataset,
+            client=self.client,
+            strategy=os.environ.get("SELECTOR_STRATEGY") or "insight",
+            seed=int(os.environ.get("SELECTOR_SEED") or 0),
+        )
         self.client.check_server()
         self.next_step = self._ensure_dataset()
-        self.run_id = f"slime-{uuid.uuid4().hex[:10]}"
+        self.run_id: str = new_run_id(None, "slime")
         self.buffer: list[list[Any]] = []
         self.sample_index = 0
         self.group_index = 0
@@ -100,12 +114,9 @@ class SelectorDataSource:
         return row if value is None else value
 
     def _ensure_dataset(self) -> int:
-        options = SelectorOptions(
-            dataset=self.dataset, client=self.client, strategy=self.strategy, seed=self.seed
-        )
         return ensure_dataset(
             self.client,
-            options,
+            self.options,
             len(self.prompts),
             int(self.args.n_samples_per_prompt),
             max_lag=self.max_lag,
@@ -122,9 +133,7 @@ class SelectorDataSource:
         needed = num_samples - len(groups)
         if needed == 0:
             return groups
-        step = self.next_step
-        selection = self.client.select(self.dataset, step, needed, self.strategy, None, self.seed)
-        self.next_step = step + 1
+        step, selection = self.select(needed)
         n = int(self.args.n_samples_per_prompt)
         for prompt_id in selection.prompt_ids:
             group = []
@@ -157,8 +166,7 @@ class SelectorDataSource:
             return
         path = self._state_path(root, rollout_id)
         path.parent.mkdir(parents=True, exist_ok=True)
-        state = {"next_step": self.next_step, "run_id": self.run_id, "sample_index": self.sample_index}
-        state["group_index"] = self.group_index
+        state = self.state_dict() | {"sample_index": self.sample_index, "group_index": self.group_index}
         path.write_text(json.dumps(state))
 
     def load(self, rollout_id: int | None = None) -> None:
@@ -170,9 +178,7 @@ class SelectorDataSource:
             logger.info("no selector data source state at %s", path)
             return
         state = json.loads(path.read_text())
-        # Never go back to a step the service has already moved past.
-        self.next_step = max(int(state["next_step"]), self.next_step)
-        self.run_id = str(state["run_id"])
+        self.load_state_dict(state)
         self.sample_index = int(state["sample_index"])
         self.group_index = int(state["group_index"])
 
@@ -210,8 +216,9 @@ def report_all_samples(args: Any, all_samples: Sequence[Sequence[Any]], data_sou
     for step in sorted(by_step):
         ids, rewards = by_step[step]
         results = group_results(ids, rewards)
-        request_id = (
-            f"{data_source.run_id}-s{step}-"
-            + uuid.uuid5(uuid.NAMESPACE_OID, ",".join(map(str, sorted(set(ids))))).hex[:12]
+        data_source.client.observe(
+            data_source.options.dataset,
+            step,
+            results,
+            request_id=request_id(data_source.run_id, step, prompts=ids),
         )
-        data_source.client.observe(data_source.dataset, step, results, request_id=request_id)

@@ -43,7 +43,6 @@ and runs ``SelectorGRPOTrainer`` for real training steps on a tiny model against
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence, Sized
 from typing import Any
 
@@ -54,7 +53,17 @@ from torch.utils.data import Sampler
 from trl import GRPOTrainer
 
 from trainer_client.client import SelectorClient
-from trainer_client.integrations import SelectorOptions, check_permutation, ensure_dataset, group_results
+from trainer_client.integrations import (
+    SelectedStep,
+    SelectorOptions,
+    StepIterator,
+    StepSampler,
+    check_permutation,
+    ensure_dataset,
+    group_results,
+    new_run_id,
+    request_id,
+)
 
 __all__ = ["ObservingReward", "SelectorGRPOTrainer", "SelectorOptions", "SelectorRepeatSampler"]
 
@@ -62,7 +71,7 @@ __all__ = ["ObservingReward", "SelectorGRPOTrainer", "SelectorOptions", "Selecto
 _HISTORY = 8
 
 
-class SelectorRepeatSampler(Sampler[int]):
+class SelectorRepeatSampler(StepSampler, Sampler[int]):
     """``RepeatSampler``'s index pattern with each chunk chosen by ``/select`` (see the module docstring).
 
     ``row_of`` maps a service prompt id to its dataset row (identity when omitted).
@@ -92,10 +101,9 @@ class SelectorRepeatSampler(Sampler[int]):
         self.batch_size = batch_size
         self.repeat_count = repeat_count
         self.client = client
-        self.dataset = dataset
-        self.strategy = strategy
-        self.params = dict(params) if params else None
-        self.seed = seed
+        self.options = SelectorOptions(
+            dataset=dataset, client=client, strategy=strategy, params=dict(params or {}), seed=seed
+        )
         self.next_step = start_step
         self.latest_step: int | None = None
         self.history: dict[int, list[int]] = {}
@@ -111,25 +119,26 @@ class SelectorRepeatSampler(Sampler[int]):
 
     def select_next(self) -> list[int]:
         """Ask the service for the next step's prompts; record them; return their dataset rows."""
-        step = self.next_step
-        selection = self.client.select(
-            self.dataset, step, self.batch_size, self.strategy, self.params, self.seed
-        )
+        step, selection = self.select(self.batch_size)
         ids = list(selection.prompt_ids)
         self.history[step] = ids
         for old in [s for s in self.history if s <= step - _HISTORY]:
             del self.history[old]
         self.latest_step = step
-        self.next_step = step + 1
         return ids if self.row_of is None else [self.row_of[pid] for pid in ids]
 
+    def select_step(self) -> SelectedStep:
+        """The next step in ``RepeatSampler``'s pattern: each row ``mini_repeat_count`` times, the
+        chunk ``repeat_count`` times."""
+        step = self.next_step
+        rows = self.select_next()
+        pattern = [
+            row for _ in range(self.repeat_count) for row in rows for _ in range(self.mini_repeat_count)
+        ]
+        return SelectedStep(step, pattern)
+
     def __iter__(self) -> Iterator[int]:
-        for _ in range(self.num_samples // self.batch_size):
-            rows = self.select_next()
-            for _ in range(self.repeat_count):
-                for row in rows:
-                    for _ in range(self.mini_repeat_count):
-                        yield row
+        return StepIterator(self, self.num_samples // self.batch_size)
 
 
 class ObservingReward:
@@ -159,7 +168,7 @@ class ObservingReward:
         self.dataset = dataset
         self.sampler = sampler
         self.id_column = id_column
-        self.run_id = run_id or f"trl-{uuid.uuid4().hex[:10]}"
+        self.run_id = new_run_id(run_id, "trl")
         self.is_training = is_training or (lambda: True)
         self.reports = 0
         # TRL logs each reward under its function's name: keep the wrapped function's.
@@ -204,7 +213,9 @@ class ObservingReward:
                 f"{self.id_column!r} the service prompt id and is this trainer's sampler a SelectorRepeatSampler?"
             )
         step = sampler.latest_step
-        self.client.observe(self.dataset, step, results, request_id=f"{self.run_id}-g{self.reports}-s{step}")
+        self.client.observe(
+            self.dataset, step, results, request_id=request_id(self.run_id, step, sequence=self.reports)
+        )
         self.reports += 1
 
 

@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import logging
 import os
-import uuid
 from collections import deque
 from collections.abc import Iterator, Mapping, Sized
 from importlib import metadata
@@ -52,7 +51,18 @@ from typing import Any, NamedTuple
 from torch.utils.data import Sampler
 
 from trainer_client.client import SelectorClient
-from trainer_client.integrations import SelectorOptions, check_permutation, ensure_dataset, group_results
+from trainer_client.integrations import (
+    SelectedStep,
+    SelectorOptions,
+    StepIterator,
+    StepSampler,
+    check_permutation,
+    ensure_dataset,
+    framework_version,
+    group_results,
+    new_run_id,
+    request_id,
+)
 
 try:  # verl 0.5 - 0.7
     from verl.experimental.dataset.sampler import AbstractCurriculumSampler as _SamplerBase
@@ -90,18 +100,8 @@ def _config_get(config: Any, key: str, default: Any = None) -> Any:
     return getter(key, default) if getter is not None else getattr(config, key, default)
 
 
-def verl_version() -> tuple[int, int] | None:
-    """(major, minor) of the installed verl, or None when verl is not installed."""
-    try:
-        version = metadata.version("verl")
-    except metadata.PackageNotFoundError:
-        return None
-    major, minor, *_ = [*(int(part) for part in version.split(".")[:2] if part.isdigit()), 0, 0]
-    return major, minor
-
-
 def _check_verl_version(trainer_reports: bool) -> None:
-    version = verl_version()
+    version = framework_version("verl")
     if version is None:
         return  # used outside verl (custom loops): nothing to check
     if version < (0, 5):
@@ -157,67 +157,6 @@ def batch_prompt_ids(batch: Any) -> list[int]:
     return ids
 
 
-class _StepIterator(Iterator[int]):
-    """One epoch of rows: select a step when its first row is needed, yield the chosen rows.
-
-    It has ``state_dict``/``load_state_dict`` so torchdata's StatefulDataLoader checkpoints the
-    position instead of fast-forwarding on resume (which would select, and close, extra steps).
-    Each row handed out is also queued on the sampler (`SelectorCurriculumSampler.take_issued`) with
-    its step, prompt id and rollout count, for trainers that tag every prompt with them (verl v1).
-    """
-
-    def __init__(self, owner: SelectorCurriculumSampler, steps: int) -> None:
-        self.owner = owner
-        self.steps_left = steps
-        self.rows: list[int] = []
-        self.position = 0
-        self.step: int | None = None
-        self.counts: list[int] | None = None
-
-    def __next__(self) -> int:
-        if self.position == len(self.rows):
-            if self.steps_left == 0:
-                raise StopIteration
-            self.step, self.rows, self.counts = self.owner._select_next()
-            self.position = 0
-            self.steps_left -= 1
-        row = self.rows[self.position]
-        count = None if self.counts is None else self.counts[self.position]
-        self.position += 1
-        if self.owner.report_groups:
-            assert self.step is not None
-            self.owner.issued.append(Issued(self.step, self.owner.prompt_of[row], count))
-        return row
-
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "steps_left": self.steps_left,
-            "rows": list(self.rows),
-            "position": self.position,
-            "step": self.step,
-            "counts": None if self.counts is None else list(self.counts),
-        }
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.steps_left = int(state["steps_left"])
-        self.rows = [int(r) for r in state["rows"]]
-        self.position = int(state["position"])
-        self.step = None if state.get("step") is None else int(state["step"])
-        counts = state.get("counts")
-        self.counts = None if counts is None else [int(c) for c in counts]
-        if self.owner.report_groups and self.position < len(self.rows):
-            # The rest of a step selected before the checkpoint: the run that crashed after it may
-            # have rolled out and reported those prompts already, so they are dropped, not rolled
-            # out again; the next row starts a new step after the last one the service saw.
-            logger.info(
-                "resuming in the middle of service step %s: its %d prompts not yet rolled out at the "
-                "checkpoint are skipped",
-                self.step,
-                len(self.rows) - self.position,
-            )
-            self.position = len(self.rows)
-
-
 class Issued(NamedTuple):
     """A row the sampler handed out: the service step it was selected at, its prompt id, and its
     rollout count (None: the trainer's own group size)."""
@@ -227,8 +166,11 @@ class Issued(NamedTuple):
     rollouts: int | None
 
 
-class SelectorCurriculumSampler(_SamplerBase):  # type: ignore[misc,valid-type]
+class SelectorCurriculumSampler(StepSampler, _SamplerBase):  # type: ignore[misc,valid-type]
     """verl curriculum sampler backed by the selector service (see the module docstring).
+
+    Each row handed out is also queued (`take_issued`) with its step, prompt id and rollout count, for
+    trainers that tag every prompt with them (verl v1).
 
     ``client`` is a seam for callers that already hold a `SelectorClient`; verl passes only
     ``data_source`` and ``data_config``.
@@ -252,7 +194,7 @@ class SelectorCurriculumSampler(_SamplerBase):  # type: ignore[misc,valid-type]
         _check_verl_version(trainer_reports or report_groups)
         self.report_groups = report_groups
         sampler_config = _config_get(data_config, "sampler")
-        self.settings = resolve_options(_config_get(sampler_config, "selector"), os.environ)
+        self.options = resolve_options(_config_get(sampler_config, "selector"), os.environ)
         workers = _config_get(data_config, "dataloader_num_workers", 0)
         if workers:
             raise ValueError(
@@ -275,21 +217,21 @@ class SelectorCurriculumSampler(_SamplerBase):  # type: ignore[misc,valid-type]
         self._row_of = check_permutation(_row_prompt_ids(data_source), "verl train dataset extra_info.index")
         self.prompt_of = {row: pid for pid, row in self._row_of.items()}
         if not report_groups:
-            self.settings.refuse_rollout_budget(
+            self.options.refuse_rollout_budget(
                 "verl's trainer here rolls out actor_rollout_ref.rollout.n completions of every prompt; "
                 "per-prompt counts need verl 0.9's v1 trainer (trainer.use_v1=True)"
             )
         self.issued: deque[Issued] = deque()
 
-        self.client = client or self.settings.connect(per_prompt_rollouts=report_groups)
+        self.client = client or self.options.connect(per_prompt_rollouts=report_groups)
         self.client.check_server()
-        self.run_id = self.settings.run_id or f"verl-{uuid.uuid4().hex[:10]}"
+        self.run_id: str = new_run_id(self.options.run_id, "verl")
         self.next_step = ensure_dataset(
             self.client,
-            self.settings,
+            self.options,
             self.num_rows,
-            self.settings.rollouts_per_prompt or DEFAULT_ROLLOUTS,
-            max_lag=self.settings.max_lag if self.settings.max_lag is not None else max_lag,
+            self.options.rollouts_per_prompt or DEFAULT_ROLLOUTS,
+            max_lag=self.options.max_lag if self.options.max_lag is not None else max_lag,
         )
         self.open_step: int | None = None
         self.open_ids: list[int] = []
@@ -299,7 +241,7 @@ class SelectorCurriculumSampler(_SamplerBase):  # type: ignore[misc,valid-type]
         return (self.num_rows // self.batch_size) * self.batch_size
 
     def __iter__(self) -> Iterator[int]:
-        return _StepIterator(self, self.num_rows // self.batch_size)
+        return StepIterator(self, self.num_rows // self.batch_size)
 
     def take_issued(self, count: int) -> list[Issued]:
         """The step, prompt id and rollout count of the next ``count`` rows handed out, in order."""
@@ -310,19 +252,19 @@ class SelectorCurriculumSampler(_SamplerBase):  # type: ignore[misc,valid-type]
             )
         return [self.issued.popleft() for _ in range(count)]
 
-    def _select_next(self) -> tuple[int, list[int], list[int] | None]:
+    def handed_out(self, step: int, item: int, count: int | None) -> None:
+        if self.report_groups:
+            self.issued.append(Issued(step, self.prompt_of[item], count))
+
+    def select_step(self) -> SelectedStep:
         if self.open_step is not None and not self.report_groups:
             logger.warning(
                 "step %d was selected but never reported (update() was not called); the service closes it "
                 "without observations",
                 self.open_step,
             )
-        step = self.next_step
-        s = self.settings
-        budget = s.rollouts() if self.report_groups else None
-        selection = self.client.select(
-            s.dataset, step, self.batch_size, s.strategy, s.params or None, s.seed, rollouts=budget
-        )
+        budget = self.options.rollouts() if self.report_groups else None
+        step, selection = self.select(self.batch_size, rollouts=budget)
         if budget is not None and (
             selection.rollouts is None or len(selection.rollouts) != len(selection.prompt_ids)
         ):
@@ -332,9 +274,8 @@ class SelectorCurriculumSampler(_SamplerBase):  # type: ignore[misc,valid-type]
             )
         if not self.report_groups:
             self.open_step, self.open_ids = step, list(selection.prompt_ids)
-        self.next_step = step + 1
         counts = None if budget is None else [int(n) for n in selection.rollouts or []]
-        return step, [self._row_of[pid] for pid in selection.prompt_ids], counts
+        return SelectedStep(step, [self._row_of[pid] for pid in selection.prompt_ids], counts)
 
     # --- verl curriculum hook ------------------------------------------------------------------------
     def update(self, batch: Any) -> None:
@@ -344,7 +285,7 @@ class SelectorCurriculumSampler(_SamplerBase):  # type: ignore[misc,valid-type]
                 "update() was called without a selected step: the sampler selected nothing yet"
             )
         ids = batch_prompt_ids(batch)
-        key = self.settings.reward_key or DEFAULT_REWARD_KEY
+        key = self.options.reward_key or DEFAULT_REWARD_KEY
         # TensorDict refuses `key in td`; membership has to go through keys().
         if key not in batch.batch.keys():  # noqa: SIM118
             raise KeyError(f"the batch has no {key!r} tensor; set data.sampler.selector.reward_key")
@@ -360,14 +301,5 @@ class SelectorCurriculumSampler(_SamplerBase):  # type: ignore[misc,valid-type]
                 "supported: every selected group must be reported"
             )
         step = self.open_step
-        self.client.observe(self.settings.dataset, step, results, request_id=f"{self.run_id}-s{step}")
+        self.client.observe(self.options.dataset, step, results, request_id=request_id(self.run_id, step))
         self.open_step, self.open_ids = None, []
-
-    # --- checkpointing (StatefulDataLoader) ----------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
-        return {"next_step": self.next_step, "run_id": self.run_id}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Resume: never go back to a step the service has already moved past."""
-        self.next_step = max(int(state["next_step"]), self.next_step)
-        self.run_id = str(state.get("run_id") or self.run_id)

@@ -37,7 +37,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from trainer_client.integrations.verl import SelectorCurriculumSampler, verl_version
+from trainer_client.integrations import framework_version
+from trainer_client.integrations.verl import SelectorCurriculumSampler
 
 __all__ = [
     "check_config",
@@ -150,7 +151,7 @@ def uses_v1(config: Any) -> bool:
     """Whether verl runs its v1 trainer for this config (verl 0.9's default: ``trainer.use_v1: true``).
 
     The selector's v1 route is built on verl 0.9's v1 trainer; on 0.8 the legacy trainer runs."""
-    version = verl_version()
+    version = framework_version("verl")
     return bool(config.trainer.get("use_v1", False)) and (version is None or version >= (0, 9))
 
 
@@ -176,7 +177,7 @@ def check_config(config: Any) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    version = verl_version()
+    version = framework_version("verl")
     if version is None:
         raise SystemExit("verl is not installed in this environment")
     if version < (0, 8):

@@ -267,7 +267,7 @@ class ReportingBuffer:
         results, request_id = one_group(sampler.run_id, step, prompt_id, rewards)
         entry: dict[str, Any] = {"uid": uid, "step": step, "prompt_id": prompt_id, "rewards": rewards}
         try:
-            ack = sampler.client.observe(sampler.settings.dataset, step, results, request_id=request_id)
+            ack = sampler.client.observe(sampler.options.dataset, step, results, request_id=request_id)
         except Conflict as exc:
             entry["refused"] = str(exc)
             if "different body" in str(exc):

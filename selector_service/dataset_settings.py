@@ -164,8 +164,8 @@ SETTINGS: tuple[Setting, ...] = (
 )
 
 BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
-#: The settings a create may leave out, with their defaults (as a request gives them).
-DEFAULTS: dict[str, Any] = {s.name: s.default for s in SETTINGS if not s.required}
+#: The settings a create may leave out, with their defaults as the spec holds them.
+DEFAULTS: dict[str, Any] = {s.name: s.stored_default() for s in SETTINGS if not s.required}
 #: The settings that are DatasetRules fields of the same name.
 RULES: tuple[str, ...] = tuple(s.name for s in SETTINGS if s.rule)
 

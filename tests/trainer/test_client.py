@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import functools
 import http.server
+import inspect
 import socket
 import threading
 import uuid
@@ -18,6 +19,7 @@ import uuid
 import httpx
 import pytest
 
+from selector_service import dataset_settings
 from trainer_client.client import (
     AsyncSelectorClient,
     AuthError,
@@ -197,6 +199,38 @@ def test_dataset_lifecycle(client) -> None:
         client.get_dataset(name)
     assert missing.value.status == 404
     assert name not in client.list_datasets()
+
+
+def test_create_parameters_are_the_dataset_settings() -> None:
+    """Both clients' create_dataset take every dataset setting, in order, with the service's defaults;
+    a later setting at its default stays out of the body (a service from before it accepts it)."""
+    names = [s.name for s in dataset_settings.SETTINGS]
+    for method in (SelectorClient.create_dataset, AsyncSelectorClient.create_dataset):
+        params = list(inspect.signature(method).parameters.values())[1:]
+        assert [p.name for p in params] == names
+        for p in params:
+            expected = (
+                inspect.Parameter.empty if p.name in ("name", "size") else dataset_settings.DEFAULTS[p.name]
+            )
+            assert p.default == (None if p.name == "defaults" else expected), p.name
+    body = dataset_settings.create_body(
+        {"name": "d", "size": 3, **dataset_settings.DEFAULTS, "defaults": None}
+    )
+    assert body == {
+        "name": "d",
+        "size": 3,
+        "rollouts_per_prompt": 8,
+        "success_threshold": 1.0,
+        "beta_prior": [1.0, 1.0],
+        "beta_decay": 1.0,
+        "hmm_decay": 0.7,
+        "reward_mode": "binary",
+    }
+    assert dataset_settings.create_body({"name": "d", "size": 3, "group_decay": 0.5, "max_lag": 2}) == {
+        **body,
+        "group_decay": 0.5,
+        "max_lag": 2,
+    }
 
 
 def test_select_observe_beliefs_score(client, dataset) -> None:

@@ -1,15 +1,16 @@
 """A dataset's settings (POST /datasets, docs/api.md), each declared once in `SETTINGS`.
 
 From the declaration follow: the create and info bodies (`create_fields`, `info_fields`, built into
-schemas.DatasetCreate and DatasetInfo), the stored spec (`settings_fields` gives state.DatasetSpec its
-fields and defaults, `from_doc` reads a stored document, older ones without the later settings
-included, `problems` checks one), and the trainer client's create body and DatasetInfo.
+schemas.DatasetCreate and DatasetInfo); the stored spec (`settings_fields` gives state.DatasetSpec its
+fields and defaults, `from_doc` reads a stored document, one written before a later setting existed
+included, `problems` checks one); and the trainer client's create parameters' defaults, its create
+body (`create_body`) and its DatasetInfo.
 
 Standard library and pydantic only: the trainer client imports this module in framework environments
-without numpy or numba, so nothing of selector_service.core is imported at load time. The bounds that
-are the kernels' numerically safe domain are named, not copied: a bound written as a string ("K_MAX")
-and a description written as a function of the module are core/domain.py's, read when the service builds its
-bodies or checks a spec (`resolved`); the client needs no bound.
+without numpy or numba, so nothing of selector_service.core is imported when it loads. The bounds that
+are the kernels' numerically safe domain are named here, not copied: a constraint given as a string
+("K_MAX"), a `check` and a description given as a function of the module are core/domain.py's, read
+when the service first builds its bodies or checks a spec (`resolved`). The client needs no bound.
 """
 
 from __future__ import annotations
@@ -163,7 +164,6 @@ SETTINGS: tuple[Setting, ...] = (
     ),
 )
 
-BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
 #: The settings a create may leave out, with their defaults as the spec holds them.
 DEFAULTS: dict[str, Any] = {s.name: s.stored_default() for s in SETTINGS if not s.required}
 #: The settings that are DatasetRules fields of the same name.
@@ -212,7 +212,7 @@ def create_fields() -> dict[str, Any]:
     fields: dict[str, Any] = {}
     for r in resolved():
         s = r.setting
-        kind = Literal[s.choices] if s.choices else s.type  # type: ignore[valid-type]
+        kind = Literal[s.choices] if s.choices else s.type
         if r.check is not None:
             kind = Annotated[kind, AfterValidator(_raising(r.check))]
         if s.required:

@@ -180,12 +180,25 @@ class Result:
 
 
 @dataclass(frozen=True)
-@dataset_settings.settings_fields
 class DatasetInfo:
-    """A dataset's spec and (when the service reports it) its running summary: every setting of
-    selector_service/dataset_settings.py as a field of that name (name, size, rollouts_per_prompt, ...,
-    group_decay), then the summary's figures."""
+    """A dataset's spec and (when the service reports it) its running summary.
 
+    The spec's fields are selector_service/dataset_settings.py's settings, in its order, required as
+    in the info body but for the later ones (their defaults are the settings'); they are written out
+    for type checkers (tests/trainer/test_client.py holds them to the settings)."""
+
+    name: str
+    size: int
+    rollouts_per_prompt: int
+    success_threshold: float
+    beta_prior: tuple[float, float]
+    beta_decay: float
+    hmm_decay: float
+    reward_mode: str
+    defaults: dict[str, Any]
+    max_lag: int = _DEFAULT["max_lag"]
+    prior_strength: float = _DEFAULT["prior_strength"]
+    group_decay: float = _DEFAULT["group_decay"]
     open_step: int | None = None
     observations: int | None = None
     rollouts: int | None = None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import http.server
 import inspect
@@ -24,6 +25,7 @@ from trainer_client.client import (
     AsyncSelectorClient,
     AuthError,
     Conflict,
+    DatasetInfo,
     InvalidRequest,
     NotFound,
     Result,
@@ -202,9 +204,15 @@ def test_dataset_lifecycle(client) -> None:
 
 
 def test_create_parameters_are_the_dataset_settings() -> None:
-    """Both clients' create_dataset take every dataset setting, in order, with the service's defaults;
-    a later setting at its default stays out of the body (a service from before it accepts it)."""
+    """DatasetInfo's spec fields and both clients' create_dataset parameters are the dataset settings,
+    in order, with the service's defaults; a later setting at its default stays out of the create body
+    (so that a service from before it accepts it)."""
     names = [s.name for s in dataset_settings.SETTINGS]
+    info_fields = dataclasses.fields(DatasetInfo)[: len(names)]
+    assert [f.name for f in info_fields] == names
+    for f in info_fields:
+        setting = next(s for s in dataset_settings.SETTINGS if s.name == f.name)
+        assert f.default == (dataset_settings.DEFAULTS[f.name] if setting.later else dataclasses.MISSING)
     for method in (SelectorClient.create_dataset, AsyncSelectorClient.create_dataset):
         params = list(inspect.signature(method).parameters.values())[1:]
         assert [p.name for p in params] == names

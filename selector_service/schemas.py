@@ -51,16 +51,19 @@ class _Request(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
 
-#: POST /datasets's body: every setting of selector_service/dataset_settings.py, with its bounds.
-DatasetCreate = create_model(
-    "DatasetCreate", __base__=_Request, __module__=__name__, **dataset_settings.create_fields()
+# The dataset bodies' settings fields are selector_service/dataset_settings.py's, in its order (the
+# classes carry no docstring: it would become their description in the OpenAPI document).
+_CreateSettings = create_model(
+    "_CreateSettings", __base__=_Request, __module__=__name__, **dataset_settings.create_fields()
 )
-
-#: A dataset's settings as the service answers them (its summary on GET).
-_DatasetSettings = create_model("_DatasetSettings", __module__=__name__, **dataset_settings.info_fields())
+_InfoSettings = create_model("_InfoSettings", __module__=__name__, **dataset_settings.info_fields())
 
 
-class DatasetInfo(_DatasetSettings):
+class DatasetCreate(_CreateSettings):
+    pass
+
+
+class DatasetInfo(_InfoSettings):
     created: bool | None = Field(None, description="On POST: true when this call created it.")
     summary: dict[str, Any] | None = Field(
         None,

@@ -148,20 +148,7 @@ class Engine:
     async def create_dataset_from(self, request: DatasetCreate) -> tuple[bool, DatasetSpec]:
         """POST /datasets: the spec a request asks for, its per-strategy defaults checked against each
         strategy's parameters (InvalidRequest), then `create_dataset`."""
-        spec = DatasetSpec(
-            name=request.name,
-            size=request.size,
-            rollouts_per_prompt=request.rollouts_per_prompt,
-            success_threshold=request.success_threshold + 0.0,  # -0.0 is the same threshold as 0.0
-            beta_prior=tuple(request.beta_prior),
-            beta_decay=request.beta_decay,
-            hmm_decay=request.hmm_decay,
-            reward_mode=request.reward_mode,
-            defaults=request.defaults,
-            max_lag=request.max_lag,
-            prior_strength=request.prior_strength,
-            group_decay=request.group_decay,
-        )
+        spec = DatasetSpec.from_request(request)
         for strategy in request.defaults:
             self.resolve_params(spec, strategy, {})
         return await self.create_dataset(spec)
@@ -489,7 +476,9 @@ class Engine:
                 start, rates, groups = check_metadata(spec.size, offset, pass_rate, group)
             except ValueError as exc:
                 raise InvalidRequest(f"{exc}; nothing was applied") from None
-            count = len(rates) if rates is not None else len(groups)
+            given = rates if rates is not None else groups
+            assert given is not None  # check_metadata refuses an upload with neither
+            count = len(given)
             if count > INLINE_RESULTS:
                 payload = await asyncio.to_thread(pack_metadata, start, rates, groups)
             else:

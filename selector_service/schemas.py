@@ -13,21 +13,14 @@ from typing import Annotated, Any, Literal, NamedTuple
 
 import msgspec
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
+from selector_service import dataset_settings
 from selector_service.core.coldstart import MAX_GROUPS
-from selector_service.core.domain import (
-    K_MAX,
-    PRIOR_MAX,
-    PRIOR_MIN,
-    PRIOR_STRENGTH_MAX,
-    TRIALS_MAX,
-    prior_problem,
-)
+from selector_service.core.domain import K_MAX, TRIALS_MAX
 from selector_service.core.rollouts import DEFAULT_ROLLOUT_POLICY, ROLLOUT_POLICIES, ROLLOUT_POLICY_HELP
 from selector_service.core.strategies import STRATEGIES
 from selector_service.jsonscan import array_separators
-from selector_service.state import MAX_LAG
 
 
 def _strategies_doc() -> str:
@@ -43,10 +36,7 @@ def _strategies_doc() -> str:
     return "; ".join(parts)
 
 
-DatasetName = Annotated[
-    str,
-    Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$", description="[A-Za-z0-9][A-Za-z0-9._-]{0,127}"),
-]
+DatasetName = Annotated[str, Field(pattern=f"^{dataset_settings.NAME}$", description=dataset_settings.NAME)]
 Step = Annotated[int, Field(ge=0, le=10**12, description="Training step (>= 0).")]
 Seed = Annotated[int, Field(ge=0, le=2**63 - 1, description="Seed of the selection's randomness.")]
 PromptId = Annotated[int, Field(ge=0, le=2**62)]
@@ -61,69 +51,19 @@ class _Request(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
 
-class DatasetCreate(_Request):
-    name: DatasetName
-    size: int = Field(ge=1, description="Prompt ids are 0..size-1 (verl's extra_info.index).")
-    rollouts_per_prompt: int = Field(8, ge=1, le=K_MAX, description="K, rollouts per prompt per step.")
-    success_threshold: float = Field(1.0, description="A reward >= threshold is a success (binary mode).")
-    beta_prior: list[float] = Field(
-        [1.0, 1.0],
-        min_length=2,
-        max_length=2,
-        description=f"[alpha0, beta0], each in [{PRIOR_MIN:g}, {PRIOR_MAX:g}] (the numerically safe domain).",
-    )
-    beta_decay: float = Field(1.0, gt=0, le=1, description="Forgetting factor of the Beta update, in (0, 1].")
-    hmm_decay: float = Field(0.7, gt=0, le=1, description="Forgetting factor of the DPS update, in (0, 1].")
-    reward_mode: Literal["binary", "fractional"] = Field(
-        "binary", description="binary: success = reward >= threshold; fractional: rewards in [0,1] summed."
-    )
-    defaults: dict[str, dict[str, Any]] = Field(
-        default_factory=dict, description="Per-strategy selection defaults, e.g. {'insight': {'eta': 2.0}}."
-    )
-    max_lag: int = Field(
-        0,
-        ge=0,
-        le=MAX_LAG,
-        description="Late observations: an observe for a step closed at most this many steps ago is applied "
-        "(Beta at once, DPS pooled into the open step) and answered with its lag; 0 = strict (409).",
-    )
-    prior_strength: float = Field(
-        2.0,
-        ge=0,
-        le=PRIOR_STRENGTH_MAX,
-        description="Cold start (docs/methods.md §6): weight, in rollouts, of a prompt's prior pass rate (its own "
-        "from PUT /datasets/{name}/metadata, else its group's rate) in its Beta prior.",
-    )
-    group_decay: float = Field(
-        0.9,
-        gt=0,
-        le=1,
-        description="Cold start (docs/methods.md §6): the group rates' successes and trials are multiplied by this "
-        "at every step close, in (0, 1].",
-    )
-
-    @field_validator("beta_prior")
-    @classmethod
-    def _prior(cls, v: list[float]) -> list[float]:
-        problem = prior_problem(v)
-        if problem:
-            raise ValueError(problem)
-        return v
+# The dataset bodies' settings fields are selector_service/dataset_settings.py's, in its order (the
+# classes carry no docstring: it would become their description in the OpenAPI document).
+_CreateSettings = create_model(
+    "_CreateSettings", __base__=_Request, __module__=__name__, **dataset_settings.create_fields()
+)
+_InfoSettings = create_model("_InfoSettings", __module__=__name__, **dataset_settings.info_fields())
 
 
-class DatasetInfo(BaseModel):
-    name: str
-    size: int
-    rollouts_per_prompt: int
-    success_threshold: float
-    beta_prior: list[float]
-    beta_decay: float
-    hmm_decay: float
-    reward_mode: str
-    defaults: dict[str, dict[str, Any]]
-    max_lag: int = 0
-    prior_strength: float = 2.0
-    group_decay: float = 0.9
+class DatasetCreate(_CreateSettings):
+    pass
+
+
+class DatasetInfo(_InfoSettings):
     created: bool | None = Field(None, description="On POST: true when this call created it.")
     summary: dict[str, Any] | None = Field(
         None,

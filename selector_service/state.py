@@ -18,7 +18,6 @@ contiguous prefix of the log, whichever replica built it.
 from __future__ import annotations
 
 import json
-import math
 import struct
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
@@ -26,22 +25,17 @@ from typing import Any
 
 import numpy as np
 
+from selector_service import dataset_settings
 from selector_service.core import strategies
 from selector_service.core.beliefs import BeliefArrays, CloseStats, apply_results
 from selector_service.core.coldstart import DatasetRules, apply_metadata, prior_arrays
 from selector_service.core.curricula import close_open_step
-from selector_service.core.domain import K_MAX, PRIOR_STRENGTH_MAX, prior_problem
 from selector_service.core.rng import stream
 from selector_service.core.rollouts import RolloutRequest, allocate_rollouts
 from selector_service.core.select import TiedScores, retie, tie_index
 from selector_service.history import LAG_LABELS, StepHistory
 
 _RESULT_DTYPES = (("ids", "<i8"), ("successes", "<f8"), ("trials", "<f8"), ("states", "<i1"))
-MAX_LAG = 1000  # the most steps late an observation may be accepted (DatasetSpec.max_lag)
-# Spec fields added after the first release, with the default that leaves them out of the fingerprint.
-_LATER_FIELDS: dict[str, Any] = {"max_lag": 0, "prior_strength": 2.0, "group_decay": 0.9}
-# DatasetRules fields beyond the Beta prior (passed to BeliefArrays.new).
-_RULE_FIELDS = ("prior_strength", "group_decay", "sec_lr", "adarft_eta", "adarft_alpha", "adarft_beta")
 # Snapshot arrays of the dataset's shared state (per group, not per prompt) carry this name prefix.
 SHARED_PREFIX = "shared."
 # Late observations are counted by lag up to LAG_LABELS (history.py); larger lags share f"{LAG_LABELS}+".
@@ -57,22 +51,28 @@ class UnnumberedRecord(Exception):
     were numbered is appending to this log."""
 
 
+_DEFAULT = dataset_settings.DEFAULTS
+
+
 @dataclass(frozen=True)
 class DatasetSpec:
-    """What a client fixed at creation. The decays live here: they shape how beliefs evolve."""
+    """What a client fixed at creation: every setting of dataset_settings.SETTINGS, as a field of that
+    name and in its order, then the incarnation's `uid`. The decays live here: they shape how beliefs
+    evolve. The fields are written out for the type checker; their defaults are the declaration's
+    (tests/service/test_dataset_settings.py holds names, order and defaults to it)."""
 
     name: str
     size: int
-    rollouts_per_prompt: int = 8
-    success_threshold: float = 1.0
-    beta_prior: tuple[float, float] = (1.0, 1.0)
-    beta_decay: float = 1.0
-    hmm_decay: float = 0.7
-    reward_mode: str = "binary"
-    defaults: dict[str, dict[str, Any]] = field(default_factory=dict)
-    max_lag: int = 0
-    prior_strength: float = 2.0
-    group_decay: float = 0.9
+    rollouts_per_prompt: int = _DEFAULT["rollouts_per_prompt"]
+    success_threshold: float = _DEFAULT["success_threshold"]
+    beta_prior: tuple[float, float] = _DEFAULT["beta_prior"]
+    beta_decay: float = _DEFAULT["beta_decay"]
+    hmm_decay: float = _DEFAULT["hmm_decay"]
+    reward_mode: str = _DEFAULT["reward_mode"]
+    defaults: dict[str, Any] = field(default_factory=dict)
+    max_lag: int = _DEFAULT["max_lag"]
+    prior_strength: float = _DEFAULT["prior_strength"]
+    group_decay: float = _DEFAULT["group_decay"]
     uid: str = ""
 
     def public(self) -> dict[str, Any]:
@@ -83,62 +83,33 @@ class DatasetSpec:
 
     def problems(self) -> str | None:
         """What is out of range in this spec (the same rules as POST /datasets), or None."""
-        checks = [
-            (self.size >= 1, f"size {self.size} must be >= 1"),
-            (
-                1 <= self.rollouts_per_prompt <= K_MAX,
-                f"rollouts_per_prompt {self.rollouts_per_prompt} not in 1..{K_MAX}",
-            ),
-            (math.isfinite(self.success_threshold), "success_threshold must be finite"),
-            (prior_problem(self.beta_prior) is None, prior_problem(self.beta_prior)),
-            (0 < self.beta_decay <= 1, f"beta_decay {self.beta_decay} not in (0, 1]"),
-            (0 < self.hmm_decay <= 1, f"hmm_decay {self.hmm_decay} not in (0, 1]"),
-            (self.reward_mode in ("binary", "fractional"), f"reward_mode {self.reward_mode!r} is unknown"),
-            (isinstance(self.defaults, dict), "defaults must be an object"),
-            (0 <= self.max_lag <= MAX_LAG, f"max_lag {self.max_lag} not in 0..{MAX_LAG}"),
-            (
-                math.isfinite(self.prior_strength) and 0 <= self.prior_strength <= PRIOR_STRENGTH_MAX,
-                f"prior_strength {self.prior_strength} not in [0, {PRIOR_STRENGTH_MAX:g}]",
-            ),
-            (0 < self.group_decay <= 1, f"group_decay {self.group_decay} not in (0, 1]"),
-        ]
-        bad = [msg for ok, msg in checks if not ok]
-        return "; ".join(bad) if bad else None
+        return dataset_settings.problems(self.public())
 
     def fingerprint(self) -> str:
-        """The user-visible spec as canonical JSON. Fields added after the first release are left out at
-        their default value, so a dataset created before they existed keeps its fingerprint."""
+        """The user-visible spec as canonical JSON. Settings added after the first release are left out
+        at their default value, so a dataset created before they existed keeps its fingerprint."""
         doc = self.public()
-        for name, default in _LATER_FIELDS.items():
-            if doc.get(name) == default:
-                doc.pop(name, None)
+        for setting in dataset_settings.SETTINGS:
+            if setting.later and doc.get(setting.name) == setting.default:
+                doc.pop(setting.name, None)
         return json.dumps(doc, sort_keys=True)
 
     @classmethod
     def from_doc(cls, doc: dict[str, Any]) -> DatasetSpec:
-        return cls(
-            name=doc["name"],
-            size=int(doc["size"]),
-            rollouts_per_prompt=int(doc["rollouts_per_prompt"]),
-            success_threshold=float(doc["success_threshold"]) + 0.0,  # -0.0 is 0.0
-            beta_prior=(float(doc["beta_prior"][0]), float(doc["beta_prior"][1])),
-            beta_decay=float(doc["beta_decay"]),
-            hmm_decay=float(doc["hmm_decay"]),
-            reward_mode=doc.get("reward_mode", "binary"),
-            defaults=doc.get("defaults") or {},
-            max_lag=int(doc.get("max_lag", 0)),
-            prior_strength=float(doc.get("prior_strength", 2.0)),
-            group_decay=float(doc.get("group_decay", 0.9)),
-            uid=doc.get("uid", ""),
-        )
+        """The spec of a stored document (a setting it lacks has its default)."""
+        return cls(**dataset_settings.from_doc(doc), uid=doc.get("uid", ""))
+
+    @classmethod
+    def from_request(cls, request: Any) -> DatasetSpec:
+        """The spec a create body (schemas.DatasetCreate) asks for (no uid yet: the store gives it)."""
+        return cls(**dataset_settings.from_request(request))
 
     def rules(self) -> DatasetRules:
         """The constants the dataset's shared state evolves by (docs/methods.md §6 and 7's dataset-level params)."""
         return DatasetRules(
             alpha0=self.beta_prior[0],
             beta0=self.beta_prior[1],
-            prior_strength=self.prior_strength,
-            group_decay=self.group_decay,
+            **{name: getattr(self, name) for name in dataset_settings.RULES},
             **strategies.dataset_rules(self.defaults),
         )
 
@@ -240,12 +211,7 @@ class DatasetState:
     def __init__(self, spec: DatasetSpec, arrays: BeliefArrays | None = None) -> None:
         self.spec = spec
         if arrays is None:
-            rules = spec.rules()
-            arrays = BeliefArrays.new(
-                spec.size,
-                *spec.beta_prior,
-                **{k: getattr(rules, k) for k in _RULE_FIELDS},
-            )
+            arrays = BeliefArrays.new(spec.size, **asdict(spec.rules()))  # alpha0, beta0 and the rest
         self.arrays = arrays
         self.open_step = 0
         self.cursor = ""  # id of the last log record applied ("" = none)

@@ -23,6 +23,7 @@ from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
+from selector_service.dataset_settings import DEFAULTS as DATASET_DEFAULTS
 from trainer_client.client import Conflict, DatasetInfo, NotFound, SelectorClient, SelectorError
 from trainer_client.config import GRPOConfig, TrainConfig, default_of
 
@@ -133,9 +134,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     data.add_argument("--data", help="JSONL file (task jsonl only)")
     data.add_argument("--num-prompts", type=int, default=256, help="prompts in the dataset")
-    data.add_argument("--success-threshold", type=float, default=1.0, help="reward counted as a success")
-    data.add_argument("--beta-decay", type=float, default=1.0, help="Beta forgetting factor (dataset spec)")
-    data.add_argument("--hmm-decay", type=float, default=0.7, help="DPS forgetting factor (dataset spec)")
+    for setting, help_ in (
+        ("success_threshold", "reward counted as a success"),
+        ("beta_decay", "Beta forgetting factor (dataset spec)"),
+        ("hmm_decay", "DPS forgetting factor (dataset spec)"),
+    ):
+        flag = "--" + setting.replace("_", "-")
+        data.add_argument(flag, type=float, default=DATASET_DEFAULTS[setting], help=help_)
     data.add_argument(
         "--no-metadata",
         action="store_true",

@@ -36,6 +36,8 @@ from urllib.parse import quote
 
 import httpx
 
+from selector_service import dataset_settings
+
 __all__ = [
     "AsyncSelectorClient",
     "AuthError",
@@ -57,6 +59,8 @@ __all__ = [
 ]
 
 _RETRY_STATUSES = frozenset({502, 503, 504})
+#: The defaults of create_dataset's settings (selector_service/dataset_settings.py).
+_DEFAULT = dataset_settings.DEFAULTS
 _MAX_BACKOFF_S = 8.0
 
 
@@ -177,7 +181,11 @@ class Result:
 
 @dataclass(frozen=True)
 class DatasetInfo:
-    """A dataset's spec and (when the service reports it) its running summary."""
+    """A dataset's spec and (when the service reports it) its running summary.
+
+    The spec's fields are selector_service/dataset_settings.py's settings, in its order, required as
+    in the info body but for the later ones (their defaults are the settings'); they are written out
+    for type checkers (tests/trainer/test_client.py holds them to the settings)."""
 
     name: str
     size: int
@@ -188,9 +196,9 @@ class DatasetInfo:
     hmm_decay: float
     reward_mode: str
     defaults: dict[str, Any]
-    max_lag: int = 0
-    prior_strength: float = 2.0
-    group_decay: float = 0.9
+    max_lag: int = _DEFAULT["max_lag"]
+    prior_strength: float = _DEFAULT["prior_strength"]
+    group_decay: float = _DEFAULT["group_decay"]
     open_step: int | None = None
     observations: int | None = None
     rollouts: int | None = None
@@ -205,25 +213,13 @@ class DatasetInfo:
     def from_json(cls, body: Mapping[str, Any]) -> DatasetInfo:
         spec = body.get("spec") or body
         summary = body.get("summary") or {}
-        prior = spec.get("beta_prior", (1.0, 1.0))
 
         def _opt_int(key: str) -> int | None:
             value = summary.get(key)
             return int(value) if value is not None else None
 
         return cls(
-            name=str(spec["name"]),
-            size=int(spec["size"]),
-            rollouts_per_prompt=int(spec.get("rollouts_per_prompt", 8)),
-            success_threshold=float(spec.get("success_threshold", 1.0)),
-            beta_prior=(float(prior[0]), float(prior[1])),
-            beta_decay=float(spec.get("beta_decay", 1.0)),
-            hmm_decay=float(spec.get("hmm_decay", 0.7)),
-            reward_mode=str(spec.get("reward_mode", "binary")),
-            defaults=dict(spec.get("defaults") or {}),
-            max_lag=int(spec.get("max_lag", 0)),
-            prior_strength=float(spec.get("prior_strength", 2.0)),
-            group_decay=float(spec.get("group_decay", 0.9)),
+            **dataset_settings.from_doc(spec),
             open_step=_opt_int("open_step"),
             observations=_opt_int("observations"),
             rollouts=_opt_int("rollouts"),
@@ -427,39 +423,9 @@ def _dataset_path(name: str) -> str:
     return f"/datasets/{quote(name, safe='')}"
 
 
-def _create_dataset_call(
-    name: str,
-    size: int,
-    rollouts_per_prompt: int,
-    success_threshold: float,
-    beta_prior: tuple[float, float],
-    beta_decay: float,
-    hmm_decay: float,
-    reward_mode: str,
-    defaults: Mapping[str, Any] | None,
-    max_lag: int = 0,
-    prior_strength: float | None = None,
-    group_decay: float | None = None,
-) -> _Call[DatasetInfo]:
-    body: dict[str, Any] = {
-        "name": name,
-        "size": int(size),
-        "rollouts_per_prompt": int(rollouts_per_prompt),
-        "success_threshold": float(success_threshold),
-        "beta_prior": [float(beta_prior[0]), float(beta_prior[1])],
-        "beta_decay": float(beta_decay),
-        "hmm_decay": float(hmm_decay),
-        "reward_mode": reward_mode,
-    }
-    if prior_strength is not None:  # sent only when set, so older services keep accepting the body
-        body["prior_strength"] = float(prior_strength)
-    if group_decay is not None:
-        body["group_decay"] = float(group_decay)
-    if defaults is not None:
-        body["defaults"] = dict(defaults)
-    if max_lag:  # sent only when used, so a spec without it also creates on a service without it
-        body["max_lag"] = int(max_lag)
-    return _Call("POST", "/datasets", _parse_dataset, json=body)
+def _create_dataset_call(arguments: Mapping[str, Any]) -> _Call[DatasetInfo]:
+    """POST /datasets with create_dataset's arguments (by name; None = the service's default)."""
+    return _Call("POST", "/datasets", _parse_dataset, json=dataset_settings.create_body(arguments))
 
 
 def _select_call(
@@ -759,36 +725,22 @@ class SelectorClient(_Base):
         self,
         name: str,
         size: int,
-        rollouts_per_prompt: int = 8,
-        success_threshold: float = 1.0,
-        beta_prior: tuple[float, float] = (1.0, 1.0),
-        beta_decay: float = 1.0,
-        hmm_decay: float = 0.7,
-        reward_mode: str = "binary",
+        rollouts_per_prompt: int = _DEFAULT["rollouts_per_prompt"],
+        success_threshold: float = _DEFAULT["success_threshold"],
+        beta_prior: tuple[float, float] = _DEFAULT["beta_prior"],
+        beta_decay: float = _DEFAULT["beta_decay"],
+        hmm_decay: float = _DEFAULT["hmm_decay"],
+        reward_mode: str = _DEFAULT["reward_mode"],
         defaults: Mapping[str, Any] | None = None,
-        max_lag: int = 0,
-        prior_strength: float | None = None,
-        group_decay: float | None = None,
+        max_lag: int = _DEFAULT["max_lag"],
+        prior_strength: float = _DEFAULT["prior_strength"],
+        group_decay: float = _DEFAULT["group_decay"],
     ) -> DatasetInfo:
         """Create a dataset (or confirm an identical one); ``Conflict`` if the name has another spec.
-        ``max_lag``: accept results up to this many steps late (asynchronous trainers).
-        ``prior_strength`` / ``group_decay``: docs/methods.md §6 (None: the service's defaults, 2.0 and 0.9)."""
-        return self._run(
-            _create_dataset_call(
-                name,
-                size,
-                rollouts_per_prompt,
-                success_threshold,
-                beta_prior,
-                beta_decay,
-                hmm_decay,
-                reward_mode,
-                defaults,
-                max_lag,
-                prior_strength,
-                group_decay,
-            )
-        )
+        The settings, their defaults and domains are selector_service/dataset_settings.py's (docs/api.md);
+        ``max_lag``: accept results up to this many steps late (asynchronous trainers);
+        ``prior_strength`` / ``group_decay``: docs/methods.md §6. A setting given as None has its default."""
+        return self._run(_create_dataset_call(locals()))
 
     def upload_metadata(
         self,
@@ -932,33 +884,18 @@ class AsyncSelectorClient(_Base):
         self,
         name: str,
         size: int,
-        rollouts_per_prompt: int = 8,
-        success_threshold: float = 1.0,
-        beta_prior: tuple[float, float] = (1.0, 1.0),
-        beta_decay: float = 1.0,
-        hmm_decay: float = 0.7,
-        reward_mode: str = "binary",
+        rollouts_per_prompt: int = _DEFAULT["rollouts_per_prompt"],
+        success_threshold: float = _DEFAULT["success_threshold"],
+        beta_prior: tuple[float, float] = _DEFAULT["beta_prior"],
+        beta_decay: float = _DEFAULT["beta_decay"],
+        hmm_decay: float = _DEFAULT["hmm_decay"],
+        reward_mode: str = _DEFAULT["reward_mode"],
         defaults: Mapping[str, Any] | None = None,
-        max_lag: int = 0,
-        prior_strength: float | None = None,
-        group_decay: float | None = None,
+        max_lag: int = _DEFAULT["max_lag"],
+        prior_strength: float = _DEFAULT["prior_strength"],
+        group_decay: float = _DEFAULT["group_decay"],
     ) -> DatasetInfo:
-        return await self._run(
-            _create_dataset_call(
-                name,
-                size,
-                rollouts_per_prompt,
-                success_threshold,
-                beta_prior,
-                beta_decay,
-                hmm_decay,
-                reward_mode,
-                defaults,
-                max_lag,
-                prior_strength,
-                group_decay,
-            )
-        )
+        return await self._run(_create_dataset_call(locals()))
 
     async def upload_metadata(
         self,

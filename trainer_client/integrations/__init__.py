@@ -36,6 +36,7 @@ from typing import Any, NamedTuple
 
 from packaging.version import Version
 
+from selector_service.dataset_settings import DEFAULTS as DATASET_DEFAULTS
 from trainer_client.client import NotFound, Result, RolloutBudget, Selection, SelectorClient, first_step
 
 __all__ = [
@@ -95,9 +96,9 @@ class SelectorOptions:
     create: bool = True
     rollouts_per_prompt: int | None = None
     max_lag: int | None = None
-    success_threshold: float = 1.0
-    beta_decay: float = 1.0
-    hmm_decay: float = 0.7
+    success_threshold: float = DATASET_DEFAULTS["success_threshold"]
+    beta_decay: float = DATASET_DEFAULTS["beta_decay"]
+    hmm_decay: float = DATASET_DEFAULTS["hmm_decay"]
     reward_key: str | None = None
     rollout_budget: int | None = None
     rollout_min: int = 1

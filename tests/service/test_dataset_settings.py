@@ -1,0 +1,66 @@
+"""The dataset settings' one declaration (selector_service/dataset_settings.py) and what follows from it:
+the bodies' fields, the stored spec, its defaults for older documents, and the kernels' rule defaults."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from selector_service import dataset_settings
+from selector_service.core.coldstart import DatasetRules
+from selector_service.schemas import DatasetCreate, DatasetInfo
+from selector_service.state import DatasetSpec
+
+NAMES = [s.name for s in dataset_settings.SETTINGS]
+
+
+def test_the_bodies_and_the_spec_have_every_setting_in_order() -> None:
+    assert list(DatasetCreate.model_fields) == NAMES
+    assert list(DatasetInfo.model_fields)[: len(NAMES)] == NAMES
+    assert [f.name for f in dataclasses.fields(DatasetSpec)] == [*NAMES, "uid"]
+    spec = DatasetSpec(name="d", size=3)
+    assert {name: getattr(spec, name) for name in dataset_settings.DEFAULTS} == dataset_settings.DEFAULTS
+    request = DatasetCreate(name="d", size=3)
+    assert DatasetSpec.from_request(request) == spec
+
+
+def test_a_document_from_before_the_later_settings_reads_with_their_defaults() -> None:
+    first = {"name": "d", "size": 3, "rollouts_per_prompt": 4, "success_threshold": -0.0}
+    first |= {
+        "beta_prior": [1, 2],
+        "beta_decay": 1,
+        "hmm_decay": 0.5,
+        "reward_mode": "binary",
+        "defaults": {},
+    }
+    spec = DatasetSpec.from_doc(first)
+    later = [s.name for s in dataset_settings.SETTINGS if s.later]
+    assert later == ["max_lag", "prior_strength", "group_decay"]
+    assert {name: getattr(spec, name) for name in later} == {
+        name: dataset_settings.DEFAULTS[name] for name in later
+    }
+    assert (spec.success_threshold, spec.beta_prior) == (0.0, (1.0, 2.0))
+    # ... and keeps the fingerprint it had: the later settings at their defaults are left out of it.
+    assert set(spec.public()) - {"max_lag", "prior_strength", "group_decay"} == set(first)
+    assert '"group_decay"' not in spec.fingerprint()
+    assert '"group_decay": 0.5' in dataclasses.replace(spec, group_decay=0.5).fingerprint()
+
+
+def test_the_rule_settings_default_to_the_kernels_own_defaults() -> None:
+    rules = DatasetRules()
+    assert dataset_settings.RULES == ("prior_strength", "group_decay")
+    assert {name: getattr(rules, name) for name in dataset_settings.RULES} == {
+        name: dataset_settings.DEFAULTS[name] for name in dataset_settings.RULES
+    }
+    assert DatasetSpec(name="d", size=3, group_decay=0.5).rules().group_decay == 0.5
+
+
+def test_a_stored_spec_out_of_range_is_named_setting_by_setting() -> None:
+    spec = DatasetSpec(name="d", size=0, rollouts_per_prompt=2000, beta_decay=0.0, prior_strength=2e6)
+    problem = spec.problems()
+    assert problem == (
+        "size 0 must be >= 1; rollouts_per_prompt 2000 not in 1..1024; beta_decay 0.0 not in (0, 1]; "
+        "prior_strength 2000000.0 not in [0, 1e+06]"
+    )
+    assert DatasetSpec(name="d", size=1, reward_mode="x", defaults=[]).problems() == (
+        "reward_mode 'x' is unknown; defaults must be an object"
+    )

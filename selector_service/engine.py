@@ -14,7 +14,7 @@ import contextlib
 import json
 import time
 import uuid
-from collections.abc import AsyncIterable, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import numpy as np
@@ -370,33 +370,23 @@ class Engine:
         its TTL: a holder that died lets it expire). False when it could not be had: the close then goes
         ahead without it (its commit is conditional anyway), as when the store does not answer the
         reservation itself (then the catch-up that follows reports the store's state)."""
-        deadline = time.monotonic() + CLOSE_RESERVATION_MS / 1000
-        pause = 0.001
-        while True:
+        async for _ in _backing_off(CLOSE_RESERVATION_MS / 1000):
             try:
                 if await self.store.reserve_close(name, token, CLOSE_RESERVATION_MS):
                     return True
             except (Unavailable, OSError):
                 return False
-            if time.monotonic() >= deadline:
-                return False
-            await asyncio.sleep(pause)
-            pause = min(pause * 2, 0.02)
+        return False
 
     async def _until_not_busy(self, write: Callable[[], Awaitable[WriteResult]]) -> WriteResult:
         """Runs a write script, sending it again while the store answers busy (a select's close holds the
         dataset's closing reservation; nothing was applied). Unavailable after about twice the
         reservation's TTL."""
-        deadline = time.monotonic() + 2 * CLOSE_RESERVATION_MS / 1000
-        pause = 0.001
-        while True:
+        async for _ in _backing_off(2 * CLOSE_RESERVATION_MS / 1000):
             res = await write()
             if res.status is not WriteStatus.BUSY:
-                return res
-            if time.monotonic() >= deadline:
-                return res
-            await asyncio.sleep(pause)
-            pause = min(pause * 2, 0.02)
+                break
+        return res
 
     async def score(
         self, name: str, *, strategy: str, params: dict[str, Any], ids: np.ndarray, seed: int
@@ -567,6 +557,19 @@ class Engine:
         if res.log_length >= self.settings.snapshot_every_records:
             self.replica.catch_up_later(name)
         return len(results), False, res.lag
+
+
+async def _backing_off(seconds: float) -> AsyncIterator[None]:
+    """Yields at once, then again after pauses doubling from 1 ms to 20 ms, until `seconds` have passed:
+    the pace of a request that waits for a select's close (its reservation, or a write answered busy)."""
+    deadline = time.monotonic() + seconds
+    pause = 0.001
+    while True:
+        yield
+        if time.monotonic() >= deadline:
+            return
+        await asyncio.sleep(pause)
+        pause = min(pause * 2, 0.02)
 
 
 def _close_in_memory_and_run(

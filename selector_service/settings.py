@@ -322,7 +322,8 @@ def serve_flags() -> list[ServeFlag]:
     for name, (text, choices) in SERVE_FLAGS.items():
         field = Settings.model_fields[name]
         shown = text.format(default=_default_text(name, field.default), env=f"SELECTOR_{name.upper()}")
-        kind = field.annotation if field.annotation in (int, float, Path) else None
+        ann = field.annotation
+        kind = ann if isinstance(ann, type) and ann in (int, float, Path) else None
         flags.append(ServeFlag(name, "--" + name.replace("_", "-"), shown, kind, choices))
     return flags
 
@@ -348,14 +349,24 @@ backups: [operations.md](operations.md). The REST contract and the command line:
 """
 
 
+#: How docs/configuration.md names a setting's type (unions and other types: _type_name).
+_TYPE_NAMES: dict[object, str] = {
+    str: "string",
+    int: "integer",
+    float: "number",
+    bool: "boolean",
+    Path: "path",
+}
+
+
 def _type_name(annotation: object) -> str:
     args = typing.get_args(annotation)
     if typing.get_origin(annotation) in (typing.Union, types.UnionType):
         names = [_type_name(a) for a in args if a is not type(None)]
         return " or ".join(names) + (" (optional)" if type(None) in args else "")
-    return {str: "string", int: "integer", float: "number", bool: "boolean", Path: "path"}.get(
+    return _TYPE_NAMES.get(
         annotation,
-        "secret string" if annotation is SecretStr else getattr(annotation, "__name__", str(annotation)),
+        "secret string" if annotation is SecretStr else str(getattr(annotation, "__name__", annotation)),
     )
 
 

@@ -29,7 +29,7 @@ $(STAMP): pyproject.toml Makefile
 lint: $(STAMP)
 	$(BIN)/ruff check selector_service trainer_client tests bench deploy
 	$(BIN)/ruff format --check selector_service trainer_client tests bench deploy
-	@# Strict on selector_service/core, the store and the modules listed in [tool.mypy] in pyproject.toml.
+	@# Strict on the whole of selector_service ([tool.mypy] in pyproject.toml).
 	$(BIN)/mypy
 
 test: $(STAMP)

@@ -50,7 +50,8 @@ def _parser() -> argparse.ArgumentParser:
     s = sub.add_parser("serve", help="serve the REST API")
     s.set_defaults(subparser=s)
     for flag in serve_flags():  # the settings that are also flags (settings.py)
-        s.add_argument(flag.option, type=flag.type, choices=flag.choices, help=flag.help)
+        # No type: the value stays the string given (str converts it to itself).
+        s.add_argument(flag.option, type=flag.type or str, choices=flag.choices, help=flag.help)
     return p
 
 
@@ -121,6 +122,7 @@ def serve(args: argparse.Namespace) -> int:
         settings = settings.model_copy(update={"redis_url": url})
         print(f"selector-service: embedded Valkey store in {settings.data_dir.resolve()}", flush=True)
         embedded.watch(lambda code: _store_lost(embedded, code, lost))
+    assert settings.redis_url is not None  # set, or the embedded store's URL (above)
     status = EXIT_STORE
     try:
         problem = _check_store(settings.redis_url, settings.store_timeout_s)

@@ -86,7 +86,7 @@ class EmbeddedValkey:
     def __init__(self, data_dir: Path, fsync: str = "always") -> None:
         self.data_dir = Path(data_dir).resolve()
         self.fsync = fsync
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
         self._lock_fd: int | None = None
         self._stopping = threading.Event()
         self.url = ""

@@ -125,7 +125,9 @@ def _number(x: float) -> int | float:
 
 
 @numba.njit(nogil=True, cache=True)
-def _fresh_priors(ids, hmm_slot, obs_state, prior_cols):
+def _fresh_priors(
+    ids: np.ndarray, hmm_slot: np.ndarray, obs_state: np.ndarray, prior_cols: np.ndarray
+) -> tuple[np.ndarray, int, int]:
     """(sum of the DPS priors, count of never-observed, count) over the prompts of one observe record
     that are observed for the first time at the open step: the first result of each prompt in the record
     whose prompt has no observed state yet. Priors are summed in record order; a never-observed prompt

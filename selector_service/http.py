@@ -28,6 +28,7 @@ from the environment `serve` prepared) in each worker of `--workers N`.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -92,7 +93,7 @@ class BoundedProtocol(HttpToolsProtocol):
         self._body_started = 0.0
         self._body_bytes = 0
         self._refused = False
-        self._ticking = None
+        self._ticking: asyncio.TimerHandle | None = None
 
     # ---- connection -----------------------------------------------------------------------------
     def connection_made(self, transport: Any) -> None:
@@ -130,12 +131,17 @@ class BoundedProtocol(HttpToolsProtocol):
         if self._refused or self.transport.is_closing() or len(take) == len(data):
             return
         # The head may end inside this piece: what the limit allowed was fed, the rest only if it did.
-        if self._in_head:
+        if self._reading_head():
             self._too_large(
                 f"request line and headers over {self.limits.max_header_bytes} bytes (SELECTOR_MAX_HEADER_BYTES)"
             )
             return
         self.data_received(data[room:])
+
+    def _reading_head(self) -> bool:
+        """Whether a request head is still arriving: read afresh after feeding the parser, whose callbacks
+        (on_headers_complete, on_message_begin) change it."""
+        return self._in_head
 
     # ---- parser callbacks -----------------------------------------------------------------------
     def on_message_begin(self) -> None:

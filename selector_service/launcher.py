@@ -30,7 +30,8 @@ def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port free on `host` right now (the OS picks it)."""
     with socket.socket() as s:
         s.bind((host, 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]  # an (address, port) pair for an IPv4 socket
+        return port
 
 
 _READY_LINE = re.compile(r"ready at (https?://\S+)")

@@ -31,7 +31,8 @@ from prometheus_client.multiprocess import MultiProcessCollector
 
 from selector_service.core.coldstart import group_statistics
 from selector_service.errors import InsufficientMemory, NotFound, ServiceError
-from selector_service.state import LAG_LABELS, DatasetState
+from selector_service.history import LAG_LABELS
+from selector_service.state import DatasetState
 
 if TYPE_CHECKING:
     from selector_service.engine import Engine
@@ -71,7 +72,7 @@ class DatasetCollector:
 
     def __init__(self, max_group_labels: int = 64, max_datasets: int = 50) -> None:
         self._rows: dict[str, dict[str, Any]] = {}
-        self._cache: dict[str, tuple[tuple, dict[str, Any]]] = {}
+        self._cache: dict[str, tuple[tuple[str, str, int], dict[str, Any]]] = {}
         #: Per-group gauges only for datasets with at most this many groups (bounded label values).
         self.max_group_labels = max_group_labels
         #: Series of their own for at most this many datasets, in `ranking` order; the rest in `_other`.
@@ -292,7 +293,7 @@ def render(collector: DatasetCollector) -> bytes:
     """The exposition text: request metrics (all workers when multiprocess) + dataset metrics."""
     registry = CollectorRegistry()
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-        MultiProcessCollector(registry)
+        MultiProcessCollector(registry)  # type: ignore[no-untyped-call]  # prometheus_client leaves it unannotated
     else:
         from prometheus_client import REGISTRY
 
@@ -314,7 +315,7 @@ class Scrape:
     def __init__(self, max_group_labels: int, wait_s: float, max_datasets: int = 50) -> None:
         self.collector = DatasetCollector(max_group_labels, max_datasets)
         self.wait_s = wait_s
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
         self._records: dict[str, int] = {}  # each dataset's record count at the last refresh
         self._moved: dict[str, float] = {}  # when its record count was last seen to change
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import gc
 import math
 import re
+from collections.abc import Iterator
 from typing import Annotated, Any, Literal, NamedTuple
 
 import msgspec
@@ -59,11 +60,11 @@ _CreateSettings = create_model(
 _InfoSettings = create_model("_InfoSettings", __module__=__name__, **dataset_settings.info_fields())
 
 
-class DatasetCreate(_CreateSettings):
+class DatasetCreate(_CreateSettings):  # type: ignore[valid-type, misc]  # a create_model class, built at import
     pass
 
 
-class DatasetInfo(_InfoSettings):
+class DatasetInfo(_InfoSettings):  # type: ignore[valid-type, misc]  # a create_model class, built at import
     created: bool | None = Field(None, description="On POST: true when this call created it.")
     summary: dict[str, Any] | None = Field(
         None,
@@ -285,6 +286,7 @@ class MetadataRequest(_Request):
             raise ValueError("send pass_rate, group or both")
         lengths = {len(v) for v in (self.pass_rate, self.group) if v is not None}
         if len(lengths) != 1:
+            assert self.pass_rate is not None and self.group is not None  # two lengths: both were sent
             raise ValueError(
                 f"pass_rate has {len(self.pass_rate)} values and group {len(self.group)}: send one per prompt"
             )
@@ -464,7 +466,15 @@ class PackedResults:
 
     __slots__ = ("has_rewards", "ids", "offsets", "successes", "trials", "values")
 
-    def __init__(self, ids, has_rewards, offsets, values, successes, trials) -> None:
+    def __init__(
+        self,
+        ids: np.ndarray,
+        has_rewards: np.ndarray,
+        offsets: np.ndarray,
+        values: np.ndarray,
+        successes: np.ndarray,
+        trials: np.ndarray,
+    ) -> None:
         self.ids, self.has_rewards, self.offsets = ids, has_rewards, offsets
         self.values, self.successes, self.trials = values, successes, trials
 
@@ -478,7 +488,7 @@ class PackedResults:
             int(self.ids[i]), rewards, None if np.isnan(s) else float(s), None if np.isnan(t) else int(t)
         )
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[ResultRow]:
         return (self[i] for i in range(len(self)))
 
 

@@ -24,69 +24,70 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
 class Settings(BaseSettings):
+    # Each default is given as `default=`: the type checker reads only that keyword as a field's default.
     model_config = SettingsConfigDict(env_prefix="SELECTOR_", extra="ignore")
 
     host: str = Field(
-        "127.0.0.1",
+        default="127.0.0.1",
         description="Interface to listen on. The default serves loopback only; `0.0.0.0` serves every "
         "interface (set an API token then).",
     )
-    port: int = Field(8000, ge=0, le=65535, description="TCP port (0 picks a free one).")
+    port: int = Field(default=8000, ge=0, le=65535, description="TCP port (0 picks a free one).")
     workers: int = Field(
-        1,
+        default=1,
         ge=1,
         le=64,
         description="uvicorn worker processes. Each holds every dataset it serves in memory, like a replica; "
         "/metrics aggregates the request metrics of all of them.",
     )
     redis_url: str | None = Field(
-        None,
+        default=None,
         description="redis://, rediss:// or unix:// URL of a Redis 7+ or Valkey server (a Redis Cluster is "
         "detected by itself: give any one node). Unset: the service starts its own embedded Valkey under "
         "data_dir. An external server must run with `appendonly yes`, `appendfsync always` (or `everysec`, "
         "see docs/operations.md) and `maxmemory-policy noeviction`.",
     )
     data_dir: Path = Field(
-        Path("./.selector-data"),
+        default=Path("./.selector-data"),
         description="Directory of the embedded store (its append-only file). Restarting with the same "
         "directory finds every dataset as it was. Ignored with redis_url.",
     )
     embedded_fsync: str = Field(
-        "always",
+        default="always",
         description="appendfsync of the embedded store: 'always' (an acknowledged write survives power loss) "
         "or 'everysec' (faster; up to one second of writes at risk on power loss, none on a process crash).",
     )
     api_token: SecretStr | None = Field(
-        None,
+        default=None,
         description="When set, every endpoint except /healthz, /readyz and /metrics requires "
         "`Authorization: Bearer <token>` (401 without, 403 with a wrong one). At least 8 characters, all "
         "visible ASCII (letters, digits, punctuation: no spaces, no accents), as it travels in an HTTP header. "
         "Set but empty is refused (unset it to run without a token).",
     )
     require_token: bool = Field(
-        False,
+        default=False,
         description="Refuse to start without api_token. Off by default (a service on loopback may run open); "
         "docker-compose.yml turns it on, where the published port and the compose network reach the service.",
     )
     key_prefix: str = Field(
-        "rlvr",
+        default="rlvr",
         pattern=r"^[A-Za-z0-9_.-]{1,64}$",
         description="Namespace of all Redis keys. Replicas that serve the same datasets must share it; "
         "two services on one Redis with different prefixes never see each other's datasets.",
     )
     max_body_bytes: int = Field(
-        16 * 2**20,
+        default=16 * 2**20,
         ge=1024,
         description="Largest request body accepted (bytes; enforced on chunked uploads too): 413 above it. "
         "Imports have their own limit, max_import_bytes.",
     )
     max_import_bytes: int = Field(
-        4 * 2**30,
+        default=4 * 2**30,
         ge=1024,
         description="Largest dataset export accepted by POST /datasets/{name}/import (bytes): 413 above it.",
     )
     max_header_bytes: int = Field(
-        64 * 2**10,
+        default=64 * 2**10,
         ge=1024,
         le=2**30,
         description="Largest request head the HTTP server reads: the request line (with the URL) and every "
@@ -94,13 +95,13 @@ class Settings(BaseSettings):
         "bounds URLs, so GET .../beliefs?ids= carries at most a few thousand ids.",
     )
     max_headers: int = Field(
-        100,
+        default=100,
         ge=8,
         le=10_000,
         description="Most headers one request may carry: 431 above it, connection closed.",
     )
     header_timeout_s: float = Field(
-        10.0,
+        default=10.0,
         gt=0,
         le=3600,
         allow_inf_nan=False,
@@ -109,7 +110,7 @@ class Settings(BaseSettings):
         "keep-alive connection is closed after 5 s by the server (uvicorn's timeout_keep_alive).",
     )
     body_timeout_s: float = Field(
-        30.0,
+        default=30.0,
         gt=0,
         le=3600,
         allow_inf_nan=False,
@@ -119,12 +120,12 @@ class Settings(BaseSettings):
         "(its app has not consumed what arrived) does not count.",
     )
     body_min_bytes_per_s: int = Field(
-        64 * 2**10,
+        default=64 * 2**10,
         ge=1,
         description="The slowest upload rate (bytes per second) a request body may keep beyond body_timeout_s.",
     )
     max_connections: int = Field(
-        1000,
+        default=1000,
         ge=1,
         le=1_000_000,
         description="Most open client connections per service process (each worker of --workers has its own): a "
@@ -132,23 +133,23 @@ class Settings(BaseSettings):
         "(`ulimit -n`).",
     )
     max_batch_size: int = Field(
-        1_000_000, ge=1, description="Largest batch_size a /select may ask for: 413 above it."
+        default=1_000_000, ge=1, description="Largest batch_size a /select may ask for: 413 above it."
     )
     max_ids_per_request: int = Field(
-        1_000_000,
+        default=1_000_000,
         ge=1,
         description="Most prompt ids (or results) one request may carry: 413 above it. The HTTP server "
         "also refuses URLs over about 64 KiB, so GET .../beliefs?ids= carries at most a few thousand ids.",
     )
     max_dataset_size: int = Field(
-        100_000_000,
+        default=100_000_000,
         ge=1,
         description="Largest dataset a client may create or import (prompts). Beliefs take 43 bytes per prompt "
         "plus 65 per prompt ever observed (108 when all are; 10.8 GB at the default) in every service process "
         "that serves the dataset: size the hosts for it.",
     )
     memory_budget_bytes: int = Field(
-        0,
+        default=0,
         ge=0,
         description="Memory one service process may spend on the datasets it holds (bytes; 0 = automatic: "
         "75% of the machine's memory or of its container's cgroup limit, whichever is lower, divided by "
@@ -158,14 +159,14 @@ class Settings(BaseSettings):
         "changes; the datasets already held keep growing as prompts are observed (docs/operations.md#limits).",
     )
     max_group_labels: int = Field(
-        64,
+        default=64,
         ge=0,
         le=65536,
         description="Per-group Prometheus gauges (selector_group_*) only for datasets with at most this many "
         "groups (docs/methods.md §6): each group is a label value, and label values must stay few.",
     )
     metrics_max_datasets: int = Field(
-        50,
+        default=50,
         ge=0,
         le=100_000,
         description="Datasets with Prometheus series of their own (about 35 each), the most active ones (log "
@@ -173,14 +174,14 @@ class Settings(BaseSettings):
         'dataset="_other". A scrape costs about (this + 1) x 35 lines whatever the number of datasets.',
     )
     max_step_gap: int = Field(
-        1000,
+        default=1000,
         ge=1,
         description="Most steps one request may move a dataset's open step forward. Each skipped step is "
         "closed with a DPS update of every observed prompt, so a far jump (a step number sent by mistake) "
         "would keep the dataset busy for hours; it is refused with 422 and nothing applied.",
     )
     request_id_ttl_s: int = Field(
-        30 * 86400,
+        default=30 * 86400,
         ge=60,
         le=3650 * 86400,
         description="How long a request id is remembered for deduplication (seconds): a retry within that "
@@ -188,26 +189,26 @@ class Settings(BaseSettings):
         "about 300 bytes of store memory (about 300 MB per million observe requests within the TTL).",
     )
     snapshot_every_records: int = Field(
-        2000,
+        default=2000,
         ge=1,
         description="Write a snapshot of a dataset once this many log records (an observe, a step change, a "
         "metadata upload) accumulated since its last one, and trim the log it covers. Lower: shorter replays "
         "after a restart, more snapshot writes.",
     )
     snapshot_chunk_bytes: int = Field(
-        64 * 2**20,
+        default=64 * 2**20,
         ge=1024,
         le=512 * 2**20,
         description="Size of one snapshot chunk (bytes; a Redis value holds at most 512 MB).",
     )
     sync_batch: int = Field(
-        2000,
+        default=2000,
         ge=1,
         le=100_000,
         description="Log records a process reads per round trip while catching up with a dataset's log.",
     )
     store_timeout_s: float = Field(
-        5.0,
+        default=5.0,
         gt=0,
         le=3600,
         allow_inf_nan=False,
@@ -215,7 +216,7 @@ class Settings(BaseSettings):
         "long per call; requests for one dataset queue behind each other, so the n-th waits up to n times it.",
     )
     metrics_wait_s: float = Field(
-        1.0,
+        default=1.0,
         gt=0,
         le=3600,
         allow_inf_nan=False,
@@ -223,7 +224,7 @@ class Settings(BaseSettings):
         "(seconds); a slower catch-up goes on in the background and the scrape reports the last figures.",
     )
     log_level: str = Field(
-        "info", description="Log level of uvicorn and the app: debug, info, warning or error."
+        default="info", description="Log level of uvicorn and the app: debug, info, warning or error."
     )
 
     @field_validator("embedded_fsync")
@@ -322,7 +323,8 @@ def serve_flags() -> list[ServeFlag]:
     for name, (text, choices) in SERVE_FLAGS.items():
         field = Settings.model_fields[name]
         shown = text.format(default=_default_text(name, field.default), env=f"SELECTOR_{name.upper()}")
-        kind = field.annotation if field.annotation in (int, float, Path) else None
+        ann = field.annotation
+        kind = ann if isinstance(ann, type) and ann in (int, float, Path) else None
         flags.append(ServeFlag(name, "--" + name.replace("_", "-"), shown, kind, choices))
     return flags
 
@@ -348,14 +350,24 @@ backups: [operations.md](operations.md). The REST contract and the command line:
 """
 
 
+#: How docs/configuration.md names a setting's type (unions and other types: _type_name).
+_TYPE_NAMES: dict[object, str] = {
+    str: "string",
+    int: "integer",
+    float: "number",
+    bool: "boolean",
+    Path: "path",
+}
+
+
 def _type_name(annotation: object) -> str:
     args = typing.get_args(annotation)
     if typing.get_origin(annotation) in (typing.Union, types.UnionType):
         names = [_type_name(a) for a in args if a is not type(None)]
         return " or ".join(names) + (" (optional)" if type(None) in args else "")
-    return {str: "string", int: "integer", float: "number", bool: "boolean", Path: "path"}.get(
+    return _TYPE_NAMES.get(
         annotation,
-        "secret string" if annotation is SecretStr else getattr(annotation, "__name__", str(annotation)),
+        "secret string" if annotation is SecretStr else str(getattr(annotation, "__name__", annotation)),
     )
 
 

@@ -30,8 +30,8 @@ from selector_service.core.beliefs import COLUMN_FIELDS, BeliefArrays, CloseStat
 from selector_service.core.coldstart import MAX_GROUPS, SharedState
 from selector_service.core.domain import BELIEF_MAX
 from selector_service.core.strategies import ParamError
-from selector_service.history import HISTORY_PREFIX, StepHistory
-from selector_service.state import LAG_LABELS, SHARED_PREFIX, DatasetSpec, DatasetState
+from selector_service.history import HISTORY_PREFIX, LAG_LABELS, StepHistory
+from selector_service.state import SHARED_PREFIX, DatasetSpec, DatasetState
 
 SNAPSHOT_MAGIC = b"RLVRSNAP"
 #: 2: DPS state only for prompts ever observed (core/beliefs.py). 3: a digest of the header follows it.
@@ -54,6 +54,8 @@ _OTHER_PREFIXES = (SHARED_PREFIX, HISTORY_PREFIX)  # snapshot arrays that are no
 _MAX_HEADER_DEPTH = 16
 #: What a forged header's values (any JSON in any place) raise when read as the fields they stand for.
 _MALFORMED = (KeyError, TypeError, IndexError, AttributeError, OverflowError, ArithmeticError, ParamError)
+#: Each array's name, dtype and shape, in the order the body holds them (the header's "arrays").
+Layout = list[tuple[str, np.dtype, tuple[int, ...]]]
 
 
 def _snapshot_prefix(header: dict[str, Any], arrays: dict[str, np.ndarray]) -> bytes:
@@ -108,7 +110,7 @@ def iter_snapshot_chunks(
         yield _snapshot_prefix(header, arrays)
         for arr in arrays.values():
             for block in _row_major_blocks(arr):
-                view = memoryview(block).cast("B")
+                view = block.data.cast("B")
                 for offset in range(0, len(view), _COMPRESS_FEED_BYTES):
                     yield compressor.compress(view[offset : offset + _COMPRESS_FEED_BYTES])
         yield compressor.flush()
@@ -159,13 +161,13 @@ def _fill_targets(arrays: dict[str, np.ndarray]) -> Iterator[memoryview]:
         if arr.nbytes == 0:
             continue
         if arr.flags.c_contiguous:
-            yield memoryview(arr).cast("B")
+            yield arr.data.cast("B")
             continue
         step = _block_rows(arr)
         block = np.empty((min(step, arr.shape[0]), *arr.shape[1:]), dtype=arr.dtype)
         for lo in range(0, arr.shape[0], step):
             part = block[: min(step, arr.shape[0] - lo)]
-            yield memoryview(part).cast("B")
+            yield part.data.cast("B")
             arr[lo : lo + part.shape[0]] = part
 
 
@@ -251,10 +253,12 @@ def _header_version(header: dict[str, Any]) -> int:
             f"snapshot version {version!r} is not supported (this service reads versions "
             f"{', '.join(map(str, _READABLE_VERSIONS))}; a newer service wrote it?)"
         )
-    return version
+    return int(version)
 
 
-def _parse_header(header: dict[str, Any], max_prompts: int | None) -> tuple[DatasetSpec, dict, list, int]:
+def _parse_header(
+    header: dict[str, Any], max_prompts: int | None
+) -> tuple[DatasetSpec, dict[str, Any], Layout, int]:
     """Checks a snapshot header before any allocation; returns (spec, header, layout, body bytes)."""
     _header_version(header)
     try:
@@ -447,7 +451,7 @@ def _inflate_into(source: _ChunkSource, views: Iterable[memoryview]) -> None:
 def load_snapshot_chunks(
     chunks: Iterable[bytes | memoryview],
     max_prompts: int | None = None,
-    admit: Callable[[DatasetSpec, list[tuple[str, np.dtype, tuple[int, ...]]]], None] | None = None,
+    admit: Callable[[DatasetSpec, Layout], None] | None = None,
 ) -> DatasetState:
     """Rebuilds a DatasetState from a snapshot's chunks, inflating them as a stream into the arrays.
 

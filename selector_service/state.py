@@ -129,7 +129,11 @@ _METADATA_HEAD = struct.Struct("<QBBI")  # offset, has pass rates, has groups, c
 def pack_metadata(offset: int, pass_rate: np.ndarray | None, group: np.ndarray | None) -> bytes:
     """Packs a metadata upload into a log payload: offset, which arrays follow, their length, then the
     pass rates (float32 LE) and / or the groups (int32 LE)."""
-    count = len(pass_rate) if pass_rate is not None else len(group)
+    if pass_rate is not None:
+        count = len(pass_rate)
+    else:
+        assert group is not None, "coldstart.check_metadata refuses an upload with neither"
+        count = len(group)
     parts = [_METADATA_HEAD.pack(offset, pass_rate is not None, group is not None, count)]
     if pass_rate is not None:
         parts.append(np.ascontiguousarray(pass_rate, dtype="<f4").tobytes())
@@ -223,7 +227,7 @@ class DatasetState:
         self.closes_since_snapshot = 0
         self.last_close: CloseStats | None = None
         self.history = StepHistory()  # one row per closed step (history.py)
-        self._caches: dict[tuple, _ScoreCache] = {}
+        self._caches: dict[tuple[str, tuple[tuple[str, Any], ...]], _ScoreCache] = {}
         self._spare_buffer: np.ndarray | None = None
 
     # ---- applying the log -----------------------------------------------------------------------
@@ -246,8 +250,12 @@ class DatasetState:
         if kind not in ("o", "a", "m"):
             raise ValueError(f"unknown log record kind {kind!r} at {log_id}")
         step = int(get["s"])
-        outcomes = unpack_results(get["p"]) if kind == "o" else None
-        metadata = unpack_metadata(get["p"]) if kind == "m" else None
+        outcomes = metadata = None
+        if kind in ("o", "m"):
+            payload = get["p"]
+            assert isinstance(payload, bytes), "a payload is packed bytes (pack_results, pack_metadata)"
+            outcomes = unpack_results(payload) if kind == "o" else None
+            metadata = unpack_metadata(payload) if kind == "m" else None
         # A select's note (its strategy, batch size and request digest) on the record of its step.
         note = StepHistory.parse_note(get["q"]) if kind == "a" and get.get("q") else None
         self.close_until(step)
@@ -302,26 +310,18 @@ class DatasetState:
         cold = self.arrays.shared.cold_version
         if cache is not None and cache.cold_version != cold:
             self._spare_buffer, cache = cache.scores, None
-        kw = dict(
-            strategy=strategy,
-            params=params,
-            step=self.open_step,
-            seed=0,
-            key=self.spec.name,
-            dataset_k=self.spec.rollouts_per_prompt,
-        )
         if cache is None:
             spare = self._spare_buffer
             buffer = spare if spare is not None else np.empty(n, dtype=np.float64)
             self._spare_buffer = None
-            cache = _ScoreCache(strategies.score(self.arrays, ids=None, out=buffer, **kw), cold)
+            cache = _ScoreCache(self.score(strategy, params, None, seed=0, out=buffer), cold)
         elif cache.pending_count > n // 4:  # rescore the whole set in place, no new allocation
-            strategies.score(self.arrays, ids=None, out=cache.scores, **kw)
+            self.score(strategy, params, None, seed=0, out=cache.scores)
             cache.pending, cache.pending_count = [], 0
             cache.reindex()
         elif cache.pending:
             ids = np.unique(np.concatenate(cache.pending))
-            cache.scores[ids] = strategies.score(self.arrays, ids=ids, **kw)
+            cache.scores[ids] = self.score(strategy, params, ids, seed=0)
             cache.pending, cache.pending_count = [], 0
             cache.changed(ids)
         self._caches[key] = cache
@@ -329,7 +329,9 @@ class DatasetState:
             self._spare_buffer = self._caches.pop(next(iter(self._caches))).scores
         return cache.view()
 
-    def select(self, strategy: str, params: dict[str, Any], batch_size: int, seed: int):
+    def select(
+        self, strategy: str, params: dict[str, Any], batch_size: int, seed: int
+    ) -> tuple[np.ndarray, np.ndarray | None]:
         full = self._full_scores(strategy, params)
         return strategies.select(
             self.arrays,
@@ -359,7 +361,16 @@ class DatasetState:
             rng=stream(self.spec.name, self.open_step, seed, "rollouts"),
         )
 
-    def score(self, strategy: str, params: dict[str, Any], ids: np.ndarray, seed: int) -> np.ndarray:
+    def score(
+        self,
+        strategy: str,
+        params: dict[str, Any],
+        ids: np.ndarray | None,
+        seed: int,
+        out: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """The scores of `ids` (None = every prompt) at the open step (strategies.score), written into
+        `out` when given."""
         return strategies.score(
             self.arrays,
             strategy=strategy,
@@ -369,6 +380,7 @@ class DatasetState:
             seed=seed,
             key=self.spec.name,
             dataset_k=self.spec.rollouts_per_prompt,
+            out=out,
         )
 
     # ---- memory ---------------------------------------------------------------------------------

@@ -20,11 +20,13 @@ from selector_service.settings import Settings
 
 
 async def engine_of(request: Request) -> Engine:
-    return request.app.state.engine
+    engine: Engine = request.app.state.engine  # set by the lifespan (app.py)
+    return engine
 
 
 async def settings_of(request: Request) -> Settings:
-    return request.app.state.settings
+    settings: Settings = request.app.state.settings  # set by create_app
+    return settings
 
 
 EngineDep = Annotated[Engine, Depends(engine_of)]

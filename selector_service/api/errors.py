@@ -76,10 +76,10 @@ async def http_error(_request: Request, exc: StarletteHTTPException) -> JSONResp
 
 
 def add_error_handlers(app: FastAPI) -> None:
-    app.add_exception_handler(ServiceError, service_error)
-    app.add_exception_handler(MemoryError, memory_error)
-    app.add_exception_handler(RequestValidationError, validation_error)
-    app.add_exception_handler(StarletteHTTPException, http_error)
+    app.add_exception_handler(ServiceError, service_error)  # type: ignore[arg-type]  # Starlette types a handler as taking any Exception; it passes this class only
+    app.add_exception_handler(MemoryError, memory_error)  # type: ignore[arg-type]  # Starlette types a handler as taking any Exception; it passes this class only
+    app.add_exception_handler(RequestValidationError, validation_error)  # type: ignore[arg-type]  # Starlette types a handler as taking any Exception; it passes this class only
+    app.add_exception_handler(StarletteHTTPException, http_error)  # type: ignore[arg-type]  # Starlette types a handler as taking any Exception; it passes this class only
 
 
 def validation_message(exc: RequestValidationError) -> str:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import html
 import json
+from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.openapi.docs import get_swagger_ui_oauth2_redirect_html
@@ -45,7 +46,7 @@ async def openapi(request: Request) -> JSONResponse:
     return JSONResponse(schema)
 
 
-def _page(request: Request, kind: str, title: str, assets: str, config: dict) -> HTMLResponse:
+def _page(request: Request, kind: str, title: str, assets: str, config: dict[str, Any]) -> HTMLResponse:
     root = html.escape(root_path(request), quote=True)
     body = f"""<!doctype html>
 <html lang="en">

@@ -34,4 +34,7 @@ async def history(
     closes and are the same on every replica; the newest 100,000 steps are kept. Page with
     `since=<next>`."""
     rows, after, open_step = await engine.history(name, since, limit)
-    return HistoryResponse(dataset=name, open_step=open_step, rows=rows, next=after)
+    # Validated like the keyword call it stands for: each row's dict becomes a HistoryRow.
+    return HistoryResponse.model_validate(
+        {"dataset": name, "open_step": open_step, "rows": rows, "next": after}
+    )

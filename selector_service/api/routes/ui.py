@@ -36,7 +36,8 @@ TOKEN_FORM = """<div id="gate" class="gate" hidden>
 
 
 def root_path(request: Request) -> str:
-    return request.scope.get("root_path", "").rstrip("/")
+    root: str = request.scope.get("root_path", "")  # the ASGI scope's root_path is a string
+    return root.rstrip("/")
 
 
 def _page(request: Request, dataset: str) -> HTMLResponse:

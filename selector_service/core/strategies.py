@@ -2,8 +2,8 @@
 
 A strategy is one StrategySpec entry of STRATEGIES: its parameters, how it scores or walks, how it picks a
 batch from a pool, what it requires of a dataset, whether its scores may be cached. `select`, `score`,
-the service's score cache (state.py), its checks before a select (engine.py) and /strategies read the
-entry; nothing branches on a strategy's name.
+the service's score cache (state.py), its checks before a select (engine.py, payloads.resolve_params)
+and /strategies read the entry; nothing branches on a strategy's name.
 
 | strategy            | score (larger is better)          | candidates                       | params (default) |
 |---------------------|-----------------------------------|----------------------------------|------------------|

@@ -326,8 +326,10 @@ class Health(BaseModel):
 # the OpenAPI document describes it, and its messages answer bodies these structs refuse);
 # tests/service/test_observe_parse.py checks that both accept and refuse the same bodies.
 
-_NAME = msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-_REQUEST_ID = msgspec.Meta(min_length=1, max_length=128, pattern=r"^[^\x00-\x1f\x7f]+$")
+# msgspec matches with Python's `re`, whose `$` also matches before a final newline: `\Z` ends the text, as
+# `$` does in pydantic's (Rust) patterns above.
+_NAME = msgspec.Meta(pattern=f"^{dataset_settings.NAME}\\Z")
+_REQUEST_ID = msgspec.Meta(min_length=1, max_length=128, pattern=r"^[^\x00-\x1f\x7f]+\Z")
 
 
 class FastResult(msgspec.Struct, forbid_unknown_fields=True, gc=False):

@@ -62,9 +62,11 @@ from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
+from selector_service import dataset_settings
 from selector_service.errors import DatasetGone, Unavailable
 
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+#: A dataset name, matched whole (`fullmatch`: `$` would also let a final newline through).
+NAME_RE = re.compile(dataset_settings.NAME)
 LAYOUT = "v1"
 
 # KEYS: 1 meta, 2 log, 3 rid key, 4 closing.  ARGV: 1 uid, 2 step, 3 request id, 4 payload, 5 rid ttl (s),
@@ -419,7 +421,7 @@ class Keys:
         self.registry = f"{self.prefix}:datasets"
 
     def _base(self, name: str) -> str:
-        if not NAME_RE.match(name):
+        if not NAME_RE.fullmatch(name):
             raise ValueError(f"invalid dataset name {name!r}")
         return f"{self.prefix}:{{{name}}}"
 

@@ -4,11 +4,16 @@ the bodies' fields, the stored spec, its defaults for older documents, and the k
 from __future__ import annotations
 
 import dataclasses
+import json
+
+import pytest
+from pydantic import ValidationError
 
 from selector_service import dataset_settings
 from selector_service.core.coldstart import DatasetRules
-from selector_service.schemas import DatasetCreate, DatasetInfo
+from selector_service.schemas import DatasetCreate, DatasetInfo, decode_observe
 from selector_service.state import DatasetSpec
+from selector_service.store import Keys
 
 NAMES = [s.name for s in dataset_settings.SETTINGS]
 
@@ -64,3 +69,24 @@ def test_a_stored_spec_out_of_range_is_named_setting_by_setting() -> None:
     assert DatasetSpec(name="d", size=1, reward_mode="x", defaults=[]).problems() == (
         "reward_mode 'x' is unknown; defaults must be an object"
     )
+
+
+@pytest.mark.parametrize(
+    "name", ["d", "D.set_1-2", "a" * 128, "a" * 129, "", "-a", ".a", "a b", "a\n", "a\r", "\na", "a\x00", "é"]
+)
+def test_every_check_of_a_dataset_name_agrees_with_the_contract(name) -> None:
+    """The contract's pattern (pydantic's), the store's key builder and the observe body's fast parser
+    accept the same names (Python's `$` alone would let a final newline through)."""
+    try:
+        DatasetCreate(name=name, size=1)
+        contract = True
+    except ValidationError:
+        contract = False
+    try:
+        Keys("p").spec(name)
+        store = True
+    except ValueError:
+        store = False
+    body = json.dumps({"dataset": name, "step": 0, "request_id": "r", "results": [{"prompt_id": 0}]}).encode()
+    fast = decode_observe(body)[0] is not None
+    assert store == contract and fast == contract, (name, contract, store, fast)

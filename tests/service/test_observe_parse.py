@@ -128,6 +128,9 @@ def test_both_parsers_refuse_what_is_not_an_observe_body(raw):
         b'{"dataset": "ds", "step": true, "request_id": "r", "results": [{"prompt_id": 1, "rewards": [1]}]}',
         b'{"dataset": "ds", "step": 1, "request_id": "r", "results": [{"prompt_id": 1, "rewards": [true]}]}',
         b'{"dataset": "ds", "step": 1, "request_id": "r\\u0000", "results": [{"prompt_id": 1, "rewards": [1]}]}',
+        # Python's `$` also matches before a final newline; pydantic's (Rust) regex does not.
+        b'{"dataset": "ds\\n", "step": 1, "request_id": "r", "results": [{"prompt_id": 1, "rewards": [1]}]}',
+        b'{"dataset": "ds", "step": 1, "request_id": "r\\n", "results": [{"prompt_id": 1, "rewards": [1]}]}',
         b'{"dataset": "ds", "step": 1, "request_id": "\\ud83d\\ude00", "results": [{"prompt_id": 1, "rewards": []}]}',
         b'{"dataset": "ds", "step": 1, "request_id": "r", "results": [{"prompt_id": 1, "rewards": null}]}',
         b'{"dataset": "ds", "step": 1, "request_id": "r", "results": []}',

@@ -58,7 +58,7 @@ def test_request_ids_are_stable_in_their_values() -> None:
     from trainer_client.integrations import request_id
 
     assert request_id("run", 3) == "run-s3"
-    assert request_id("run", 3, prompts=[7]) == "run-s3-p7"
+    assert request_id("run", 3, prompt=7) == "run-s3-p7"
     assert request_id("run", 3, rank=1) == "run-s3-r1"
     assert request_id("run", 3, rank=1, round_index=2) == "run-s3-r1-d2"
     assert request_id("run", 3, sequence=4) == "run-g4-s3"
@@ -69,6 +69,8 @@ def test_request_ids_are_stable_in_their_values() -> None:
         == "run-s3-649fb86e33eb"
     )
     assert request_id("run", 3, prompts=[1, 3]) != request_id("run", 3, prompts=[1, 2])
+    # One prompt's report from a step's share (slime) keeps the digest form.
+    assert request_id("run", 7, prompts=[5]) == "run-s7-b7d55bf47057"
 
 
 def test_framework_version_reads_releases_of_any_build(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -252,6 +252,7 @@ def request_id(
     *,
     sequence: int | None = None,
     rank: int | None = None,
+    prompt: int | None = None,
     prompts: Collection[int] | None = None,
     round_index: int | None = None,
 ) -> str:
@@ -261,9 +262,10 @@ def request_id(
     ``{run_id}[-g{sequence}]-s{step}[-r{rank}][-p{prompt}|-{digest}][-d{round_index}]``, each part only
     when given: ``sequence`` numbers the reports of trainers whose reports are not told apart by their
     step (TRL files a generation under the latest selected step); ``rank`` is the reporting process
-    when each rank reports its own share; ``prompts`` are the prompts of a report that covers only some
-    of the step's, named by the prompt when there is one and by a digest of the sorted distinct ids
-    otherwise (the same prompts in any order give the same id); ``round_index`` is the round of a step
+    when each rank reports its own share; ``prompt`` is the one prompt of a report of one group;
+    ``prompts`` are the prompts of a report that covers some of the step's, named by a digest of the
+    sorted distinct ids (the same prompts in any order give the same id, one prompt included);
+    ``round_index`` is the round of a step
     that reports several rounds (dynamic sampling). Ids are deterministic in these values, which is
     what lets a resumed run resend a report as a duplicate."""
     parts = [run_id]
@@ -272,12 +274,11 @@ def request_id(
     parts.append(f"s{step}")
     if rank is not None:
         parts.append(f"r{rank}")
-    if prompts is not None:
+    if prompt is not None:
+        parts.append(f"p{int(prompt)}")
+    elif prompts is not None:
         distinct = sorted({int(p) for p in prompts})
-        if len(distinct) == 1:
-            parts.append(f"p{distinct[0]}")
-        else:
-            parts.append(uuid.uuid5(uuid.NAMESPACE_OID, ",".join(map(str, distinct))).hex[:12])
+        parts.append(uuid.uuid5(uuid.NAMESPACE_OID, ",".join(map(str, distinct))).hex[:12])
     if round_index is not None:
         parts.append(f"d{round_index}")
     return "-".join(parts)
@@ -286,7 +287,7 @@ def request_id(
 def one_group(run_id: str, step: int, prompt_id: int, rewards: list[float]) -> tuple[list[Result], str]:
     """The report of one prompt's group, made by adapters that report each group as it finishes: its
     results and its request id (`request_id` with the one prompt)."""
-    return [Result(prompt_id=prompt_id, rewards=rewards)], request_id(run_id, step, prompts=(prompt_id,))
+    return [Result(prompt_id=prompt_id, rewards=rewards)], request_id(run_id, step, prompt=prompt_id)
 
 
 def framework_version(package: str) -> tuple[int, int] | None:

@@ -21,7 +21,6 @@ import numpy as np
 
 from selector_service import backup
 from selector_service.core import strategies
-from selector_service.core.beliefs import _INITIAL_CAPACITY
 from selector_service.core.coldstart import check_metadata
 from selector_service.core.coldstart import prior_arrays as cold_betas
 from selector_service.errors import (
@@ -33,7 +32,6 @@ from selector_service.errors import (
     Unavailable,
 )
 from selector_service.history import select_note
-from selector_service.memory import admission_bytes
 from selector_service.payloads import (
     check_batch_size,
     check_ids,
@@ -115,15 +113,14 @@ class Engine:
             raise InvalidRequest(
                 f"size {spec.size} exceeds this service's limit of {self.settings.max_dataset_size} prompts"
             )
-        token = None
+        # A fresh dataset is admitted like a loaded one (layout []: its first capacity); the reservation
+        # is held until the state is installed.
         async with self.replica.lock(spec.name):
-            try:
+            with self.replica.memory.admitting(spec.name, "create") as admit:
                 held = self.replica.states.get(spec.name)
                 fresh = None
                 if held is None or held.spec.fingerprint() != spec.fingerprint():
-                    need = admission_bytes(spec.size, min(spec.size, _INITIAL_CAPACITY))
-                    # Held until the state is installed.
-                    token = self.replica.memory.admit(spec.name, need, "create")
+                    admit(spec, [])
                     try:
                         # Materialized now, so that the first select does not pay for allocating the arrays.
                         fresh = await asyncio.to_thread(DatasetState, spec)
@@ -140,9 +137,6 @@ class Engine:
                 if status is CreateStatus.CREATED and fresh is not None:
                     fresh.spec = stored
                     self.replica.states[spec.name] = fresh
-            finally:
-                if token is not None:
-                    self.replica.memory.unreserve(token)
         return status is CreateStatus.CREATED, stored
 
     async def create_dataset_from(self, request: DatasetCreate) -> tuple[bool, DatasetSpec]:

@@ -173,7 +173,7 @@ def _parser() -> argparse.ArgumentParser:
             f"(default: --clip-eps when given, else {high})")  # fmt: skip
     for name in ("kl_coef", "scale_by_std", "epochs", "minibatches", "micro_batch_size", "max_grad_norm"):
         _option(update, GRPOConfig, name)
-    for name in ("precision", "tis_cap", "old_logprobs", "share_prompt", "group_weight"):
+    for name in ("precision", "tis_cap", "old_logprobs", "share_prompt", "group_weight", "loss_norm"):
         _option(update, GRPOConfig, name)
 
     model = train.add_argument_group("model and rollouts")

@@ -16,6 +16,7 @@ from typing import Any
 
 __all__ = [
     "GROUP_WEIGHTS",
+    "LOSS_NORMS",
     "OLD_LOGPROBS",
     "PRECISIONS",
     "ROLLOUT_POLICIES",
@@ -32,6 +33,8 @@ PRECISIONS = ("fp32", "bf16")
 OLD_LOGPROBS = ("sampler", "recompute")
 # How groups of different sizes weigh in the loss (trainer_client.grpo, "Groups of different sizes").
 GROUP_WEIGHTS = ("prompt", "rollout")
+# What the summed per-token loss of a batch is divided by (trainer_client.grpo, "Aggregation").
+LOSS_NORMS = ("token", "active_token", "sequence")
 # How the service shares a step's rollout budget over its prompts (docs/api.md, "Select with a rollout budget").
 ROLLOUT_POLICIES = ("posterior", "knapsack", "variance", "uniform")
 # The strategies the trainer runs itself (trainer_client.train.TRAINER_STRATEGIES): they screen prompts with
@@ -162,6 +165,16 @@ class GRPOConfig:
         },
     )
 
+    loss_norm: str = field(
+        default="token",
+        metadata={
+            "help": "what the batch's summed token loss is divided by: token: every completion token of the "
+            "batch (DAPO); active_token: only the tokens of groups with a learning signal; sequence: each "
+            "completion's mean over its tokens, averaged over the batch's completions (GRPO's paper)",
+            "choices": LOSS_NORMS,
+        },
+    )
+
     def __post_init__(self) -> None:
         _raise_if(self.problems())
 
@@ -211,6 +224,10 @@ class GRPOConfig:
         if self.group_weight not in GROUP_WEIGHTS:
             problems.append(
                 f"{name('group_weight')} must be one of {', '.join(GROUP_WEIGHTS)} (got {self.group_weight!r})"
+            )
+        if self.loss_norm not in LOSS_NORMS:
+            problems.append(
+                f"{name('loss_norm')} must be one of {', '.join(LOSS_NORMS)} (got {self.loss_norm!r})"
             )
         return problems
 

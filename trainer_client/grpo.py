@@ -17,9 +17,13 @@ rollout engine and the trainer:
   completions were drawn by the rollout engine, whose probabilities differ from the trainer's
   (other kernels, other precision), so the gradient is reweighted from the sampler's distribution
   to the trainer's, with the weight capped to bound its variance. ``tis_cap = 0`` sets ``w = 1``.
-- Aggregation: a token-level mean, ``sum over every completion token of the batch / number of those
-  tokens``, also when the batch is split into micro-batches for memory (each micro-batch's sum is
-  divided by the whole batch's token count before ``backward``, so accumulation is exact).
+- Aggregation (``loss_norm``): by default (``"token"``) a token-level mean, ``sum over every completion
+  token of the batch / number of those tokens``, also when the batch is split into micro-batches for
+  memory (each micro-batch's sum is divided by the whole batch's count before ``backward``, so
+  accumulation is exact). ``"active_token"`` divides by the tokens of the samples with a non-zero
+  advantage only, so a batch with few informative groups moves the policy as far as a batch of them;
+  ``"sequence"`` (the GRPO paper's) averages each completion over its own tokens, then the completions
+  over the batch.
 
 Groups of different sizes (a rollout budget gives prompt i its own n_i): each group's advantages are
 normalized over its own n_i rewards (mean and sample std of that group only); a group of one has no
@@ -41,9 +45,10 @@ With equal sizes every ``w`` is 1 and both are the token mean below, unchanged.
 
 How this departs from the paper (DeepSeekMath's GRPO):
 
-- Token-level mean over the batch instead of a per-sequence mean averaged over sequences (DAPO's
-  choice: long completions are not down-weighted per token). Tokens of zero-advantage groups stay in
-  the denominator, so a batch with few informative groups moves the policy less.
+- By default a token-level mean over the batch instead of a per-sequence mean averaged over sequences
+  (DAPO's choice: long completions are not down-weighted per token). Tokens of zero-advantage groups
+  stay in the denominator, so a batch with few informative groups moves the policy less
+  (``loss_norm = "active_token"`` drops them from it).
 - The KL penalty is off by default (``kl_coef = 0``, as DAPO and Dr. GRPO argue); when it is on,
   the reference model is a frozen copy of the initial policy, its log-probs are computed once per
   update, and the KL is added to the per-token loss rather than folded into the reward.
@@ -519,6 +524,16 @@ class GRPOLearner:
                 pieces.extend(torch.split(flat, [len(s.completion_ids) for s in chunk]))
         return pieces
 
+    def _normalizer(self, minibatch: Sequence[Sample], trainable: Sequence[Sample]) -> float:
+        """What a minibatch's summed (weighted) token loss is divided by (``loss_norm``): its weighted
+        token count, that of the samples with a gradient only, or its weighted sample count (each
+        sample's tokens then weigh ``weight / length``)."""
+        norm = self.config.loss_norm
+        if norm == "sequence":
+            return sum(s.weight for s in minibatch)
+        counted = trainable if norm == "active_token" else minibatch
+        return sum(s.weight * len(s.completion_ids) for s in counted)
+
     @staticmethod
     def _add_mismatch(sums: _Sums, trainer: torch.Tensor, sampler: torch.Tensor) -> None:
         gap = trainer.detach().double() - sampler.double()  # k3 ~ gap**2 / 2: float32 would round it below 0
@@ -569,11 +584,12 @@ class GRPOLearner:
         steps = 0
         for epoch in range(cfg.epochs):
             for minibatch in _chunks(range(len(samples)), minibatch_size):
-                # The (weighted) token count: the plain count when every weight is 1.
-                normalizer = sum(samples[i].weight * len(samples[i].completion_ids) for i in minibatch)
                 trainable = [i for i in minibatch if use_kl or samples[i].advantage != 0.0]
                 if not trainable:
                     continue
+                normalizer = self._normalizer(
+                    [samples[i] for i in minibatch], [samples[i] for i in trainable]
+                )
                 self.optimizer.zero_grad(set_to_none=True)
                 for micro_positions in _chunks(trainable, cfg.micro_batch_size):
                     micro = [samples[i] for i in micro_positions]
@@ -602,10 +618,15 @@ class GRPOLearner:
                         ]
                     ).to(logprobs.device)
                     token_weights = None
-                    if any(s.weight != 1.0 for s in micro):
+                    per_sequence = cfg.loss_norm == "sequence"
+                    if per_sequence or any(s.weight != 1.0 for s in micro):
                         token_weights = torch.cat(
                             [
-                                torch.full((len(s.completion_ids),), s.weight, dtype=logprobs.dtype)
+                                torch.full(
+                                    (len(s.completion_ids),),
+                                    s.weight / len(s.completion_ids) if per_sequence else s.weight,
+                                    dtype=logprobs.dtype,
+                                )
                                 for s in micro
                             ]
                         ).to(logprobs.device)

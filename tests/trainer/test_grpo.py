@@ -677,6 +677,59 @@ def test_groups_of_one_never_update() -> None:
     assert not stats.updated and stats.optimizer_steps == 0
 
 
+def hand_normalized_gradients(model, groups, loss_norm: str, group_weight: str) -> list[torch.Tensor]:
+    """The loss of each ``loss_norm`` written out slowly from the docstring, one token at a time:
+    ``-sum w * A * logp`` over every token, divided by the weighted count of every token ("token"), of
+    the tokens of samples with a non-zero advantage ("active_token"), or, with each token weighted
+    by 1 / its completion's length, by the weighted count of completions ("sequence")."""
+    prompts, completions, rewards = groups
+    sizes = [len(g) for g in completions]
+    nbar = sum(sizes) / len(sizes)
+    advantages = loop_advantages(rewards, True, 1e-4)
+    model.zero_grad(set_to_none=True)
+    terms, denominator = [], 0.0
+    for prompt, group, advs in zip(prompts, completions, advantages, strict=True):
+        w = nbar / len(group) if group_weight == "prompt" and len(set(sizes)) > 1 else 1.0
+        for completion, a in zip(group, advs, strict=True):
+            logprobs = completion_logprobs(model, [prompt], [completion])
+            per_token = 1.0 / len(completion) if loss_norm == "sequence" else 1.0
+            for t in range(len(completion)):
+                terms.append(-w * per_token * a * logprobs[t])
+            if loss_norm == "sequence":
+                denominator += w
+            elif loss_norm == "token" or a != 0.0:
+                denominator += w * len(completion)
+    (sum(terms) / denominator).backward()
+    grads = [p.grad.detach().clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    return grads
+
+
+@pytest.mark.parametrize("loss_norm", ["token", "active_token", "sequence"])
+@pytest.mark.parametrize(
+    ("sizes", "group_weight"), [([4, 4, 4], "prompt"), ([2, 5, 3], "prompt"), ([2, 5, 3], "rollout")]
+)
+def test_each_loss_normalization_is_its_slow_loss(loss_norm, sizes, group_weight) -> None:
+    rng = random.Random(23)
+    groups = mixed_size_groups(rng, sizes)
+    groups[2][1] = [1.0] * sizes[1]  # a tied group: no gradient, counted by "token" and "sequence" only
+    samples = build_samples(*groups, group_weight=group_weight)
+    config = GRPOConfig(lr=1e-3, micro_batch_size=3, max_grad_norm=1e9, loss_norm=loss_norm)
+    got, stats = captured_gradients(GRPOLearner(tiny_model(), config), samples)
+    want = flat(hand_normalized_gradients(tiny_model(), groups, loss_norm, group_weight))
+    assert stats.updated
+    assert torch.allclose(flat(got), want, rtol=1e-5, atol=1e-8), float((flat(got) - want).abs().max())
+    for other in {"token", "active_token", "sequence"} - {loss_norm}:  # the three are different losses
+        assert not torch.allclose(
+            flat(hand_normalized_gradients(tiny_model(), groups, other, group_weight)), want, rtol=1e-3
+        )
+
+
+def test_bad_loss_norms_are_refused() -> None:
+    with pytest.raises(ValueError, match="--loss-norm must be one of token, active_token, sequence"):
+        GRPOConfig(loss_norm="batch")
+
+
 def test_bad_group_weights_are_refused() -> None:
     with pytest.raises(ValueError, match="--group-weight must be one of prompt, rollout"):
         GRPOConfig(group_weight="token")

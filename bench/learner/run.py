@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -103,6 +104,13 @@ def draw_sets(
     heldout = [p for i, p in enumerate(chosen) if i in held]
     p_all = np.asarray(rates)
     return pool, heldout, p_all[[i for i in range(need) if i not in held]], p_all[sorted(held)]
+
+
+def dataset_name(regime: Regime, strategy: str, seed: int) -> str:
+    """A fresh dataset name for one run: the regime's name made safe for the contract's pattern
+    (letters, digits, ``._-``), shortened, the strategy, the seed and a random suffix."""
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", regime.name).strip("-.")[:60]
+    return f"learn-{slug}-{strategy}-s{seed}-{random.Random().getrandbits(32):08x}"
 
 
 def _trainer_class() -> type:
@@ -186,7 +194,7 @@ def run_one(
     trainer_strategy, budgeted = STRATEGIES[strategy]
     B, K = regime.batch_size, regime.rollouts
     config = TrainConfig(
-        dataset=f"learn-{regime.name}-{strategy}-s{seed}-{random.Random().getrandbits(32):08x}",
+        dataset=dataset_name(regime, strategy, seed),
         strategy=trainer_strategy,
         steps=regime.steps,
         batch_size=B,

@@ -256,5 +256,16 @@ def test_the_command_line_refuses_what_it_cannot_run(capsys) -> None:
     assert args.regime_obj.name.startswith("base[")
 
 
+def test_dataset_names_follow_the_contract_whatever_the_regime_is_called() -> None:
+    import re
+
+    from bench.learner.run import dataset_name
+    from selector_service.dataset_settings import NAME
+
+    for name in ("base", 'base[composition={"hopeless":0.35},lr=1e-3]', "x" * 300, "\u00e9t\u00e9"):
+        got = dataset_name(REGIMES["base"].with_(name=name), "insight_budget", 12)
+        assert re.fullmatch(NAME, got), got
+
+
 def test_kinds_are_graded_by_digits() -> None:
     assert Kind("+", 1, 1) in KINDS and Kind("*", 3, 3) in KINDS and Kind("*", 4, 1) not in KINDS

@@ -68,6 +68,8 @@ def summarize(runs: list[dict[str, Any]], strategies: Sequence[str]) -> dict[str
             row[f"final_{key}"], row[f"final_{key}_se"] = mean_se([final(r, key) for r in mine])
         row["initial_heldout_sampled"] = mean_se([r["evals"][0]["heldout_sampled"] for r in mine])[0]
         row["mixed_share"], row["mixed_share_se"] = mean_se([mixed_share(r) for r in mine])
+        row["distinct_prompts"] = mean_se([r.get("distinct_prompts") for r in mine])[0]
+        row["most_visits"] = mean_se([r.get("most_visits") for r in mine])[0]
         row["rollouts"] = mean_se([r["evals"][-1]["rollouts"] for r in mine])[0]
         row["steps"] = mean_se([len(r["records"]) for r in mine])[0]
         row["seconds"] = mean_se([r["seconds"] for r in mine])[0]

@@ -23,6 +23,8 @@ fixed subset of 500 pool prompts, to tell learning the pool from learning the ta
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import random
 import re
@@ -107,10 +109,11 @@ def draw_sets(
 
 
 def dataset_name(regime: Regime, strategy: str, seed: int) -> str:
-    """A fresh dataset name for one run: the regime's name made safe for the contract's pattern
-    (letters, digits, ``._-``), shortened, the strategy, the seed and a random suffix."""
+    """The dataset of one run: the regime's name made safe for the contract's pattern (letters, digits,
+    ``._-``) and shortened, the strategy and the seed. Deterministic on purpose: the service seeds every
+    random choice of a select by (dataset name, step, seed), so the same run draws the same batches."""
     slug = re.sub(r"[^A-Za-z0-9._-]+", "-", regime.name).strip("-.")[:60]
-    return f"learn-{slug}-{strategy}-s{seed}-{random.Random().getrandbits(32):08x}"
+    return f"learn-{slug}-{strategy}-s{seed}"
 
 
 def _trainer_class() -> type:
@@ -121,7 +124,12 @@ def _trainer_class() -> type:
         def setup(self, regime: Regime, pool: list[Problem], heldout: list[Problem], seed: int) -> None:
             self.regime, self.pool, self.heldout = regime, pool, heldout
             self.oracle_rng = np.random.default_rng([seed, 0x0AC1E])
+            self.rolled: list[int] = []
             self.probe = pool[:POOL_PROBE]
+
+        def rollout(self, prompt_ids: Sequence[int], n: Any = None) -> Any:
+            self.rolled.extend(int(i) for i in prompt_ids)  # every prompt rolled out, in order
+            return super().rollout(prompt_ids, n)
 
         def _collect_selected(self, step: int, timings: dict[str, float]) -> Any:
             if self.config.strategy != "oracle":
@@ -178,7 +186,7 @@ def run_one(
     (and writes them as JSON to ``out`` when given)."""
     import torch
 
-    from trainer_client.client import SelectorClient
+    from trainer_client.client import NotFound, SelectorClient
     from trainer_client.config import GRPOConfig, TrainConfig
     from trainer_client.grpo import GRPOLearner
 
@@ -220,6 +228,8 @@ def run_one(
     engine = KVCacheSampler(model, tokenizer, seed=seed)
     learner = GRPOLearner(model, config.grpo, pad_token_id=PAD)
     with SelectorClient(service_url, timeout=120.0) as client:
+        with contextlib.suppress(NotFound):  # a run of the same name before: start afresh
+            client.delete_dataset(config.dataset)
         info = client.create_dataset(config.dataset, len(pool), rollouts_per_prompt=K)
         if regime.metadata:
             client.upload_metadata(config.dataset, group=task.groups())
@@ -264,6 +274,12 @@ def run_one(
         "rollouts": trainer.total_rollouts,
         "service_rollouts": served.rollouts,
         "pool_p0": p0_pool.tolist(),
+        # How the run spread its rollouts over the pool: distinct prompts, and the most visits of one.
+        "distinct_prompts": len(set(trainer.rolled)),
+        "most_visits": int(np.bincount(trainer.rolled).max()) if trainer.rolled else 0,
+        "rolled_digest": hashlib.sha256(np.asarray(trainer.rolled, dtype=np.int64).tobytes()).hexdigest()[
+            :16
+        ],
         "evals": evals,
         "records": [_slim(r) for r in records],
         "seconds": time.perf_counter() - started,

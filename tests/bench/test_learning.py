@@ -234,6 +234,13 @@ def test_every_strategy_spends_the_regimes_rollouts_and_reports_each_one(
         evals = result["evals"]
         assert evals[0]["rollouts"] == 0 and evals[-1]["rollouts"] == result["rollouts"]
         assert json.loads((tmp_path / f"{strategy}.json").read_text())["strategy"] == strategy
+        if strategy in ("uniform", "dynamic_sampling", "oracle"):  # the same run again: the same numbers
+            again = run_one(regime, strategy, 0, service.url)
+            assert again["rolled_digest"] == result["rolled_digest"] and again["evals"] == result["evals"]
+        if (
+            strategy != "oracle"
+        ):  # the service seeds batches by dataset name, step and seed: another seed differs
+            assert run_one(regime, strategy, 1, service.url)["rolled_digest"] != result["rolled_digest"]
 
 
 def test_the_command_line_refuses_what_it_cannot_run(capsys) -> None:

@@ -15,6 +15,12 @@ compared:
   the sampling temperature (``--task arithmetic:TIERS``; default tiers 0,3,4,5,6,7,8: tier 0 is solved
   ~94% of the time at T = 0.6, tiers 5-8 ~0%, tiers 3 and 4 in between; trainer_client/tasks.py), and B
   >= 64, where the last GPU comparison (B = 16 on easy arithmetic) could not tell strategies apart.
+- The regime where selection bought held-out accuracy on the CPU learner (docs/strategies.md, "Results: a
+  real learner on the CPU"): far more prompts than the run visits (``--num-prompts 20000`` for 768
+  visits), each prompt's tier uploaded as its group (the trainer does so unless ``--no-metadata``), so
+  that what a step teaches must carry over to prompts the run has not trained on, and the fixed
+  evaluation subset is almost entirely prompts no arm trained on (the small tiers repeat problems, so
+  their prompts recur under other ids).
 - The result: greedy accuracy on a fixed evaluation subset at the common rollout budget, per arm (mean
   and standard error over seeds), and the paired differences (same seed: same prompts, same evaluation
   subset, same initial model) insight - uniform, insight_budget - uniform and insight_budget - insight,
@@ -67,7 +73,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--tiers", default="0,3,4,5,6,7,8", help="arithmetic tiers of the pool (mostly too easy or too hard)"
     )
-    parser.add_argument("--num-prompts", type=int, default=1024, help="prompts in each dataset")
+    parser.add_argument(
+        "--num-prompts", type=int, default=20000, help="prompts in each dataset (many more than B x steps)"
+    )
     parser.add_argument("--max-new-tokens", type=int, default=32, help="completion length cap, tokens")
     parser.add_argument("--temperature", type=float, default=0.6, help="sampling temperature")
     parser.add_argument("--lr", type=float, default=1e-5, help="AdamW learning rate")

@@ -1,7 +1,7 @@
 """Run every benchmark, one after the other, and collect their results into one summary.
 
     python bench/run_all.py            # --quick: small sizes, a few minutes on 2 cores (`make bench`)
-    python bench/run_all.py --full     # the documented configurations (about an hour on 2 cores)
+    python bench/run_all.py --full     # the documented configurations (about three hours on 2 cores)
     python bench/run_all.py --only toy_world,bench_service
 
 Each script runs in a child process with the configuration below; its output goes to
@@ -137,6 +137,13 @@ BENCHMARKS = (
         headline=("strategies.insight+groups@posterior.mixed_vs_fixed_k", "strategies.insight+groups.final_accuracy"),
     ),
     Benchmark(
+        "learning",
+        "learning.py",
+        quick=("--regime", "smoke", "--strategies", "uniform,insight,oracle", "--seeds", "0,1", "--out", "{out}/learning"),
+        full=("--regime", "best", "--strategies", "all", "--seeds", "0,1,2,3,4", "--out", "{out}/learning"),
+        headline=("ratio_vs_uniform.insight", "ratio_vs_uniform.oracle", "results.uniform.final_heldout_sampled"),
+    ),
+    Benchmark(
         "rollout_trace",
         "rollout_trace.py",
         quick=(TRACE_PATH, "--k", "4", "--seeds", "2", "--out", "{out}"),
@@ -167,7 +174,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--quick", action="store_true", help="small sizes, a few minutes (the default)")
-    mode.add_argument("--full", action="store_true", help="the documented configurations (about an hour)")
+    mode.add_argument("--full", action="store_true", help="the documented configurations (about three hours)")
     names = ", ".join(b.name for b in BENCHMARKS)
     parser.add_argument("--only", default="", help=f"comma-separated subset of: {names}")
     parser.add_argument("--timeout", type=float, help="seconds one benchmark may take (default 900 quick)")

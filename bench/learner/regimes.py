@@ -38,6 +38,8 @@ class Regime:
     eval_every: int = 15
     #: Upload each prompt's kind (operator and digit counts) as its group (docs/strategies.md "Starting cold").
     metadata: bool = False
+    #: Dataset settings the run's dataset is created with (e.g. ``{"prior_strength": 20}``; empty: defaults).
+    dataset: dict[str, Any] = field(default_factory=dict)
     #: Strategy parameters sent with every select, by strategy name (empty: the service's defaults).
     params: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: insight_budget: the step's B x K rollouts shared out per prompt in [min, max] by this policy.

@@ -230,7 +230,7 @@ def run_one(
     with SelectorClient(service_url, timeout=120.0) as client:
         with contextlib.suppress(NotFound):  # a run of the same name before: start afresh
             client.delete_dataset(config.dataset)
-        info = client.create_dataset(config.dataset, len(pool), rollouts_per_prompt=K)
+        info = client.create_dataset(config.dataset, len(pool), rollouts_per_prompt=K, **regime.dataset)
         if regime.metadata:
             client.upload_metadata(config.dataset, group=task.groups())
         trainer = _trainer_class()(

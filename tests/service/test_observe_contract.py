@@ -126,6 +126,29 @@ def test_malformed_id_lists_are_422(http, dsname, ids):
     assert r.status_code == 422, r.text
 
 
+@pytest.mark.parametrize("value", [" 1", "1 ", "1_0", "+1", "\u0661", "1.0", "0x1", "1e1", ""])
+@pytest.mark.parametrize(
+    ("path", "param"),
+    [
+        ("/datasets/{}/history", "since"),
+        ("/datasets/{}/history", "limit"),
+        ("/datasets/{}/metadata/group", "offset"),
+    ],
+)
+def test_integer_query_parameters_are_digits_only(http, dsname, path, param, value):
+    """An integer in a query string is ASCII digits, as the ids of /beliefs are: ` 1` or `1_0` is a 422
+    naming the parameter, never read as 1 or 10, and nothing is applied."""
+    make(http, dsname)
+    url = path.format(dsname)
+    if param == "offset":
+        body, kind = (3).to_bytes(4, "little"), {"content-type": "application/octet-stream"}
+        r = http.put(url, params={param: value}, content=body, headers=kind)
+    else:
+        r = http.get(url, params={param: value})
+    assert r.status_code == 422 and param in r.json()["detail"], r.text
+    assert http.get(f"/datasets/{dsname}").json()["summary"]["groups"] == 0
+
+
 def test_ids_given_twice_are_422(http, dsname):
     make(http, dsname)
     r = http.get(f"/datasets/{dsname}/beliefs", params=[("ids", "1"), ("ids", "2")])

@@ -276,6 +276,7 @@ class Engine:
                 counts = None if budget is None else state.rollout_counts(ids, budget, seed)
                 return ids, scores, state.open_step, counts
 
+            await self._refuse_out_of_reach(name, spec, step)
             async with self.replica.lock(name):  # the in-memory close is seen by no one until committed
                 return await self._close_and_run(name, spec, step, note, check, run)
 
@@ -358,6 +359,26 @@ class Engine:
             if reserved:
                 with contextlib.suppress(Unavailable, OSError):
                     await self.store.release_close(name, token)
+
+    async def _refuse_out_of_reach(self, name: str, spec: DatasetSpec, step: int) -> None:
+        """Refuses a select step that the close would refuse (closed: 409; further ahead than
+        max_step_gap: 422) from the store's open step alone, before the dataset lock, the closing
+        reservation or a load: a replica that does not hold the dataset would otherwise load all of it
+        to refuse a step of 10**12. The open step only grows, so a held state's open step is a lower
+        bound: a step within the gap of it needs no round trip; anything else reads the meta hash (one
+        HGETALL). What this lets through is checked again against the caught-up state."""
+        held = self.replica.states.get(name)
+        reach = self.settings.max_step_gap
+        if held is not None and held.spec.uid == spec.uid and 0 <= step - held.open_step <= reach:
+            return
+        meta = await self.store.read_meta(name)
+        if meta.get("uid") != spec.uid:  # gone or another incarnation: the usual path says which
+            return
+        open_step = int(meta.get("open_step", "0"))
+        if step < open_step:
+            raise Conflict(f"step {step} of dataset {name!r} is closed; the open step is {open_step}")
+        if step - open_step > self.settings.max_step_gap:
+            raise self._too_far_ahead(name, step, open_step)
 
     async def _reserve_close(self, name: str, token: str) -> bool:
         """Takes the closing reservation for `token`, waiting while another select holds it (at most about

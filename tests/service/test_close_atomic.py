@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import uuid
 from types import SimpleNamespace
 
@@ -20,6 +21,7 @@ import redis.asyncio as aioredis
 
 from selector_service.core.rollouts import RolloutRequest
 from selector_service.engine import Engine
+from selector_service.errors import Conflict, InvalidRequest
 from selector_service.settings import Settings
 from selector_service.state import DatasetSpec, DatasetState
 from selector_service.store import Store, connect
@@ -239,5 +241,41 @@ def test_a_select_already_counted_at_the_open_step_writes_nothing(redis_url):
             await eng.select(name, step=2, batch_size=8, strategy="insight", params={}, seed=2)
             rows, _, _ = await eng.history(name, 0, 10)
             assert [(r["step"], r["selects"]) for r in rows] == [(0, 1), (1, 3)]
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize("step", [10**12, 1 + 1_001, 0])
+def test_a_select_that_will_be_refused_is_refused_before_any_work(redis_url, monkeypatch, step):
+    """A step further ahead than SELECTOR_MAX_STEP_GAP (422), or one already closed (409), is refused by
+    a replica that does not hold the dataset from the store's open step alone: no snapshot loaded, no
+    closing reservation taken (a select at step 10**12 used to load the whole dataset first)."""
+    name = f"atomic-far-{step}"
+
+    async def run() -> None:
+        async with engine(redis_url) as eng:
+            await eng.create_dataset(DatasetSpec(name=name, size=SIZE))
+            await history(eng, name, 2)  # open step 1
+            prefix = eng.store.keys.prefix.rsplit(":", 1)[0]
+            async with engine(redis_url, prefix, cleanup=False) as other:
+                work: list[str] = []
+
+                async def no_sync(name: str):
+                    work.append("sync")
+                    raise AssertionError("loaded the dataset for a select it refuses")
+
+                async def no_reservation(name: str, token: str, ttl_ms: int) -> bool:
+                    work.append("reserve")
+                    return True
+
+                monkeypatch.setattr(other.replica, "sync", no_sync)
+                monkeypatch.setattr(other.store, "reserve_close", no_reservation)
+                with pytest.raises((InvalidRequest, Conflict)) as refused:
+                    await other.select(name, step=step, batch_size=4, strategy="uniform", params={}, seed=0)
+                assert re.search(r"open step (is )?1\b", str(refused.value)), refused.value
+                assert work == [] and not other.replica.states
+                monkeypatch.undo()
+                done = await other.select(name, step=3, batch_size=4, strategy="uniform", params={}, seed=0)
+                assert done[2] == 3
 
     asyncio.run(run())

@@ -55,6 +55,10 @@ INLINE_RESULTS = 4096
 # moving between its catch-up and its commit.
 CLOSE_RESERVATION_MS = 5_000
 CLOSE_ATTEMPTS = 5
+#: A close renews its reservation (every third of CLOSE_RESERVATION_MS) for at most this long; writes and
+#: other selects wait for a reservation as long as it is held. A closer that stops renewing (its process
+#: died or froze) lets it lapse within CLOSE_RESERVATION_MS.
+CLOSE_RENEW_LIMIT_S = 600.0
 # The cursor a state holds between a select's in-memory close and its commit (never seen by anyone else:
 # the dataset lock is held, and the state is discarded unless the commit gives it the real log id).
 PENDING_CURSOR = "pending"
@@ -305,7 +309,8 @@ class Engine:
         catch-up rebuilds it from the store (snapshot + log), so memory never runs ahead of the log; a
         moved log is retried (CLOSE_ATTEMPTS). While the close is in flight the dataset's closing
         reservation (SET NX PX, owned by a token, CLOSE_RESERVATION_MS) makes observe and metadata
-        writes wait (`_until_not_busy`), so a stream of observes cannot starve a select.
+        writes wait (`_until_not_busy`), so a stream of observes cannot starve a select; the close
+        renews it while it works (`_renew_close`), so this holds for a close of any length.
 
         The simpler order (advance in the store first, then select) answered 5xx with the step already
         closed; a copy of the state before each close would cost the dataset's memory and a copy's time
@@ -314,6 +319,7 @@ class Engine:
         """
         token = uuid.uuid4().hex
         reserved = await self._reserve_close(name, token)
+        renewing = asyncio.ensure_future(self._renew_close(name, token))
         try:
             for _ in range(CLOSE_ATTEMPTS):
                 state = await self.sync(name)
@@ -356,6 +362,8 @@ class Engine:
                 f"({CLOSE_ATTEMPTS} attempts); nothing was applied, retry"
             )
         finally:
+            renewing.cancel()
+            await asyncio.wait([renewing])  # gone before the release: it renews nothing after it
             if reserved:
                 with contextlib.suppress(Unavailable, OSError):
                     await self.store.release_close(name, token)
@@ -380,12 +388,24 @@ class Engine:
         if step - open_step > self.settings.max_step_gap:
             raise self._too_far_ahead(name, step, open_step)
 
+    async def _renew_close(self, name: str, token: str) -> None:
+        """Keeps the closing reservation of `token` alive while its close works (cancelled when the close
+        ends), so that a close longer than the reservation's TTL is not overtaken by the writes that it
+        holds back, and then retried until it gives up. A renewal while `token` does not hold it (before
+        the reservation was had again after a moved log, or after the commit released it) does nothing."""
+        deadline = time.monotonic() + CLOSE_RENEW_LIMIT_S
+        while time.monotonic() < deadline:
+            await asyncio.sleep(CLOSE_RESERVATION_MS / 3000)
+            with contextlib.suppress(Unavailable, OSError):
+                await self.store.renew_close(name, token, CLOSE_RESERVATION_MS)
+
     async def _reserve_close(self, name: str, token: str) -> bool:
-        """Takes the closing reservation for `token`, waiting while another select holds it (at most about
-        its TTL: a holder that died lets it expire). False when it could not be had: the close then goes
-        ahead without it (its commit is conditional anyway), as when the store does not answer the
-        reservation itself (then the catch-up that follows reports the store's state)."""
-        async for _ in _backing_off(CLOSE_RESERVATION_MS / 1000):
+        """Takes the closing reservation for `token`, waiting while another select holds it (as long as
+        its holder renews it, CLOSE_RENEW_LIMIT_S at most: a holder that died lets it expire). False
+        when it could not be had: the close then goes ahead without it (its commit is conditional
+        anyway), as when the store does not answer the reservation itself (then the catch-up that
+        follows reports the store's state)."""
+        async for _ in _backing_off(CLOSE_RENEW_LIMIT_S + CLOSE_RESERVATION_MS / 1000):
             try:
                 if await self.store.reserve_close(name, token, CLOSE_RESERVATION_MS):
                     return True
@@ -395,9 +415,10 @@ class Engine:
 
     async def _until_not_busy(self, write: Callable[[], Awaitable[WriteResult]]) -> WriteResult:
         """Runs a write script, sending it again while the store answers busy (a select's close holds the
-        dataset's closing reservation; nothing was applied). Unavailable after about twice the
-        reservation's TTL."""
-        async for _ in _backing_off(2 * CLOSE_RESERVATION_MS / 1000):
+        dataset's closing reservation; nothing was applied): as long as the close renews it, so that no
+        close, however long, is overtaken by the writes it holds back. Busy (the caller's 503) only past
+        CLOSE_RENEW_LIMIT_S and a TTL."""
+        async for _ in _backing_off(CLOSE_RENEW_LIMIT_S + CLOSE_RESERVATION_MS / 1000):
             res = await write()
             if res.status is not WriteStatus.BUSY:
                 break
@@ -575,16 +596,19 @@ class Engine:
 
 
 async def _backing_off(seconds: float) -> AsyncIterator[None]:
-    """Yields at once, then again after pauses doubling from 1 ms to 20 ms, until `seconds` have passed:
-    the pace of a request that waits for a select's close (its reservation, or a write answered busy)."""
-    deadline = time.monotonic() + seconds
+    """Yields at once, then again after pauses doubling from 1 ms to 20 ms (100 ms once a reservation's
+    TTL has passed: a long close, whose waiters should not flood the store), until `seconds` have
+    passed: the pace of a request that waits for a select's close (its reservation, or a write answered
+    busy)."""
+    start = time.monotonic()
     pause = 0.001
     while True:
         yield
-        if time.monotonic() >= deadline:
+        now = time.monotonic()
+        if now >= start + seconds:
             return
         await asyncio.sleep(pause)
-        pause = min(pause * 2, 0.02)
+        pause = min(pause * 2, 0.02 if now - start < CLOSE_RESERVATION_MS / 1000 else 0.1)
 
 
 def _close_in_memory_and_run(

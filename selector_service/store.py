@@ -736,6 +736,11 @@ class Store:
         return bool(await self._take_lock(keys=[self.keys.closing(name)], args=[token, ttl_ms]))
 
     @_reachable
+    async def renew_close(self, name: str, token: str, ttl_ms: int) -> bool:
+        """Extends the closing reservation by `ttl_ms` while `token` holds it; False when it does not."""
+        return bool(await self._renew(keys=[self.keys.closing(name)], args=[token, ttl_ms]))
+
+    @_reachable
     async def release_close(self, name: str, token: str) -> None:
         """Gives the closing reservation back when `token` still holds it."""
         await self._unreserve(keys=[self.keys.closing(name)], args=[token])

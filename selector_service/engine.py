@@ -39,6 +39,7 @@ from selector_service.payloads import (
     resolve_params,
     rollout_request,
     select_digest,
+    with_evidence_step,
 )
 from selector_service.replica import Replica, SyncStats
 from selector_service.schemas import Belief, DatasetCreate
@@ -519,17 +520,30 @@ class Engine:
         return {"dataset": name, "offset": start, "count": count, "coverage": coverage}
 
     async def observe(
-        self, name: str, *, step: int, request_id: str, results: Sequence[Any]
+        self,
+        name: str,
+        *,
+        step: int,
+        request_id: str,
+        results: Sequence[Any],
+        selected_step: int | None = None,
     ) -> tuple[int, bool, int]:
         """Validates a whole request, then appends it to the log atomically with its request id.
 
         Returns (results applied, duplicate, lag). A request id names one body: its retry is a duplicate
         (nothing applied, the first call's lag), the same id with another body, for another dataset or
-        for an earlier incarnation of this one is a Conflict.
+        for an earlier incarnation of this one is a Conflict. With `selected_step` (the step the results'
+        prompts were selected at, <= step) a step closed more than max_lag steps ago is filed at the open
+        step instead of refused, and the lag counts from `selected_step` (the store's _OBSERVE).
         """
         if len(results) > self.settings.max_ids_per_request:
             raise PayloadTooLarge(
                 f"{len(results)} results in one request; the limit is {self.settings.max_ids_per_request}"
+            )
+        if selected_step is not None and selected_step > step:
+            raise InvalidRequest(
+                f"selected_step {selected_step} is after step {step}: send the step the prompts were selected "
+                "at as selected_step, and a step at or after it as step. Nothing was applied"
             )
 
         async def attempt(spec: DatasetSpec) -> tuple[DatasetSpec, WriteResult]:
@@ -537,6 +551,7 @@ class Engine:
                 payload, digest = outcome_payload(spec, step, results)  # ~0.1 ms for 256 results
             else:
                 payload, digest = await asyncio.to_thread(outcome_payload, spec, step, results)
+            digest = with_evidence_step(digest, selected_step)
             owner, owner_uid, claimed = await self.store.claim_request(name, spec.uid, request_id)
             if owner != name:
                 raise Conflict(
@@ -557,7 +572,7 @@ class Engine:
             try:
                 res = await self._until_not_busy(
                     lambda: self.store.append_observe(
-                        name, spec.uid, step, request_id, payload, digest, spec.max_lag
+                        name, spec.uid, step, request_id, payload, digest, spec.max_lag, selected_step
                     )
                 )
             except DatasetGone:

@@ -172,13 +172,12 @@ def _fresh_priors(
 
 @dataclass(frozen=True)
 class Bounds:
-    """What the rest of a snapshot says its history may hold: the dataset's size and max_lag, and the
+    """What the rest of a snapshot says its history may hold: the dataset's size, and the
     state's steps closed, prompts ever observed, results and trials applied (all steps), and the open
     step's results and trials so far (SharedState.step_counts). A history holds no more than these
     allow (`StepHistory.from_parts`)."""
 
     size: int
-    max_lag: int
     steps_closed: int
     prompts_observed: int
     results: int
@@ -551,7 +550,7 @@ class StepHistory:
 
     def _check_bounds(self, b: Bounds, n_groups: int) -> None:
         """Refuses figures that the checks of `from_parts` let through but that no dataset of this size,
-        max_lag and totals could have written (ValueError naming the field): a forged export with
+        and totals could have written (ValueError naming the field): a forged export with
         intact checksums must not be served. Each bound below holds for every history this service
         writes (tests/service/test_import_domain.py draws genuine ones)."""
         c, n, size = self.cols, self.n, b.size
@@ -590,9 +589,10 @@ class StepHistory:
             refuse("rollouts", f"the rows and the open step hold more trials than the {b.rollouts:g} applied")
         late = c["late"]
         lags = np.arange(LAGS)
-        reachable = (lags <= b.max_lag) & (lags[None, :] <= c["step"][:, None])  # row at step s: lag <= s
-        if np.any(late[~reachable]):
-            refuse("late", f"results later than the dataset's max_lag {b.max_lag} or before step 0")
+        # A row at step s counts lags <= s (results selected at step 0 or later); max_lag does not bound
+        # them: results reported with their selected_step are filed however late they come.
+        if np.any(late[lags[None, :] > c["step"][:, None]]):
+            refuse("late", "a row counts results selected before step 0")
         pred = c["dps_predicted"]
         known = ~np.isnan(pred[:, 0])
         if np.any(known != (observed > 0)) or np.any(np.abs(pred[known].sum(axis=1) - 1) > 1e-5):
@@ -629,7 +629,7 @@ class StepHistory:
             )
 
     def _check_open_bounds(self, b: Bounds) -> None:
-        """The open step's figures (header `open`) against the size, max_lag and the open step's results."""
+        """The open step's figures (header `open`) against the size and the open step's results."""
         if self.fresh > b.size or self.fresh > b.open_results:
             raise ValueError(
                 f"history open figure 'fresh' = {self.fresh} exceeds the open step's prompts observed"
@@ -638,10 +638,9 @@ class StepHistory:
             raise ValueError(
                 f"history open figure 'selected' = {self.selected} is not 1..{b.size} per select"
             )
-        if int(self.late.sum()) != b.open_results or np.any(self.late[np.arange(LAGS) > b.max_lag]):
+        if int(self.late.sum()) != b.open_results:
             raise ValueError(
-                f"history open figure 'late' must count the open step's {b.open_results:g} results by lags "
-                f"up to max_lag {b.max_lag}"
+                f"history open figure 'late' must count the open step's {b.open_results:g} results"
             )
         if abs(float(self.pred.sum()) - self.fresh) > 1e-5 * max(self.fresh, 1):
             raise ValueError("history open figure 'pred' must sum to the prompts it averages ('fresh')")

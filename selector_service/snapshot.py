@@ -396,7 +396,6 @@ def _history_from(header: dict[str, Any], arrays: dict[str, np.ndarray], state: 
     counts = state.arrays.shared.step_counts
     bounds = Bounds(
         size=state.spec.size,
-        max_lag=state.spec.max_lag,
         steps_closed=state.steps_closed,
         prompts_observed=state.arrays.observed,
         results=state.results,

@@ -181,7 +181,7 @@ HOSTILE = {
     "steps_closed below the rows": (_set_header("steps_closed", 2), "steps_closed"),
     "history selected past the size": (_set_array("history.selected", 10**6), "selected"),
     "history rollouts 10^12": (_set_array("history.rollouts", 1e12), "rollouts"),
-    "history late past max_lag": (_set_array("history.late", [0, 8, 0, 0, 0, 0, 0, 0, 0], 1), "late"),
+    "history late before step 0": (_set_array("history.late", [0, 0, 8, 0, 0, 0, 0, 0, 0], 1), "late"),
     "history group past the dataset's": (_set_array("history.group", 4000), "groups"),
     "history open fresh 10^6": (_set_header("history.open.fresh", 10**6), "fresh"),
 }
@@ -362,7 +362,7 @@ def _possible_rows(state: DatasetState) -> list[str]:
         if not r["results"] <= r["rollouts"] <= r["results"] * 10**9:
             problems.append(at + "rollouts")
         late = {int(k.rstrip("+")): v for k, v in r["late"].items()}
-        if sum(late.values()) > r["results"] or any(lag > min(spec.max_lag, r["step"]) for lag in late):
+        if sum(late.values()) > r["results"] or any(lag > r["step"] for lag in late):
             problems.append(at + "late")
         if (r["dps_predicted"] is None) != (r["observed"] == 0) or (
             r["dps_predicted"] is not None and abs(sum(r["dps_predicted"]) - 1) > 1e-5

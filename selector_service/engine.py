@@ -39,6 +39,7 @@ from selector_service.payloads import (
     resolve_params,
     rollout_request,
     select_digest,
+    with_evidence_step,
 )
 from selector_service.replica import Replica, SyncStats
 from selector_service.schemas import Belief, DatasetCreate
@@ -55,6 +56,10 @@ INLINE_RESULTS = 4096
 # moving between its catch-up and its commit.
 CLOSE_RESERVATION_MS = 5_000
 CLOSE_ATTEMPTS = 5
+#: A close renews its reservation (every third of CLOSE_RESERVATION_MS) for at most this long; writes and
+#: other selects wait for a reservation as long as it is held. A closer that stops renewing (its process
+#: died or froze) lets it lapse within CLOSE_RESERVATION_MS.
+CLOSE_RENEW_LIMIT_S = 600.0
 # The cursor a state holds between a select's in-memory close and its commit (never seen by anyone else:
 # the dataset lock is held, and the state is discarded unless the commit gives it the real log id).
 PENDING_CURSOR = "pending"
@@ -276,6 +281,7 @@ class Engine:
                 counts = None if budget is None else state.rollout_counts(ids, budget, seed)
                 return ids, scores, state.open_step, counts
 
+            await self._refuse_out_of_reach(name, spec, step)
             async with self.replica.lock(name):  # the in-memory close is seen by no one until committed
                 return await self._close_and_run(name, spec, step, note, check, run)
 
@@ -304,7 +310,8 @@ class Engine:
         catch-up rebuilds it from the store (snapshot + log), so memory never runs ahead of the log; a
         moved log is retried (CLOSE_ATTEMPTS). While the close is in flight the dataset's closing
         reservation (SET NX PX, owned by a token, CLOSE_RESERVATION_MS) makes observe and metadata
-        writes wait (`_until_not_busy`), so a stream of observes cannot starve a select.
+        writes wait (`_until_not_busy`), so a stream of observes cannot starve a select; the close
+        renews it while it works (`_renew_close`), so this holds for a close of any length.
 
         The simpler order (advance in the store first, then select) answered 5xx with the step already
         closed; a copy of the state before each close would cost the dataset's memory and a copy's time
@@ -313,6 +320,7 @@ class Engine:
         """
         token = uuid.uuid4().hex
         reserved = await self._reserve_close(name, token)
+        renewing = asyncio.ensure_future(self._renew_close(name, token))
         try:
             for _ in range(CLOSE_ATTEMPTS):
                 state = await self.sync(name)
@@ -355,16 +363,50 @@ class Engine:
                 f"({CLOSE_ATTEMPTS} attempts); nothing was applied, retry"
             )
         finally:
+            renewing.cancel()
+            await asyncio.wait([renewing])  # gone before the release: it renews nothing after it
             if reserved:
                 with contextlib.suppress(Unavailable, OSError):
                     await self.store.release_close(name, token)
 
+    async def _refuse_out_of_reach(self, name: str, spec: DatasetSpec, step: int) -> None:
+        """Refuses a select step that the close would refuse (closed: 409; further ahead than
+        max_step_gap: 422) from the store's open step alone, before the dataset lock, the closing
+        reservation or a load: a replica that does not hold the dataset would otherwise load all of it
+        to refuse a step of 10**12. The open step only grows, so a held state's open step is a lower
+        bound: a step within the gap of it needs no round trip; anything else reads the meta hash (one
+        HGETALL). What this lets through is checked again against the caught-up state."""
+        held = self.replica.states.get(name)
+        reach = self.settings.max_step_gap
+        if held is not None and held.spec.uid == spec.uid and 0 <= step - held.open_step <= reach:
+            return
+        meta = await self.store.read_meta(name)
+        if meta.get("uid") != spec.uid:  # gone or another incarnation: the usual path says which
+            return
+        open_step = int(meta.get("open_step", "0"))
+        if step < open_step:
+            raise Conflict(f"step {step} of dataset {name!r} is closed; the open step is {open_step}")
+        if step - open_step > self.settings.max_step_gap:
+            raise self._too_far_ahead(name, step, open_step)
+
+    async def _renew_close(self, name: str, token: str) -> None:
+        """Keeps the closing reservation of `token` alive while its close works (cancelled when the close
+        ends), so that a close longer than the reservation's TTL is not overtaken by the writes that it
+        holds back, and then retried until it gives up. A renewal while `token` does not hold it (before
+        the reservation was had again after a moved log, or after the commit released it) does nothing."""
+        deadline = time.monotonic() + CLOSE_RENEW_LIMIT_S
+        while time.monotonic() < deadline:
+            await asyncio.sleep(CLOSE_RESERVATION_MS / 3000)
+            with contextlib.suppress(Unavailable, OSError):
+                await self.store.renew_close(name, token, CLOSE_RESERVATION_MS)
+
     async def _reserve_close(self, name: str, token: str) -> bool:
-        """Takes the closing reservation for `token`, waiting while another select holds it (at most about
-        its TTL: a holder that died lets it expire). False when it could not be had: the close then goes
-        ahead without it (its commit is conditional anyway), as when the store does not answer the
-        reservation itself (then the catch-up that follows reports the store's state)."""
-        async for _ in _backing_off(CLOSE_RESERVATION_MS / 1000):
+        """Takes the closing reservation for `token`, waiting while another select holds it (as long as
+        its holder renews it, CLOSE_RENEW_LIMIT_S at most: a holder that died lets it expire). False
+        when it could not be had: the close then goes ahead without it (its commit is conditional
+        anyway), as when the store does not answer the reservation itself (then the catch-up that
+        follows reports the store's state)."""
+        async for _ in _backing_off(CLOSE_RENEW_LIMIT_S + CLOSE_RESERVATION_MS / 1000):
             try:
                 if await self.store.reserve_close(name, token, CLOSE_RESERVATION_MS):
                     return True
@@ -374,9 +416,10 @@ class Engine:
 
     async def _until_not_busy(self, write: Callable[[], Awaitable[WriteResult]]) -> WriteResult:
         """Runs a write script, sending it again while the store answers busy (a select's close holds the
-        dataset's closing reservation; nothing was applied). Unavailable after about twice the
-        reservation's TTL."""
-        async for _ in _backing_off(2 * CLOSE_RESERVATION_MS / 1000):
+        dataset's closing reservation; nothing was applied): as long as the close renews it, so that no
+        close, however long, is overtaken by the writes it holds back. Busy (the caller's 503) only past
+        CLOSE_RENEW_LIMIT_S and a TTL."""
+        async for _ in _backing_off(CLOSE_RENEW_LIMIT_S + CLOSE_RESERVATION_MS / 1000):
             res = await write()
             if res.status is not WriteStatus.BUSY:
                 break
@@ -477,17 +520,30 @@ class Engine:
         return {"dataset": name, "offset": start, "count": count, "coverage": coverage}
 
     async def observe(
-        self, name: str, *, step: int, request_id: str, results: Sequence[Any]
+        self,
+        name: str,
+        *,
+        step: int,
+        request_id: str,
+        results: Sequence[Any],
+        selected_step: int | None = None,
     ) -> tuple[int, bool, int]:
         """Validates a whole request, then appends it to the log atomically with its request id.
 
         Returns (results applied, duplicate, lag). A request id names one body: its retry is a duplicate
         (nothing applied, the first call's lag), the same id with another body, for another dataset or
-        for an earlier incarnation of this one is a Conflict.
+        for an earlier incarnation of this one is a Conflict. With `selected_step` (the step the results'
+        prompts were selected at, <= step) a step closed more than max_lag steps ago is filed at the open
+        step instead of refused, and the lag counts from `selected_step` (the store's _OBSERVE).
         """
         if len(results) > self.settings.max_ids_per_request:
             raise PayloadTooLarge(
                 f"{len(results)} results in one request; the limit is {self.settings.max_ids_per_request}"
+            )
+        if selected_step is not None and selected_step > step:
+            raise InvalidRequest(
+                f"selected_step {selected_step} is after step {step}: send the step the prompts were selected "
+                "at as selected_step, and a step at or after it as step. Nothing was applied"
             )
 
         async def attempt(spec: DatasetSpec) -> tuple[DatasetSpec, WriteResult]:
@@ -495,6 +551,7 @@ class Engine:
                 payload, digest = outcome_payload(spec, step, results)  # ~0.1 ms for 256 results
             else:
                 payload, digest = await asyncio.to_thread(outcome_payload, spec, step, results)
+            digest = with_evidence_step(digest, selected_step)
             owner, owner_uid, claimed = await self.store.claim_request(name, spec.uid, request_id)
             if owner != name:
                 raise Conflict(
@@ -515,7 +572,7 @@ class Engine:
             try:
                 res = await self._until_not_busy(
                     lambda: self.store.append_observe(
-                        name, spec.uid, step, request_id, payload, digest, spec.max_lag
+                        name, spec.uid, step, request_id, payload, digest, spec.max_lag, selected_step
                     )
                 )
             except DatasetGone:
@@ -554,16 +611,19 @@ class Engine:
 
 
 async def _backing_off(seconds: float) -> AsyncIterator[None]:
-    """Yields at once, then again after pauses doubling from 1 ms to 20 ms, until `seconds` have passed:
-    the pace of a request that waits for a select's close (its reservation, or a write answered busy)."""
-    deadline = time.monotonic() + seconds
+    """Yields at once, then again after pauses doubling from 1 ms to 20 ms (100 ms once a reservation's
+    TTL has passed: a long close, whose waiters should not flood the store), until `seconds` have
+    passed: the pace of a request that waits for a select's close (its reservation, or a write answered
+    busy)."""
+    start = time.monotonic()
     pause = 0.001
     while True:
         yield
-        if time.monotonic() >= deadline:
+        now = time.monotonic()
+        if now >= start + seconds:
             return
         await asyncio.sleep(pause)
-        pause = min(pause * 2, 0.02)
+        pause = min(pause * 2, 0.02 if now - start < CLOSE_RESERVATION_MS / 1000 else 0.1)
 
 
 def _close_in_memory_and_run(

@@ -46,6 +46,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numba
@@ -70,6 +71,10 @@ _DIGEST = re.compile(r"[0-9a-f]{1,64}")
 _MAX_STRATEGIES = 64
 _COUNT_MAX = 2**62
 _STEP_MAX = 10**12
+#: No step has this many select requests; below it a row's strategy counts sum without overflow.
+_SELECTS_MAX = 2**56
+#: The most trials one result may carry (core/domain.py TRIALS_MAX, the API's bound).
+_TRIALS_MAX = 10**9
 
 # name -> (dtype, shape after the row axis) of every per-row column, in snapshot order.
 ROW_COLUMNS: dict[str, tuple[np.dtype, tuple[int, ...]]] = {
@@ -163,6 +168,22 @@ def _fresh_priors(
                 acc[c] += prior_cols[c, slot]
             count += 1
     return acc, unseen, count
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """What the rest of a snapshot says its history may hold: the dataset's size, and the
+    state's steps closed, prompts ever observed, results and trials applied (all steps), and the open
+    step's results and trials so far (SharedState.step_counts). A history holds no more than these
+    allow (`StepHistory.from_parts`)."""
+
+    size: int
+    steps_closed: int
+    prompts_observed: int
+    results: int
+    rollouts: float
+    open_results: float
+    open_rollouts: float
 
 
 class StepHistory:
@@ -441,11 +462,11 @@ class StepHistory:
 
     @classmethod
     def from_parts(
-        cls, header: Any, arrays: Mapping[str, np.ndarray], open_step: int, n_groups: int
+        cls, header: Any, arrays: Mapping[str, np.ndarray], open_step: int, n_groups: int, bounds: Bounds
     ) -> StepHistory:
         """Rebuilds a history from `header()` and `arrays()` (names without the prefix), checking that
-        every figure is one a history could hold for a dataset whose open step is `open_step` and which
-        has `n_groups` groups; ValueError otherwise. No header and no arrays (a snapshot written before
+        every figure is one a history could hold for a dataset whose open step is `open_step`, which
+        has `n_groups` groups and the `bounds` the rest of the snapshot sets; ValueError otherwise. No header and no arrays (a snapshot written before
         the history existed): an empty history."""
         hist = cls()
         if header is None and not arrays:
@@ -472,17 +493,20 @@ class StepHistory:
             if np.any(c[name] < 0) or np.any(c[name] > _COUNT_MAX):
                 raise ValueError(f"history column {name!r} holds a count out of range")
         strat = np.array(arrays[STRATEGY_COLUMN])
-        floats = (c["rollouts"], c["successes"])
-        if (
-            np.any(strat < 0)
-            or not all(np.isfinite(f).all() and (f >= 0).all() for f in floats)
-            or np.any(c["successes"] > c["rollouts"])
-            or np.any(c["all_solved"] + c["none_solved"] > c["results"])
-            or np.any(c["late"].sum(axis=1) != c["results"])
-            or np.any(c["dps_correct"] > c["observed"])
-            or np.any(c["group_n"] > ROW_GROUPS)
-        ):
-            raise ValueError("history rows hold figures no step could have")
+        impossible = {  # field -> whether some row holds a figure no step could have
+            "strategies": np.any(strat < 0),
+            "rollouts": not all(
+                np.isfinite(f).all() and (f >= 0).all() for f in (c["rollouts"], c["successes"])
+            ),
+            "successes": np.any(c["successes"] > c["rollouts"]),
+            "all_solved": np.any(c["all_solved"] + c["none_solved"] > c["results"]),
+            "late": np.any(c["late"].sum(axis=1) != c["results"]),
+            "dps_correct": np.any(c["dps_correct"] > c["observed"]),
+            "group_n": np.any(c["group_n"] > ROW_GROUPS),
+        }
+        bad = [field for field, wrong in impossible.items() if wrong]
+        if bad:
+            raise ValueError(f"history field {bad[0]!r}: rows hold figures no step could have")
         pred = c["dps_predicted"]
         known = ~np.isnan(pred[:, 0])
         if (
@@ -521,7 +545,110 @@ class StepHistory:
         hist.n, hist.cols, hist.names, hist.strat = n, c, list(names), strat
         hist.entries, hist.e, hist.open_groups = e, total, og
         hist._load_open(header["open"])
+        hist._check_bounds(bounds, n_groups)
         return hist
+
+    def _check_bounds(self, b: Bounds, n_groups: int) -> None:
+        """Refuses figures that the checks of `from_parts` let through but that no dataset of this size,
+        and totals could have written (ValueError naming the field): a forged export with
+        intact checksums must not be served. Each bound below holds for every history this service
+        writes (tests/service/test_import_domain.py draws genuine ones)."""
+        c, n, size = self.cols, self.n, b.size
+        results, observed, selects = c["results"], c["observed"], c["selects"]
+
+        def refuse(field: str, what: str) -> None:
+            raise ValueError(f"history field {field!r}: {what}")
+
+        if n > b.steps_closed:
+            refuse(
+                "steps_closed",
+                f"the history holds {n} rows but the header counts {b.steps_closed} steps closed",
+            )
+        if np.any(observed > np.minimum(results, size)):
+            refuse("observed", f"a row counts more prompts observed than its results or the {size} prompts")
+        seen = c["prompts_observed"]
+        if n and (np.any(np.diff(seen) < 0) or seen[-1] > b.prompts_observed or np.any(observed > seen)):
+            refuse(
+                "prompts_observed",
+                f"must not decrease, count the row's observed prompts and stay within the {b.prompts_observed} "
+                "prompts the dataset has observed",
+            )
+        cap = np.minimum(selects, _COUNT_MAX // max(size, 1)) * size  # each select's batch <= size
+        if np.any(selects > _SELECTS_MAX) or np.any(c["selected"] < selects) or np.any(c["selected"] > cap):
+            refuse("selected", f"a row's batch sizes must lie between 1 and {size} per select request")
+        if self.strat.shape[1] and np.any(self.strat.sum(axis=1) != selects):
+            refuse("strategies", "a row's counts by strategy must sum to its select requests")
+        elif not self.strat.shape[1] and np.any(selects):
+            refuse("strategies", "a row counts select requests but no strategy")
+        trials = c["rollouts"]
+        if np.any(trials < results) or np.any(trials > results.astype(np.float64) * _TRIALS_MAX):
+            refuse("rollouts", f"a row's trials must lie between 1 and {_TRIALS_MAX} per result")
+        if int(results.astype(object).sum()) + b.open_results > b.results:
+            refuse("results", f"the rows and the open step hold more results than the {b.results} applied")
+        if math.fsum(trials) + b.open_rollouts > b.rollouts * (1 + 1e-9) + 1e-6:
+            refuse("rollouts", f"the rows and the open step hold more trials than the {b.rollouts:g} applied")
+        late = c["late"]
+        lags = np.arange(LAGS)
+        # A row at step s counts lags <= s (results selected at step 0 or later); max_lag does not bound
+        # them: results reported with their selected_step are filed however late they come.
+        if np.any(late[lags[None, :] > c["step"][:, None]]):
+            refuse("late", "a row counts results selected before step 0")
+        pred = c["dps_predicted"]
+        known = ~np.isnan(pred[:, 0])
+        if np.any(known != (observed > 0)) or np.any(np.abs(pred[known].sum(axis=1) - 1) > 1e-5):
+            refuse(
+                "dps_predicted", "a row with observed prompts has shares summing to 1, one without has none"
+            )
+        self._check_group_bounds(n_groups)
+        self._check_open_bounds(b)
+
+    def _check_group_bounds(self, n_groups: int) -> None:
+        c, e = self.cols, self.entries
+        g, g_res, g_trials = e["group"], e["group_results"], e["group_trials"]
+        if np.any(g >= n_groups) or np.any(c["group_n"] + c["group_omitted"] > n_groups):
+            raise ValueError(f"history field 'groups': a row names more groups than the dataset's {n_groups}")
+        if np.any((c["group_omitted"] > 0) & (c["group_n"] < ROW_GROUPS)):
+            raise ValueError(
+                f"history field 'groups_omitted': a row omits groups but lists fewer than {ROW_GROUPS}"
+            )
+        row = np.repeat(np.arange(self.n), c["group_n"])
+        same = row[1:] == row[:-1]
+        ordered = (g_res[:-1] > g_res[1:]) | ((g_res[:-1] == g_res[1:]) & (g[:-1] < g[1:]))
+        per_row = np.bincount(row, weights=g_res.astype(np.float64), minlength=self.n)
+        trials_per_row = np.bincount(row, weights=g_trials, minlength=self.n)
+        if (
+            np.any(same & ~ordered)
+            or np.any(g_trials < g_res)
+            or np.any(g_trials > g_res.astype(np.float64) * _TRIALS_MAX)
+            or np.any(per_row > c["results"])
+            or np.any(trials_per_row > c["rollouts"] * (1 + 1e-9))
+        ):
+            raise ValueError(
+                "history field 'groups': a row's groups must be distinct, ordered by results, and hold at "
+                "most the row's results and trials"
+            )
+
+    def _check_open_bounds(self, b: Bounds) -> None:
+        """The open step's figures (header `open`) against the size and the open step's results."""
+        if self.fresh > b.size or self.fresh > b.open_results:
+            raise ValueError(
+                f"history open figure 'fresh' = {self.fresh} exceeds the open step's prompts observed"
+            )
+        if self.selects > _SELECTS_MAX or not self.selects <= self.selected <= self.selects * b.size:
+            raise ValueError(
+                f"history open figure 'selected' = {self.selected} is not 1..{b.size} per select"
+            )
+        if int(self.late.sum()) != b.open_results:
+            raise ValueError(
+                f"history open figure 'late' must count the open step's {b.open_results:g} results"
+            )
+        if abs(float(self.pred.sum()) - self.fresh) > 1e-5 * max(self.fresh, 1):
+            raise ValueError("history open figure 'pred' must sum to the prompts it averages ('fresh')")
+        og = self.open_groups
+        if og["open_group_results"].sum(dtype=np.float64) > b.open_results or np.any(
+            og["open_group_trials"] < og["open_group_results"]
+        ):
+            raise ValueError("history open figure 'open_group_results' exceeds the open step's results")
 
     def _load_open(self, doc: dict[str, Any]) -> None:
         def count(key: str, value: Any = None) -> int:

@@ -212,6 +212,18 @@ def _packed_payload(spec: DatasetSpec, step: int, pr: PackedResults) -> tuple[by
     )
 
 
+def with_evidence_step(digest: str, selected_step: int | None) -> str:
+    """The digest of an observe body that also names its `selected_step` (none: the body's own digest,
+    as before the field existed, so that a retry of an older client's request is still a duplicate)."""
+    if selected_step is None:
+        return digest
+    h = hashlib.blake2b(digest_size=16)
+    h.update(digest.encode())
+    h.update(b" selected_step ")
+    h.update(int(selected_step).to_bytes(8, "little"))
+    return h.hexdigest()
+
+
 def _body_digest(
     name: str,
     step: int,

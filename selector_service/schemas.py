@@ -146,6 +146,14 @@ class ObserveRequest(_Request):
     step: Step
     request_id: RequestId
     results: list[Result] = Field(min_length=1)
+    selected_step: int | None = Field(
+        None,
+        ge=0,
+        le=10**12,
+        description="The step the results' prompts were selected at (<= step), their evidence time: with "
+        "it, a step closed more than max_lag steps ago is not refused but filed at the open step, its lag "
+        "counted from selected_step (an extension of the contract; docs/api.md section 4).",
+    )
 
 
 class ObserveResponse(BaseModel):
@@ -153,8 +161,8 @@ class ObserveResponse(BaseModel):
     duplicate: bool = Field(description="True when this request id was applied before (nothing applied now).")
     lag: int = Field(
         0,
-        description="Steps between the step reported and the open step it was applied at (0 = on time; "
-        "> 0 only for datasets with max_lag). A duplicate answers the first call's lag.",
+        description="Steps between the step reported (selected_step when given) and the open step it was "
+        "applied at (0 = on time). A duplicate answers the first call's lag.",
     )
 
 
@@ -346,6 +354,7 @@ class FastObserve(msgspec.Struct, gc=False):
     step: int
     request_id: str
     results: Any
+    selected_step: int | None = None
 
 
 class _ObserveHead(msgspec.Struct, forbid_unknown_fields=True, gc=False):
@@ -355,6 +364,7 @@ class _ObserveHead(msgspec.Struct, forbid_unknown_fields=True, gc=False):
     step: Annotated[int, msgspec.Meta(ge=0, le=10**12)]
     request_id: Annotated[str, _REQUEST_ID]
     results: msgspec.Raw
+    selected_step: Annotated[int, msgspec.Meta(ge=0, le=10**12)] | None = None
 
 
 class _ObserveWhole(msgspec.Struct, forbid_unknown_fields=True, gc=False):
@@ -365,6 +375,7 @@ class _ObserveWhole(msgspec.Struct, forbid_unknown_fields=True, gc=False):
     step: Annotated[int, msgspec.Meta(ge=0, le=10**12)]
     request_id: Annotated[str, _REQUEST_ID]
     results: Annotated[list[FastResult], msgspec.Meta(min_length=1)]
+    selected_step: Annotated[int, msgspec.Meta(ge=0, le=10**12)] | None = None
 
 
 _HEAD_DECODER = msgspec.json.Decoder(_ObserveHead)
@@ -425,7 +436,7 @@ def _decode_observe(raw: bytes) -> tuple[FastObserve | None, str]:
         return None, _problem(exc)
     except msgspec.DecodeError as exc:
         return None, f"body is not valid JSON ({exc}): send UTF-8 JSON; NaN and Infinity are not allowed"
-    head_fields = (head.dataset, head.step, head.request_id)
+    head_fields = (head.dataset, head.step, head.request_id, head.selected_step)
     array = memoryview(head.results).cast("B")
     seps = array_separators(array)
     opening = _opening(array)
@@ -446,7 +457,7 @@ def _decode_observe(raw: bytes) -> tuple[FastObserve | None, str]:
         except msgspec.ValidationError as exc:
             return None, _problem(exc, lo)
     del head, array
-    return FastObserve(head_fields[0], head_fields[1], head_fields[2], packed.done()), ""
+    return FastObserve(head_fields[0], head_fields[1], head_fields[2], packed.done(), head_fields[3]), ""
 
 
 class ResultRow(NamedTuple):

@@ -30,7 +30,7 @@ from selector_service.core.beliefs import COLUMN_FIELDS, BeliefArrays, CloseStat
 from selector_service.core.coldstart import MAX_GROUPS, SharedState
 from selector_service.core.domain import BELIEF_MAX
 from selector_service.core.strategies import ParamError
-from selector_service.history import HISTORY_PREFIX, LAG_LABELS, StepHistory
+from selector_service.history import HISTORY_PREFIX, LAG_LABELS, Bounds, StepHistory
 from selector_service.state import SHARED_PREFIX, DatasetSpec, DatasetState
 
 SNAPSHOT_MAGIC = b"RLVRSNAP"
@@ -393,7 +393,19 @@ def _history_from(header: dict[str, Any], arrays: dict[str, np.ndarray], state: 
         history.late[0] = int(state.arrays.shared.step_counts[0])
         return history
     parts = {k[len(HISTORY_PREFIX) :]: v for k, v in arrays.items() if k.startswith(HISTORY_PREFIX)}
-    return StepHistory.from_parts(header.get("history"), parts, state.open_step, state.arrays.shared.n_groups)
+    counts = state.arrays.shared.step_counts
+    bounds = Bounds(
+        size=state.spec.size,
+        steps_closed=state.steps_closed,
+        prompts_observed=state.arrays.observed,
+        results=state.results,
+        rollouts=state.rollouts,
+        open_results=float(counts[0]),
+        open_rollouts=float(counts[4]),
+    )
+    return StepHistory.from_parts(
+        header.get("history"), parts, state.open_step, state.arrays.shared.n_groups, bounds
+    )
 
 
 def deserialize_snapshot(blob: bytes, max_prompts: int | None = None) -> DatasetState:

@@ -267,7 +267,10 @@ class DatasetState:
             apply_metadata(self.arrays, *metadata)
         if outcomes is not None:
             ids, succ, trials, states = outcomes
-            lag = min(self.open_step - step, LAG_LABELS)
+            # A record filed at the open step for results selected earlier names that step ('e', the
+            # store's _OBSERVE): its lag counts from there.
+            evidence = int(get["e"]) if get.get("e") else step
+            lag = min(self.open_step - evidence, LAG_LABELS)
             self.apply_outcomes(ids, succ, trials, states, lag)
             self.results_by_lag[lag] = self.results_by_lag.get(lag, 0) + len(ids)
         self.cursor = log_id

@@ -70,14 +70,18 @@ NAME_RE = re.compile(dataset_settings.NAME)
 LAYOUT = "v1"
 
 # KEYS: 1 meta, 2 log, 3 rid key, 4 closing.  ARGV: 1 uid, 2 step, 3 request id, 4 payload, 5 rid ttl (s),
-# 6 max step gap, 7 body digest, 8 max lag, 9 call token.  Returns {status, log id or "", open step, lag,
-# log length}; status: ok | dup (same id, same body: applied before) | conflict (same id, other body) |
-# closed | ahead | gone | busy (a select is closing a step: nothing applied, send it again shortly).
+# 6 max step gap, 7 body digest, 8 max lag, 9 call token, 10 selected step ('' = none).  Returns {status,
+# log id or "", open step, lag, log length}; status: ok | dup (same id, same body: applied before) |
+# conflict (same id, other body) | closed | ahead | gone | busy (a select is closing a step: nothing
+# applied, send it again shortly).
 # The request id is bound to "<log id> <digest> <lag> <call token>": the token names the engine's call
 # that applied it, so the client library resending that same call (a lost reply) is answered ok, with
 # what the first applied, not dup (a binding written before tokens has none).
 # A step s < open step c is accepted as late evidence when c - s <= max lag (docs/methods.md §3.1); the answer
 # and the remembered request id carry its lag, so a retry answers what the first call answered.
+# With a selected step e (<= s), a step closed more than max lag ago is filed at the open step (the record's
+# step is c, its field 'e' names e) instead of refused; the lag then counts from e (c - e), here and when
+# the record is applied (DatasetState.apply_record). Without it nothing changes.
 _OBSERVE = """
 local uid = redis.call('HGET', KEYS[1], 'uid')
 if uid ~= ARGV[1] then return {'gone', '', '-1', '0'} end
@@ -94,15 +98,26 @@ if seen then
 end
 if KEYS[4] and redis.call('EXISTS', KEYS[4]) == 1 then return {'busy', '', tostring(open), '0'} end
 local step = tonumber(ARGV[2])
-if step < open - tonumber(ARGV[8]) then return {'closed', '', tostring(open), '0'} end
+local selected = nil
+if ARGV[10] and ARGV[10] ~= '' then selected = tonumber(ARGV[10]) end
+if step < open - tonumber(ARGV[8]) then
+  if not selected then return {'closed', '', tostring(open), '0'} end
+  step = open
+end
 if step - open > tonumber(ARGV[6]) then return {'ahead', '', tostring(open), '0'} end
 local n = redis.call('HINCRBY', KEYS[1], 'seq', 1)
-local id = redis.call('XADD', KEYS[2], '*', 'n', n, 'k', 'o', 's', ARGV[2], 'r', ARGV[3], 'p', ARGV[4])
+local id
+if selected then
+  id = redis.call('XADD', KEYS[2], '*', 'n', n, 'k', 'o', 's', tostring(step), 'r', ARGV[3], 'p', ARGV[4],
+                  'e', ARGV[10])
+else
+  id = redis.call('XADD', KEYS[2], '*', 'n', n, 'k', 'o', 's', ARGV[2], 'r', ARGV[3], 'p', ARGV[4])
+end
 if step > open then
-  redis.call('HSET', KEYS[1], 'open_step', ARGV[2])
+  redis.call('HSET', KEYS[1], 'open_step', tostring(step))
   open = step
 end
-local lag = tostring(open - step)
+local lag = tostring(open - (selected or step))
 local bound = id .. ' ' .. ARGV[7] .. ' ' .. lag
 if ARGV[9] and ARGV[9] ~= '' then bound = bound .. ' ' .. ARGV[9] end
 redis.call('SET', KEYS[3], bound, 'EX', tonumber(ARGV[5]))
@@ -695,6 +710,7 @@ class Store:
         payload: bytes,
         digest: str,
         max_lag: int = 0,
+        selected_step: int | None = None,
     ) -> WriteResult:
         """Appends an observe record atomically with its request id (_OBSERVE above); DatasetGone when
         incarnation `uid` is gone."""
@@ -715,6 +731,7 @@ class Store:
                 digest,
                 max_lag,
                 _call_token(),
+                "" if selected_step is None else selected_step,
             ],
         )
         length = int(_s(res[4])) if len(res) > 4 else 0
@@ -734,6 +751,11 @@ class Store:
     async def reserve_close(self, name: str, token: str, ttl_ms: int) -> bool:
         """Takes the dataset's closing reservation for `token` (SET NX PX); False when another holds it."""
         return bool(await self._take_lock(keys=[self.keys.closing(name)], args=[token, ttl_ms]))
+
+    @_reachable
+    async def renew_close(self, name: str, token: str, ttl_ms: int) -> bool:
+        """Extends the closing reservation by `ttl_ms` while `token` holds it; False when it does not."""
+        return bool(await self._renew(keys=[self.keys.closing(name)], args=[token, ttl_ms]))
 
     @_reachable
     async def release_close(self, name: str, token: str) -> None:

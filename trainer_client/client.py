@@ -453,13 +453,22 @@ def _select_call(
     return _Call("POST", "/select", _parse_selection, json=body)
 
 
-def _observe_call(dataset: str, step: int, results: Iterable[Result], request_id: str) -> _Call[ObserveAck]:
+def _observe_call(
+    dataset: str, step: int, results: Iterable[Result], request_id: str, selected_step: int | None = None
+) -> _Call[ObserveAck]:
     if not request_id or len(request_id) > 128:
         raise ValueError(f"request_id must be 1..128 characters, got {len(request_id or '')}")
     payload = [r.to_json() for r in results]
     if not payload:
         raise ValueError("observe needs at least one Result")
-    body = {"dataset": dataset, "step": int(step), "request_id": request_id, "results": payload}
+    body: dict[str, Any] = {
+        "dataset": dataset,
+        "step": int(step),
+        "request_id": request_id,
+        "results": payload,
+    }
+    if selected_step is not None:  # docs/api.md section 4: filed at the open step however late it comes
+        body["selected_step"] = int(selected_step)
     return _Call("POST", "/observe", _parse_ack, json=body)
 
 
@@ -790,9 +799,18 @@ class SelectorClient(_Base):
             _select_call(dataset, step, batch_size, strategy, params, seed, return_scores, rollouts)
         )
 
-    def observe(self, dataset: str, step: int, results: Iterable[Result], request_id: str) -> ObserveAck:
-        """Report rollout outcomes; retries reuse ``request_id`` so they are applied at most once."""
-        return self._run(_observe_call(dataset, step, results, request_id))
+    def observe(
+        self,
+        dataset: str,
+        step: int,
+        results: Iterable[Result],
+        request_id: str,
+        selected_step: int | None = None,
+    ) -> ObserveAck:
+        """Report rollout outcomes; retries reuse ``request_id`` so they are applied at most once. With
+        ``selected_step`` (the step the prompts were selected at) a group that comes back more than the
+        dataset's ``max_lag`` steps late is filed at the open step instead of refused (docs/api.md, 4)."""
+        return self._run(_observe_call(dataset, step, results, request_id, selected_step))
 
     def beliefs(self, dataset: str, ids: Iterable[int]) -> Beliefs:
         """The beliefs about ``ids``, in that order, at one open step. A URL holds a few thousand ids, so
@@ -937,9 +955,14 @@ class AsyncSelectorClient(_Base):
         )
 
     async def observe(
-        self, dataset: str, step: int, results: Iterable[Result], request_id: str
+        self,
+        dataset: str,
+        step: int,
+        results: Iterable[Result],
+        request_id: str,
+        selected_step: int | None = None,
     ) -> ObserveAck:
-        return await self._run(_observe_call(dataset, step, results, request_id))
+        return await self._run(_observe_call(dataset, step, results, request_id, selected_step))
 
     async def beliefs(self, dataset: str, ids: Iterable[int]) -> Beliefs:
         calls = _beliefs_calls(dataset, ids)

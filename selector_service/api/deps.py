@@ -9,10 +9,12 @@ engine), so a route reaches them through its request and never through a closure
 from __future__ import annotations
 
 import hmac
+import re
 from typing import Annotated
 
 from fastapi import Depends, Path, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BeforeValidator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from selector_service.engine import Engine
@@ -32,6 +34,20 @@ async def settings_of(request: Request) -> Settings:
 EngineDep = Annotated[Engine, Depends(engine_of)]
 SettingsDep = Annotated[Settings, Depends(settings_of)]
 NamePath = Annotated[str, Path(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$", description="dataset name")]
+
+_DIGITS = re.compile(r"[0-9]+")
+
+
+def _digits_only(value: object) -> object:
+    """An integer in a query string is ASCII digits, as the ids of /beliefs are: pydantic's lax int
+    would read ` 1` as 1 and `1_0` as 10, a value the client did not write."""
+    if isinstance(value, str) and not _DIGITS.fullmatch(value):
+        raise ValueError("must be ASCII decimal digits only (no sign, space, underscore, point or exponent)")
+    return value
+
+
+#: Wraps an `int` query parameter: `Annotated[int, DigitsOnly, Query(...)]`.
+DigitsOnly = BeforeValidator(_digits_only)
 
 
 # Declares the bearer scheme in the OpenAPI document (an Authorize button in /docs, auth in generated

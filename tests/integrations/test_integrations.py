@@ -236,9 +236,11 @@ def test_verl_rollout_budget_is_refused_where_group_sizes_are_fixed(service: Any
         verl_adapter.SelectorCurriculumSampler(verl_rows([0, 1, 2, 3]), config)
 
 
-def test_verl_v1_reports_keep_the_first_report_and_count_late_ones(service: Any, dsname: str) -> None:
+def test_verl_v1_reports_keep_the_first_report_and_file_late_ones(service: Any, dsname: str) -> None:
     """A group reported again with other rewards (rolled out again after a resume) keeps its first
-    report; one older than the dataset's max_lag is counted as lost; neither stops training."""
+    report; one that finishes more than the dataset's max_lag steps after its selection (a response
+    spanning several updates, a group re-issued after a resume) is filed at the open step with its
+    selected_step, never lost; neither stops training."""
     from types import SimpleNamespace
 
     from trainer_client.integrations import SelectorOptions
@@ -256,10 +258,35 @@ def test_verl_v1_reports_keep_the_first_report_and_count_late_ones(service: Any,
         buffer._report("u1", 0, 1, [0.0, 0.0])  # rolled out again: its first report stands
         c.select(dsname, 3, 2, "uniform")  # steps 0-2 close: step 0 is now 3 steps late
         buffer._report("u2", 0, 2, [1.0, 1.0])
+        buffer._report("u2", 0, 2, [1.0, 1.0])  # polled again (or by the resumed process): a duplicate
         assert [r.get("duplicate") for r in buffer.reports[:2]] == [False, True]
-        assert buffer.superseded == [(0, 1)] and buffer.lost == [(0, 2)]
+        assert buffer.superseded == [(0, 1)] and buffer.lost == []
+        assert [(r["lag"], r["duplicate"]) for r in buffer.reports[3:]] == [(3, False), (3, True)]
         belief = c.beliefs(dsname, [1, 2]).beliefs
-        assert (belief[0].alpha, belief[0].beta) == (2.0, 2.0) and belief[1].observations == 0
+        assert (belief[0].alpha, belief[0].beta) == (2.0, 2.0) and belief[1].observations == 1
+
+
+def test_areal_workflow_files_a_group_finished_past_max_lag(service: Any, dsname: str) -> None:
+    """AReaL's episodes finish whenever they finish: a group reported more than the dataset's max_lag
+    steps after its selection is filed at the open step (selected_step), once, never lost."""
+    import asyncio
+
+    from trainer_client.integrations.areal import SelectorWorkflow
+
+    with SelectorClient(service.url) as c:
+        c.create_dataset(dsname, 4, rollouts_per_prompt=2, max_lag=1)
+        c.select(dsname, 0, 2, "uniform")
+        c.select(dsname, 4, 2, "uniform")  # step 0 is now 4 steps late
+        workflow = SelectorWorkflow(None, url=service.url, dataset=dsname, group_size=2, run_id="late")
+
+        async def report() -> None:
+            await workflow._report(0, 3, [1.0, 0.0])
+            await workflow._report(0, 3, [1.0, 0.0])  # sent again: a duplicate, applied once
+            await workflow.aclose()
+
+        asyncio.run(report())
+        assert workflow.lost == [] and workflow.reported == [(0, 3, 4), (0, 3, 4)]
+        assert c.beliefs(dsname, [3]).beliefs[0].observations == 1
 
 
 def test_selector_options_rollout_budget() -> None:

@@ -11,15 +11,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
+import time
 import uuid
+from collections import Counter
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import redis.asyncio as aioredis
 
+from selector_service import engine as engine_mod
 from selector_service.core.rollouts import RolloutRequest
 from selector_service.engine import Engine
+from selector_service.errors import Conflict, InvalidRequest
 from selector_service.settings import Settings
 from selector_service.state import DatasetSpec, DatasetState
 from selector_service.store import Store, connect
@@ -241,3 +246,110 @@ def test_a_select_already_counted_at_the_open_step_writes_nothing(redis_url):
             assert [(r["step"], r["selects"]) for r in rows] == [(0, 1), (1, 3)]
 
     asyncio.run(run())
+
+
+@pytest.mark.parametrize("step", [10**12, 1 + 1_001, 0])
+def test_a_select_that_will_be_refused_is_refused_before_any_work(redis_url, monkeypatch, step):
+    """A step further ahead than SELECTOR_MAX_STEP_GAP (422), or one already closed (409), is refused by
+    a replica that does not hold the dataset from the store's open step alone: no snapshot loaded, no
+    closing reservation taken (a select at step 10**12 used to load the whole dataset first)."""
+    name = f"atomic-far-{step}"
+
+    async def run() -> None:
+        async with engine(redis_url) as eng:
+            await eng.create_dataset(DatasetSpec(name=name, size=SIZE))
+            await history(eng, name, 2)  # open step 1
+            prefix = eng.store.keys.prefix.rsplit(":", 1)[0]
+            async with engine(redis_url, prefix, cleanup=False) as other:
+                work: list[str] = []
+
+                async def no_sync(name: str):
+                    work.append("sync")
+                    raise AssertionError("loaded the dataset for a select it refuses")
+
+                async def no_reservation(name: str, token: str, ttl_ms: int) -> bool:
+                    work.append("reserve")
+                    return True
+
+                monkeypatch.setattr(other.replica, "sync", no_sync)
+                monkeypatch.setattr(other.store, "reserve_close", no_reservation)
+                with pytest.raises((InvalidRequest, Conflict)) as refused:
+                    await other.select(name, step=step, batch_size=4, strategy="uniform", params={}, seed=0)
+                assert re.search(r"open step (is )?1\b", str(refused.value)), refused.value
+                assert work == [] and not other.replica.states
+                monkeypatch.undo()
+                done = await other.select(name, step=3, batch_size=4, strategy="uniform", params={}, seed=0)
+                assert done[2] == 3
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_slow_close_is_not_starved_by_a_stream_of_observes(redis_url, monkeypatch, seed):
+    """A select whose close takes several times the closing reservation's TTL (a delay injected into the
+    close), on one replica, while another replica sends an observe every few ms: the select answers,
+    every observe is applied exactly once (late ones within max_lag), nothing is refused or lost. Seeded
+    schedules (the delay, the gap, the pace, the prompts) against a reference count of each prompt's
+    results, read back by a third replica."""
+    rng = np.random.default_rng(seed)
+    name = f"atomic-starve-{seed}"
+    ttl_ms = 500
+    delay = float(rng.uniform(2.5, 4)) * ttl_ms / 1000
+    gap = int(rng.integers(1, 4))
+    monkeypatch.setattr(engine_mod, "CLOSE_RESERVATION_MS", ttl_ms)
+    real = engine_mod._close_in_memory_and_run
+
+    def slow(*args, **kwargs):
+        time.sleep(delay)  # in the select's worker thread: the event loop (renewals, observes) runs on
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(engine_mod, "_close_in_memory_and_run", slow)
+    sent: Counter[int] = Counter()
+
+    async def run() -> None:
+        async with engine(redis_url) as eng:
+            await eng.create_dataset(DatasetSpec(name=name, size=SIZE, max_lag=gap))
+            await history(eng, name, 1)  # open step 0
+            prefix = eng.store.keys.prefix.rsplit(":", 1)[0]
+            async with engine(redis_url, prefix, cleanup=False) as other:
+                done = asyncio.Event()
+
+                async def stream() -> list[tuple]:
+                    acks, k = [], 0
+                    while not done.is_set() or k < 5:
+                        ids = rng.choice(SIZE, int(rng.integers(1, 5)), replace=False)
+                        body = [
+                            SimpleNamespace(prompt_id=int(i), rewards=[1, 0], successes=None, trials=None)
+                            for i in ids
+                        ]
+                        acks.append(
+                            await other.observe(name, step=0, request_id=f"{name}-s{k}", results=body)
+                        )
+                        sent.update(int(i) for i in ids)
+                        k += 1
+                        await asyncio.sleep(float(rng.uniform(0.005, 0.03)))
+                    return acks
+
+                streaming = asyncio.ensure_future(stream())
+                await asyncio.sleep(0.05)
+                try:
+                    got = await eng.select(
+                        name, step=gap, batch_size=4, strategy="uniform", params={}, seed=seed
+                    )
+                finally:
+                    done.set()
+                    acks = await streaming
+                assert got[2] == gap, f"seed {seed}"
+                assert all(a[0] > 0 and not a[1] and a[2] <= gap for a in acks), f"seed {seed}: {acks}"
+                assert any(a[2] == gap for a in acks), f"seed {seed}: no observe came during the close"
+            async with engine(redis_url, prefix, cleanup=False) as reader:
+                ids = np.array(sorted(sent), dtype=np.int64)
+                _, rows = await reader.beliefs(name, ids)
+                base = {b.prompt_id: 0 for b in rows}
+                for r in results(0):  # history(): step 0's observe
+                    base[r.prompt_id] = base.get(r.prompt_id, 0) + 1
+                counts = {b.prompt_id: b.observations - base.get(b.prompt_id, 0) for b in rows}
+                assert counts == dict(sent), f"seed {seed}: results lost or counted twice"
+                assert (await reader.describe(name))[1]["open_step"] == gap, f"seed {seed}"
+
+    asyncio.run(asyncio.wait_for(run(), 120))

@@ -22,8 +22,10 @@ from hypothesis import strategies as st
 
 from selector_service.core.coldstart import apply_metadata
 from selector_service.core.outcomes import outcomes_from_counts
+from selector_service.history import LAG_LABELS
 from selector_service.snapshot import deserialize_snapshot, load_snapshot_chunks, serialize_snapshot
 from selector_service.state import DatasetSpec, DatasetState
+from tests.service.test_history import run_schedule
 
 N = 200
 STRATEGIES = ("insight", "learnability", "adarft", "greso", "sec", "mopps", "dps", "uniform")
@@ -173,6 +175,15 @@ HOSTILE = {
     "grouped -1": (_set_header("shared.grouped", -1), "grouped"),
     "step_counts -1": (_set_header("shared.step_counts", [-1.0, 0, 0, 0, 0]), "step_counts"),
     "step_counts easy > results": (_set_header("shared.step_counts", [1.0, 2.0, 0, 0, 0]), "step_counts"),
+    # The step history (history.py): every row bounded by the dataset, its own figures and the header.
+    "history observed 10^6": (_set_array("history.observed", 10**6), "observed"),
+    "history prompts_observed 10^9": (_set_array("history.prompts_observed", 10**9, -1), "prompts_observed"),
+    "steps_closed below the rows": (_set_header("steps_closed", 2), "steps_closed"),
+    "history selected past the size": (_set_array("history.selected", 10**6), "selected"),
+    "history rollouts 10^12": (_set_array("history.rollouts", 1e12), "rollouts"),
+    "history late before step 0": (_set_array("history.late", [0, 0, 8, 0, 0, 0, 0, 0, 0], 1), "late"),
+    "history group past the dataset's": (_set_array("history.group", 4000), "groups"),
+    "history open fresh 10^6": (_set_header("history.open.fresh", 10**6), "fresh"),
 }
 
 
@@ -320,3 +331,100 @@ def test_the_engine_reports_a_store_snapshot_out_of_domain_as_unreadable(redis_u
             await _drop_prefix(store, prefix)
 
     asyncio.run(scenario())
+
+
+# ---- the step history, fuzzed -----------------------------------------------------------------------
+
+
+def _possible_rows(state: DatasetState) -> list[str]:
+    """What a served history must never say, read from the rows as /history serves them and the
+    dataset's summary (docs/api.md, "Step history"), apart from how history.py checks them."""
+    spec, summary = state.spec, state.summary()
+    rows, _ = state.history.rows(0, 10**9)
+    size, problems = spec.size, []
+    if len(rows) > summary["steps_closed"]:
+        problems.append(f"{len(rows)} rows, {summary['steps_closed']} steps closed")
+    if sum(r["results"] for r in rows) > summary["observations"]:
+        problems.append("rows hold more results than the dataset applied")
+    seen = 0
+    for r in rows:
+        at = f"step {r['step']}: "
+        if not 0 <= r["observed"] <= min(r["results"], size, r["prompts_observed"]):
+            problems.append(at + "observed")
+        if not seen <= r["prompts_observed"] <= summary["prompts_observed"] <= size:
+            problems.append(at + "prompts_observed")
+        seen = r["prompts_observed"]
+        if (
+            not r["selects"] <= r["selected"] <= r["selects"] * size
+            or sum(r["strategies"].values()) != r["selects"]
+        ):
+            problems.append(at + "selected")
+        if not r["results"] <= r["rollouts"] <= r["results"] * 10**9:
+            problems.append(at + "rollouts")
+        late = {int(k.rstrip("+")): v for k, v in r["late"].items()}
+        if sum(late.values()) > r["results"] or any(lag > r["step"] for lag in late):
+            problems.append(at + "late")
+        if (r["dps_predicted"] is None) != (r["observed"] == 0) or (
+            r["dps_predicted"] is not None and abs(sum(r["dps_predicted"]) - 1) > 1e-5
+        ):
+            problems.append(at + "dps_predicted")
+        groups = r.get("groups") or {}
+        if (
+            len(groups) > 8
+            or sum(g["results"] for g in groups.values()) > r["results"]
+            or any(int(g) >= state.arrays.shared.n_groups for g in groups)
+        ):
+            problems.append(at + "groups")
+    return problems
+
+
+def _history_mutation(draw, header: dict, arrays: dict[str, np.ndarray]) -> str:
+    """Changes one history figure of the export (a column's cell, or a header count) to a drawn value."""
+    cells = sorted(k for k, v in arrays.items() if k.startswith("history.") and v.size)
+    target = draw(st.sampled_from([*cells, "steps_closed", "open.fresh", "open.selected", "open.late"]))
+    ints = [-1, 0, 1, 2, 7, 8, 9, 60, 61, 199, 200, 201, 10**6, 10**9, 2**56 + 1, 2**62, 2**63 - 1]
+    if target in ("steps_closed", "open.fresh", "open.selected"):
+        value = draw(st.sampled_from(ints))
+        node = header if target == "steps_closed" else header["history"]["open"]
+        node[target.rpartition(".")[2]] = value
+        return f"{target} = {value}"
+    if target == "open.late":
+        lag, value = draw(st.integers(0, LAG_LABELS)), draw(st.sampled_from(ints))
+        header["history"]["open"]["late"][lag] = value
+        return f"open.late[{lag}] = {value}"
+    arr = arrays[target]
+    index = tuple(draw(st.integers(0, n - 1)) for n in arr.shape)
+    old = arr[index]
+    if arr.dtype.kind == "f":
+        value = draw(st.sampled_from([math.nan, math.inf, -1.0, 0.0, 0.5, 1.0, 1.5, 3.0, 1e9, 1e12, 1e300]))
+        value = draw(st.sampled_from([value, float(old) * 2, float(old) + 1]))
+    else:
+        value = draw(st.sampled_from([*ints, int(old) + 1, int(old) - 1]))
+        value = int(np.clip(value, np.iinfo(arr.dtype).min, np.iinfo(arr.dtype).max))
+    arr[index] = value
+    return f"{target}{list(index)} = {value} (was {old})"
+
+
+_GENUINE = {seed: serialize_snapshot(*run_schedule(seed)[0].copy_for_snapshot()) for seed in (0, 5, 10, 11)}
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(seed=st.sampled_from(sorted(_GENUINE)), data=st.data())
+def test_a_forged_history_is_refused_or_possible(seed, data):
+    """One history figure of a genuine export (late results, groups, several strategies) changed to a
+    drawn value, the checksums made again: the export is refused naming a history field, or what it
+    would serve is a history some dataset of that size, max_lag and totals could have."""
+    header, arrays = decode(_GENUINE[seed])
+    what = _history_mutation(data.draw, header, arrays)
+    try:
+        state = deserialize_snapshot(encode(header, arrays))
+    except ValueError as exc:
+        assert "history" in str(exc) or "steps_closed" in str(exc), f"seed {seed}, {what}: {exc}"
+        return
+    assert not _possible_rows(state), f"seed {seed}, {what}: {_possible_rows(state)}"
+
+
+def test_the_genuine_histories_are_possible():
+    for seed, blob in _GENUINE.items():
+        state = deserialize_snapshot(blob)
+        assert state.history.n and not _possible_rows(state), seed

@@ -126,6 +126,29 @@ def test_malformed_id_lists_are_422(http, dsname, ids):
     assert r.status_code == 422, r.text
 
 
+@pytest.mark.parametrize("value", [" 1", "1 ", "1_0", "+1", "\u0661", "1.0", "0x1", "1e1", ""])
+@pytest.mark.parametrize(
+    ("path", "param"),
+    [
+        ("/datasets/{}/history", "since"),
+        ("/datasets/{}/history", "limit"),
+        ("/datasets/{}/metadata/group", "offset"),
+    ],
+)
+def test_integer_query_parameters_are_digits_only(http, dsname, path, param, value):
+    """An integer in a query string is ASCII digits, as the ids of /beliefs are: ` 1` or `1_0` is a 422
+    naming the parameter, never read as 1 or 10, and nothing is applied."""
+    make(http, dsname)
+    url = path.format(dsname)
+    if param == "offset":
+        body, kind = (3).to_bytes(4, "little"), {"content-type": "application/octet-stream"}
+        r = http.put(url, params={param: value}, content=body, headers=kind)
+    else:
+        r = http.get(url, params={param: value})
+    assert r.status_code == 422 and param in r.json()["detail"], r.text
+    assert http.get(f"/datasets/{dsname}").json()["summary"]["groups"] == 0
+
+
 def test_ids_given_twice_are_422(http, dsname):
     make(http, dsname)
     r = http.get(f"/datasets/{dsname}/beliefs", params=[("ids", "1"), ("ids", "2")])
@@ -169,3 +192,43 @@ def test_a_refused_observe_leaves_its_request_id_unclaimed(http, dsname):
         assert r.json() == {"applied": 1, "duplicate": False, "lag": 0}, r.text
     assert summary(http, dsname)["observations"] == 0
     assert summary(http, other)["observations"] == 3
+
+
+def test_selected_step_files_a_late_group_at_the_open_step(http, dsname):
+    """A group reported with the step it was selected at (`selected_step`) is never refused for coming
+    late: past max_lag it is filed at the open step, its lag counted from `selected_step`; a retry is a
+    duplicate with the same lag, the same id with another selected_step a 409, and the history, the
+    export and its import count it once, as late by that lag."""
+    make(http, dsname, max_lag=1)
+    assert http.post("/select", json={"dataset": dsname, "step": 5, "batch_size": 2}).status_code == 200
+    group = [{"prompt_id": 1, "rewards": [1, 0]}]
+
+    def late(rid, step, selected):
+        body = {
+            "dataset": dsname,
+            "step": step,
+            "request_id": rid,
+            "results": group,
+            "selected_step": selected,
+        }
+        return http.post("/observe", json=body)
+
+    assert observe(http, dsname, 2, f"{dsname}-a", group).status_code == 409  # as before
+    r = late(f"{dsname}-a", 2, 2)
+    assert r.status_code == 200 and r.json() == {"applied": 1, "duplicate": False, "lag": 3}, r.text
+    assert late(f"{dsname}-a", 2, 2).json() == {"applied": 0, "duplicate": True, "lag": 3}
+    r = late(f"{dsname}-a", 2, 1)
+    assert r.status_code == 409 and "different body" in r.json()["detail"], r.text
+    r = late(f"{dsname}-b", 2, 3)
+    assert r.status_code == 422 and "selected_step" in r.json()["detail"], r.text
+    r = late(f"{dsname}-c", 4, 0)  # within max_lag: filed at its step, late by 5 from its selection
+    assert r.json() == {"applied": 1, "duplicate": False, "lag": 5}, r.text
+    assert late(f"{dsname}-d", 5, 5).json()["lag"] == 0
+    assert summary(http, dsname)["observations"] == 3
+    assert http.post("/select", json={"dataset": dsname, "step": 6, "batch_size": 2}).status_code == 200
+    (row,) = http.get(f"/datasets/{dsname}/history", params={"since": 5}).json()["rows"]
+    assert (row["results"], row["late"]) == (3, {"3": 1, "5": 1}), row
+    blob = http.get(f"/datasets/{dsname}/export").content
+    assert http.post(f"/datasets/{dsname}-copy/import", content=blob).status_code == 201
+    copy = http.get(f"/datasets/{dsname}-copy/history").json()["rows"]
+    assert copy == http.get(f"/datasets/{dsname}/history").json()["rows"]

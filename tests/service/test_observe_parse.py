@@ -56,13 +56,15 @@ def bodies(draw):
     """A plausible observe body, then a few of its fields (or of its results' fields) replaced by odd
     values, removed, or joined by unknown ones."""
     body = {"dataset": "ds", "step": draw(st.integers(0, 5)), "request_id": "r-1", "results": draw(results())}
+    if draw(st.booleans()):
+        body["selected_step"] = draw(st.integers(0, 5))
     for _ in range(draw(st.integers(0, 3))):
         target = body
         rows = body.get("results")
         rows = [r for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []
         if rows and draw(st.booleans()):
             target = draw(st.sampled_from(rows))
-        key = draw(st.sampled_from([*target.keys(), "rewards", "trials", "extra"]))
+        key = draw(st.sampled_from([*target.keys(), "rewards", "trials", "extra", "selected_step"]))
         action = draw(st.sampled_from(["set", "set", "drop"]))
         if action == "drop":
             target.pop(key, None)
@@ -72,7 +74,12 @@ def bodies(draw):
 
 
 def same_values(a, b) -> None:
-    assert (a.dataset, a.step, a.request_id) == (b.dataset, b.step, b.request_id)
+    assert (a.dataset, a.step, a.request_id, a.selected_step) == (
+        b.dataset,
+        b.step,
+        b.request_id,
+        b.selected_step,
+    )
     assert len(a.results) == len(b.results)
     for x, y in zip(a.results, b.results, strict=True):
         assert (x.prompt_id, x.rewards, x.successes, x.trials) == (
@@ -90,6 +97,12 @@ def digest(body, spec: DatasetSpec = SPEC) -> tuple[str, str]:
         return "ok", f"{digest} {hash(payload)}"
     except InvalidRequest as exc:
         return "refused", exc.detail
+
+
+@pytest.mark.parametrize("value", [None, 0, 3, 10**12, 10**12 + 1, -1, 1.5, 2.0, "3", True, [], {}], ids=repr)
+def test_both_parsers_read_selected_step_alike(value):
+    check(json.dumps({"dataset": "ds", "step": 3, "request_id": "r", "results": [{"prompt_id": 1,
+                      "rewards": [1]}], "selected_step": value}).encode())  # fmt: skip
 
 
 def check(raw: bytes) -> None:

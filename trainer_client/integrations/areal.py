@@ -26,10 +26,12 @@ finishes. Three pieces handle that:
     selected at, with request id ``{run_id}-s{step}-p{prompt}``: exactly once, whenever it finishes. A
     sample whose workflow returns None (rejected) counts as finished without a reward.
 
-The service dataset must accept results that arrive late: `SelectorPPOTrainer` creates it with
-``max_lag = rollout.max_head_offpolicyness + 2`` (the versions a rollout may lag, plus the step the
-loader selects ahead and the one being trained). A report for a step older than that is refused by the
-service (409); the workflow logs it and counts it in ``lost`` instead of failing the episode.
+Results arrive late: `SelectorPPOTrainer` creates the service dataset with ``max_lag =
+rollout.max_head_offpolicyness + 2`` (the versions a rollout may lag, plus the step the loader selects
+ahead and the one being trained), and every report carries its ``selected_step``, so a group that
+finishes later still (a long episode, a resumed run) is filed at the service's open step instead of
+refused. A report the service refuses nonetheless (409) is logged and counted in ``lost`` instead of
+failing the episode.
 
 `SelectorPPOTrainer`
     ``areal.PPOTrainer`` whose train data loader is built from the three pieces above (the validation
@@ -302,7 +304,9 @@ class SelectorWorkflow(_WorkflowBase):  # type: ignore[misc,valid-type]
     async def _report(self, step: int, prompt_id: int, values: list[float]) -> None:
         results, request_id = one_group(self.run_id, step, prompt_id, values)
         try:
-            ack = await self._client().observe(self.dataset, step, results, request_id=request_id)
+            ack = await self._client().observe(
+                self.dataset, step, results, request_id=request_id, selected_step=step
+            )
         except Conflict as exc:
             log_too_late(
                 prompt_id,

@@ -33,10 +33,12 @@ What the v1 trainer offers, read off the verl 0.9.1 wheel (``verl/trainer/ppo/v1
   ``core_algos.compute_grpo_outcome_advantage``) groups trajectories by each prompt's ``uid``, so
   groups of their own sizes get their own means and deviations.
 
-Reports: each group is one ``/observe`` with request id ``{run_id}-s{step}-p{prompt}``; a resent
-report (a resumed run polling groups its TransferQueue checkpoint restored) is a duplicate. A group
-the service refuses as more than the dataset's ``max_lag`` steps late is logged and counted in
-``ReportingBuffer.lost``; one whose request id was already applied with other rewards (a group that
+Reports: each group is one ``/observe`` with request id ``{run_id}-s{step}-p{prompt}`` and its
+``selected_step``, so a group that finishes more than the dataset's ``max_lag`` steps after its
+selection (one response spanning several updates; a group still generating at a checkpoint, re-issued
+by the resumed process) is filed at the service's open step instead of refused; a resent report (a
+resumed run polling groups its TransferQueue checkpoint restored) is a duplicate. A group the service
+refuses nonetheless is logged and counted in ``ReportingBuffer.lost``; one whose request id was already applied with other rewards (a group that
 was running at the checkpoint, reported by the crashed run and rolled out again after the resume)
 keeps its first report and is counted in ``superseded``: nothing is counted twice.
 
@@ -267,7 +269,11 @@ class ReportingBuffer:
         results, request_id = one_group(sampler.run_id, step, prompt_id, rewards)
         entry: dict[str, Any] = {"uid": uid, "step": step, "prompt_id": prompt_id, "rewards": rewards}
         try:
-            ack = sampler.client.observe(sampler.options.dataset, step, results, request_id=request_id)
+            # selected_step: a group that finishes more than max_lag steps after its selection (a response
+            # spanning several updates, a group re-issued by a resumed run) is filed at the open step.
+            ack = sampler.client.observe(
+                sampler.options.dataset, step, results, request_id=request_id, selected_step=step
+            )
         except Conflict as exc:
             entry["refused"] = str(exc)
             if "different body" in str(exc):

@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 import numpy as np
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
 
-from selector_service.api.deps import EngineDep, NamePath, SettingsDep, require_token
+from selector_service.api.deps import DigitsOnly, EngineDep, NamePath, SettingsDep, require_token
 from selector_service.api.errors import ERRORS
 from selector_service.api.openapi import binary_body
 from selector_service.errors import InvalidRequest, PayloadTooLarge
@@ -197,7 +197,9 @@ async def put_metadata_raw(
     request: Request,
     engine: EngineDep,
     settings: SettingsDep,
-    offset: Annotated[int, Query(ge=0, le=2**62, description="Prompt id of the first value.")] = 0,
+    offset: Annotated[
+        int, DigitsOnly, Query(ge=0, le=2**62, description="Prompt id of the first value.")
+    ] = 0,
 ) -> MetadataResponse:
     """The same upload as raw little-endian arrays, for very large datasets: pass_rate as float32
     (NaN = unknown), group as int32 (-1 = none); 4 bytes per prompt from `offset` on."""

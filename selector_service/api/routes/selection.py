@@ -106,7 +106,11 @@ async def observe(request: Request, engine: EngineDep) -> ObserveResponse:
             raise RequestValidationError(exc.errors(include_url=False)) from None
     del raw
     applied, duplicate, lag = await engine.observe(
-        body.dataset, step=body.step, request_id=body.request_id, results=body.results
+        body.dataset,
+        step=body.step,
+        request_id=body.request_id,
+        results=body.results,
+        selected_step=body.selected_step,
     )
     return ObserveResponse(applied=applied, duplicate=duplicate, lag=lag)
 

@@ -1,31 +1,69 @@
-"""A dataset's settings (POST /datasets, docs/api.md), each declared once in `SETTINGS`.
+"""The selector service's contract as the client and the service both read it, declared once here.
 
-From the declaration follow: the create and info bodies (`create_fields`, `info_fields`, built into
-schemas.DatasetCreate and DatasetInfo); the stored spec (state.DatasetSpec's fields take their
-defaults from `DEFAULTS`, `from_doc` reads a stored document, one written before a later setting existed
-included, `problems` checks one); and the trainer client's create parameters' defaults, its create
-body (`create_body`) and its DatasetInfo.
+- `CONTRACT`, the contract's version: the client sends it with every request (`CONTRACT_HEADER`), the
+  service answers with its own, and each refuses the other's when they differ, saying which package to
+  upgrade (`mismatch`).
+- Names and their patterns: a dataset's name (`NAME`), a report's request id (`REQUEST_ID`).
+- Each dataset setting of POST /datasets (docs/api.md) with its default and description (`SETTINGS`).
+  From them follow the client's create parameters and body (`create_body`) and the settings of its
+  DatasetInfo (`from_doc`); the service builds its create and info bodies, its stored spec and its checks
+  from the same declaration (selector_service/dataset_settings.py).
 
-Standard library and pydantic only: the trainer client imports this module in framework environments
-without numpy or numba, so nothing of selector_service.core is imported when it loads. The bounds that
-are the kernels' numerically safe domain are named here, not copied: a constraint given as a string
-("K_MAX"), a `check` and a description given as a function of the module are core/domain.py's, read
-when the service first builds its bodies or checks a spec (`resolved`). The client needs no bound.
+Standard library only: it is imported in trainers' environments, beside whatever they pin. The bounds
+that are the service's numerically safe domain are named here, not given: a constraint given as a
+string ("K_MAX"), a `check` and a description given as a function of the module are the service's
+selector_service/core/domain.py's, which the service reads when it builds its bodies. The client needs
+no bound: the service checks every value and says what is wrong.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from functools import cache
-from typing import Annotated, Any, Literal
+from typing import Any
 
-from pydantic import AfterValidator, Field
+#: The contract's version. It changes only when a change to the REST contract is not an extension
+#: (docs/api.md: endpoints and fields are added, never changed), which the two sides cannot talk across.
+CONTRACT = 1
+#: The header that carries `CONTRACT`, on every request of the client and every answer of the service.
+CONTRACT_HEADER = "Selector-Contract"
+#: The client's distribution, which a trainer's environment installs.
+CLIENT_DISTRIBUTION = "rlvr-selector-client"
+#: The service's distribution.
+SERVICE_DISTRIBUTION = "rlvr-selector"
+
+
+def mismatch(client: str | int | None, service: str | int | None) -> str | None:
+    """What to upgrade when the client and the service speak other contract versions, or None when they
+    speak the same one. A side that names no version (one from before versions were sent) speaks 1."""
+    try:
+        mine, theirs = int(client or 1), int(service or 1)
+    except ValueError:
+        return (
+            f"unreadable {CONTRACT_HEADER} header (client {client!r}, service {service!r}); "
+            f"send an integer, or use {CLIENT_DISTRIBUTION} and {SERVICE_DISTRIBUTION} of one release"
+        )
+    if mine == theirs:
+        return None
+    if mine < theirs:
+        return (
+            f"the client speaks contract {mine} and the service contract {theirs}: upgrade the client "
+            f"in the trainer's environment (pip install -U {CLIENT_DISTRIBUTION})"
+        )
+    return (
+        f"the client speaks contract {mine} and the service contract {theirs}: upgrade the service "
+        f"(pip install -U {SERVICE_DISTRIBUTION}, or its image), or install the {CLIENT_DISTRIBUTION} release "
+        "that matches it in the trainer's environment"
+    )
+
 
 #: A dataset's name (without the anchors of its pattern, which is also how the API describes it).
 NAME = r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}"
+#: A report's request id (POST /observe): printable characters (without the anchors of its pattern),
+#: 1 to `REQUEST_ID_MAX` of them.
+REQUEST_ID = r"[^\x00-\x1f\x7f]+"
+REQUEST_ID_MAX = 128
 #: The most steps late an observation may be accepted (max_lag).
 MAX_LAG = 1000
 
@@ -63,7 +101,7 @@ class Setting:
     core/domain.py that says what is wrong with a value (or None), used instead of the constraints'
     own check. `later`: added after the first release, so a stored document or an answer may lack it (it
     then has its default), the spec's fingerprint leaves it out at its default, and the client sends it
-    only when it differs from it. `rule`: a field of the same name of core.coldstart.DatasetRules.
+    only when it differs from it. `rule`: a field of the same name of the service's core.coldstart.DatasetRules.
     """
 
     name: str
@@ -169,116 +207,11 @@ DEFAULTS: dict[str, Any] = {s.name: s.stored_default() for s in SETTINGS if not 
 RULES: tuple[str, ...] = tuple(s.name for s in SETTINGS if s.rule)
 
 
-# ---- the service's view: bounds and checks resolved against core/domain.py -------------------------
-@dataclass(frozen=True)
-class Resolved:
-    """A setting with its named bounds read from core/domain.py."""
-
-    setting: Setting
-    description: str
-    constraints: dict[str, Any]
-    check: Callable[[Any], str | None] | None
-
-
-@cache
-def resolved() -> tuple[Resolved, ...]:
-    """Every setting with its bounds, description and check resolved (imports core/domain.py)."""
-    from selector_service.core import domain
-
-    out = []
-    for s in SETTINGS:
-        constraints = {
-            k: getattr(domain, v) if isinstance(v, str) and k != "pattern" else v
-            for k, v in s.constraints.items()
-        }
-        description = s.description(domain) if callable(s.description) else s.description
-        out.append(Resolved(s, description, constraints, getattr(domain, s.check) if s.check else None))
-    return tuple(out)
-
-
-def _raising(check: Callable[[Any], str | None]) -> Callable[[Any], Any]:
-    def validate(value: Any) -> Any:
-        problem = check(value)
-        if problem:
-            raise ValueError(problem)
-        return value
-
-    return validate
-
-
-def create_fields() -> dict[str, Any]:
-    """The create body's fields, in order, as pydantic.create_model takes them."""
-    fields: dict[str, Any] = {}
-    for r in resolved():
-        s = r.setting
-        kind = Literal[s.choices] if s.choices else s.type
-        if r.check is not None:
-            kind = Annotated[kind, AfterValidator(_raising(r.check))]
-        if s.required:
-            info = Field(description=r.description, **r.constraints)
-        elif isinstance(s.default, dict):
-            info = Field(default_factory=dict, description=r.description, **r.constraints)
-        else:
-            info = Field(s.default, description=r.description, **r.constraints)
-        fields[s.name] = (kind, info)
-    return fields
-
-
-def info_fields() -> dict[str, Any]:
-    """The info body's settings fields, in order: each required but the later ones (which older stored
-    specs lack: they answer their defaults)."""
-    return {s.name: (s.type, s.default if s.later else ...) for s in SETTINGS}
-
-
-def _problem(r: Resolved, value: Any) -> str | None:
-    s, c = r.setting, r.constraints
-    if r.check is not None:
-        return r.check(value)
-    if s.choices:
-        return None if value in s.choices else f"{s.name} {value!r} is unknown"
-    if isinstance(s.default, dict):
-        return None if isinstance(value, dict) else f"{s.name} must be an object"
-    low = c.get("gt", c.get("ge"))
-    high = c.get("le")
-    if s.type is int:
-        ok = (low is None or value >= low) and (high is None or value <= high)
-        if ok:
-            return None
-        return (
-            f"{s.name} {value} not in {low}..{high}"
-            if high is not None
-            else f"{s.name} {value} must be >= {low}"
-        )
-    if s.type is float:
-        inside = (
-            math.isfinite(value)
-            and (low is None or (value > low if "gt" in c else value >= low))
-            and (high is None or value <= high)
-        )
-        if inside:
-            return None
-        if low is None:
-            return f"{s.name} must be finite"
-        return f"{s.name} {value} not in {'(' if 'gt' in c else '['}{low:g}, {high:g}]"
-    return None
-
-
-def problems(values: Mapping[str, Any]) -> str | None:
-    """What is out of range in a spec's settings (the same domain as the create body's), or None."""
-    bad = [p for r in resolved() if (p := _problem(r, values[r.setting.name]))]
-    return "; ".join(bad) if bad else None
-
-
 # ---- the stored spec and the client's info -----------------------------------------------------------
 def from_doc(doc: Mapping[str, Any]) -> dict[str, Any]:
     """The settings of a stored document or an answer, as the spec holds them; a setting the document
     lacks (one added after it was written) has its default."""
     return {s.name: s.to_stored(doc[s.name] if s.required else doc.get(s.name, s.default)) for s in SETTINGS}
-
-
-def from_request(request: Any) -> dict[str, Any]:
-    """The settings of a create body (schemas.DatasetCreate), as the spec holds them."""
-    return {s.name: s.to_stored(getattr(request, s.name)) for s in SETTINGS}
 
 
 def create_body(arguments: Mapping[str, Any]) -> dict[str, Any]:

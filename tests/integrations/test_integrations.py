@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 import torch
 
+from rlvr_selector_client.client import DatasetInfo, Result, SelectorClient
+from rlvr_selector_client.integrations import check_permutation, first_step, framework_version, group_results
+from rlvr_selector_client.integrations import verl as verl_adapter
 from tests.integrations.frameworks import common
 from tests.utils import tiny_llama_config
-from trainer_client.client import DatasetInfo, Result, SelectorClient
-from trainer_client.integrations import check_permutation, first_step, framework_version, group_results
-from trainer_client.integrations import verl as verl_adapter
 
 # verl's datasets are `datasets.Dataset` frames; TRL brings `datasets` along.
 needs_datasets = pytest.mark.skipif(
@@ -55,7 +55,7 @@ def test_check_permutation() -> None:
 
 def test_request_ids_are_stable_in_their_values() -> None:
     """Resumed runs resend their reports under these ids, so the layout may not drift."""
-    from trainer_client.integrations import request_id
+    from rlvr_selector_client.integrations import request_id
 
     assert request_id("run", 3) == "run-s3"
     assert request_id("run", 3, prompt=7) == "run-s3-p7"
@@ -193,7 +193,7 @@ def test_verl_options_from_environment_and_unknown_keys(monkeypatch: pytest.Monk
 
 def test_verl_version_gate(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(verl_adapter.metadata, "version", lambda name: "0.9.1")
-    with pytest.raises(RuntimeError, match=r"trainer_client\.integrations\.verl_main"):
+    with pytest.raises(RuntimeError, match=r"rlvr_selector_client\.integrations\.verl_main"):
         verl_adapter._check_verl_version(trainer_reports=False)
     verl_adapter._check_verl_version(trainer_reports=True)
     monkeypatch.setattr(verl_adapter.metadata, "version", lambda name: "0.7.1")
@@ -241,8 +241,8 @@ def test_verl_v1_reports_keep_the_first_report_and_count_late_ones(service: Any,
     report; one older than the dataset's max_lag is counted as lost; neither stops training."""
     from types import SimpleNamespace
 
-    from trainer_client.integrations import SelectorOptions
-    from trainer_client.integrations.verl_v1 import ReportingBuffer
+    from rlvr_selector_client.integrations import SelectorOptions
+    from rlvr_selector_client.integrations.verl_v1 import ReportingBuffer
 
     with SelectorClient(service.url) as c:
         c.create_dataset(dsname, 4, rollouts_per_prompt=2, max_lag=1)
@@ -263,8 +263,8 @@ def test_verl_v1_reports_keep_the_first_report_and_count_late_ones(service: Any,
 
 
 def test_selector_options_rollout_budget() -> None:
-    from trainer_client.client import RolloutBudget
-    from trainer_client.integrations import SelectorOptions
+    from rlvr_selector_client.client import RolloutBudget
+    from rlvr_selector_client.integrations import SelectorOptions
 
     options = SelectorOptions(url="u", dataset="d")
     assert options.rollouts() is None
@@ -329,7 +329,7 @@ def v1_config(mode: str = "sync", **extra: Any) -> dict[str, Any]:
     ],
 )
 def test_verl_v1_default_max_lag(mode: str, extra: dict[str, Any], lag: int) -> None:
-    from trainer_client.integrations.verl_v1 import default_max_lag
+    from rlvr_selector_client.integrations.verl_v1 import default_max_lag
 
     assert default_max_lag(v1_config(mode, **extra)) == lag
 
@@ -338,7 +338,7 @@ def test_verl_v1_default_max_lag(mode: str, extra: dict[str, Any], lag: int) -> 
     ("extra", "message"),
     [
         ({"trainer__v1__sampler__custom_sampler": {"path": "pkg://x", "name": "Buffer"}}, "custom_sampler"),
-        ({"data__sampler__class_path": "pkg://trainer_client.integrations.verl"}, "0.5-0.7 route"),
+        ({"data__sampler__class_path": "pkg://rlvr_selector_client.integrations.verl"}, "0.5-0.7 route"),
         ({"data__dataloader_num_workers": 2}, "dataloader_num_workers must be 0"),
         (
             {"data__sampler__selector__rollout_budget": 32, "algorithm__adv_estimator": "gae"},
@@ -348,7 +348,7 @@ def test_verl_v1_default_max_lag(mode: str, extra: dict[str, Any], lag: int) -> 
     ],
 )
 def test_verl_v1_refusals(extra: dict[str, Any], message: str) -> None:
-    from trainer_client.integrations.verl_v1 import check_v1_config
+    from rlvr_selector_client.integrations.verl_v1 import check_v1_config
 
     with pytest.raises(ValueError, match=message):
         check_v1_config(v1_config(**extra))
@@ -366,7 +366,7 @@ def test_verl_v1_refusals(extra: dict[str, Any], message: str) -> None:
 def trl_adapter() -> Any:
     if importlib.util.find_spec("trl") is None:
         pytest.skip("needs TRL (pip install trl)")
-    return importlib.import_module("trainer_client.integrations.trl")
+    return importlib.import_module("rlvr_selector_client.integrations.trl")
 
 
 def _pattern(indices: list[int]) -> list[int]:
@@ -571,7 +571,7 @@ def test_observing_reward_refuses_prompts_that_were_not_selected(
 
 
 def test_selector_options_need_a_dataset_and_a_way_to_reach_the_service() -> None:
-    from trainer_client.integrations import SelectorOptions
+    from rlvr_selector_client.integrations import SelectorOptions
 
     with pytest.raises(ValueError, match="dataset name"):
         SelectorOptions(url="http://selector:8000")
@@ -586,7 +586,7 @@ def test_selector_options_need_a_dataset_and_a_way_to_reach_the_service() -> Non
 
 
 def test_openrlhf_command_line_splits_selector_options_from_openrlhf_arguments() -> None:
-    from trainer_client.integrations import openrlhf as adapter
+    from rlvr_selector_client.integrations import openrlhf as adapter
 
     values, rest = adapter.split_selector_args(
         [
@@ -619,8 +619,8 @@ def test_openrlhf_command_line_splits_selector_options_from_openrlhf_arguments()
 def test_openrlhf_sampler_and_reporter_report_each_group_for_the_step_it_was_selected_at(
     service: Any, dsname: str
 ) -> None:
-    from trainer_client.integrations import SelectorOptions, ensure_dataset
-    from trainer_client.integrations import openrlhf as adapter
+    from rlvr_selector_client.integrations import SelectorOptions, ensure_dataset
+    from rlvr_selector_client.integrations import openrlhf as adapter
 
     size, batch, n = 6, 2, 3
     prompts = [f"prompt {i}" for i in range(size)]
@@ -669,8 +669,8 @@ def test_openrlhf_reporter_keeps_a_group_refused_as_too_late_and_goes_on(
 ) -> None:
     """A group older than the dataset's max_lag is refused by the service (409): the reporter logs what
     to change, records it in `lost`, applies nothing and keeps reporting the later groups."""
-    from trainer_client.integrations import SelectorOptions, ensure_dataset
-    from trainer_client.integrations import openrlhf as adapter
+    from rlvr_selector_client.integrations import SelectorOptions, ensure_dataset
+    from rlvr_selector_client.integrations import openrlhf as adapter
 
     prompts = [f"q{i}" for i in range(4)]
     with SelectorClient(service.url) as client:
@@ -696,8 +696,8 @@ def test_openrlhf_reporter_keeps_a_group_refused_as_too_late_and_goes_on(
 def test_openrlhf_resumed_sampler_drops_rows_of_a_step_selected_before_the_checkpoint(
     service: Any, dsname: str
 ) -> None:
-    from trainer_client.integrations import SelectorOptions, ensure_dataset
-    from trainer_client.integrations import openrlhf as adapter
+    from rlvr_selector_client.integrations import SelectorOptions, ensure_dataset
+    from rlvr_selector_client.integrations import openrlhf as adapter
 
     prompts = [f"p{i}" for i in range(4)]
     with SelectorClient(service.url) as client:

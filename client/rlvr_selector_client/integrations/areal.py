@@ -39,7 +39,7 @@ service (409); the workflow logs it and counts it in ``lost`` instead of failing
 
 Usage (an AReaL GSM8K GRPO script)::
 
-    from trainer_client.integrations.areal import SelectorOptions, SelectorPPOTrainer
+    from rlvr_selector_client.integrations.areal import SelectorOptions, SelectorPPOTrainer
 
     with SelectorPPOTrainer(config, train_dataset=train, valid_dataset=valid,
                             selector=SelectorOptions(url="http://selector:8000", dataset="gsm8k-areal")) as trainer:
@@ -61,8 +61,8 @@ from typing import Any
 
 from torch.utils.data import Dataset, Sampler
 
-from trainer_client.client import AsyncSelectorClient, Conflict, SelectorClient
-from trainer_client.integrations import (
+from rlvr_selector_client.client import AsyncSelectorClient, Conflict, SelectorClient
+from rlvr_selector_client.integrations import (
     SelectedStep,
     SelectorOptions,
     StepIterator,

@@ -39,7 +39,7 @@ prompt id.
 
 Launch: OpenRLHF's usual arguments, plus ``--selector.*``::
 
-    python -m trainer_client.integrations.openrlhf \\
+    python -m rlvr_selector_client.integrations.openrlhf \\
         --selector.url http://selector:8000 --selector.dataset gsm8k-openrlhf --selector.strategy insight \\
         --actor.model_name_or_path Qwen/Qwen2.5-1.5B-Instruct --data.prompt_dataset data/gsm8k.jsonl \\
         --data.input_key question --data.label_key answer --data.apply_chat_template \\
@@ -67,8 +67,8 @@ from typing import Any
 
 from torch.utils.data import Sampler
 
-from trainer_client.client import Conflict, SelectorClient
-from trainer_client.integrations import (
+from rlvr_selector_client.client import Conflict, SelectorClient
+from rlvr_selector_client.integrations import (
     SelectedStep,
     SelectorOptions,
     StepIterator,
@@ -500,7 +500,7 @@ def install(options: SelectorOptions) -> type:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """``python -m trainer_client.integrations.openrlhf [--selector.KEY VALUE ...] <train_ppo_ray args>``"""
+    """``python -m rlvr_selector_client.integrations.openrlhf [--selector.KEY VALUE ...] <train_ppo_ray args>``"""
     version = framework_version("openrlhf")
     if version is None:
         raise SystemExit("OpenRLHF is not installed in this environment (pip install openrlhf)")
@@ -525,6 +525,6 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 if __name__ == "__main__":
     # Run the imported module's main, so the classes Ray pickles belong to an importable module.
-    from trainer_client.integrations.openrlhf import main as _main
+    from rlvr_selector_client.integrations.openrlhf import main as _main
 
     _main()

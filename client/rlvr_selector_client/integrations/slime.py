@@ -3,7 +3,7 @@
 slime (THUDM's Megatron + SGLang RL framework; not on PyPI) has two plug-in points this uses, both
 given as ``module.path`` strings on its command line:
 
-``--data-source-path trainer_client.integrations.slime.SelectorDataSource``
+``--data-source-path rlvr_selector_client.integrations.slime.SelectorDataSource``
     slime constructs the data source with its parsed ``args`` and asks it for prompt groups with
     ``get_samples(num_samples) -> list[list[Sample]]`` (one inner list of ``n_samples_per_prompt``
     copies per prompt), hands back aborted partial-rollout groups with ``add_samples(groups)``, and
@@ -13,7 +13,7 @@ given as ``module.path`` strings on its command line:
     ``/select`` picks the prompts, and every sample carries ``metadata["selector_step"]`` and
     ``metadata["selector_prompt_id"]``.
 
-``--rollout-all-samples-process-path trainer_client.integrations.slime.report_all_samples``
+``--rollout-all-samples-process-path rlvr_selector_client.integrations.slime.report_all_samples``
     slime calls ``f(args, all_samples, data_source)`` after each rollout with every generated group,
     including the groups dynamic sampling (``--dynamic-sampling-filter-path``) dropped, before the
     training batch is built. `report_all_samples` groups the rewards by (step, prompt) and reports each
@@ -40,8 +40,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from trainer_client.client import SelectorClient
-from trainer_client.integrations import (
+from rlvr_selector_client.client import SelectorClient
+from rlvr_selector_client.integrations import (
     SelectorOptions,
     StepSampler,
     check_permutation,
@@ -200,7 +200,7 @@ def report_all_samples(args: Any, all_samples: Sequence[Sequence[Any]], data_sou
     """slime's ``--rollout-all-samples-process-path`` hook: report every generated group, kept or filtered."""
     if not isinstance(data_source, SelectorDataSource):
         raise TypeError(
-            "report_all_samples needs --data-source-path trainer_client.integrations.slime.SelectorDataSource"
+            "report_all_samples needs --data-source-path rlvr_selector_client.integrations.slime.SelectorDataSource"
         )
     by_step: dict[int, tuple[list[int], list[float]]] = defaultdict(lambda: ([], []))
     for group in all_samples:

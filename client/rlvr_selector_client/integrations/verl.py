@@ -3,16 +3,16 @@
 verl 0.5 - 0.7: the PPO/GRPO trainer (``verl.trainer.ppo.ray_trainer.RayPPOTrainer``) builds its train
 sampler from ``data.sampler.class_path`` / ``class_name`` and calls ``sampler.update(batch=...)`` after
 every training step (the last one included) when the sampler is an ``AbstractCurriculumSampler``.
-verl 0.8 removed that interface; there `trainer_client.integrations.verl_main` runs verl's legacy
+verl 0.8 removed that interface; there `rlvr_selector_client.integrations.verl_main` runs verl's legacy
 trainer with this sampler and a trainer that calls ``update`` itself, or (verl 0.9's default) the v1
 trainer with this sampler in its prompt loader and a replay buffer that reports each group
-(`trainer_client.integrations.verl_v1`; the sampler then tags each row it hands out with its step). Built any other way on
+(`rlvr_selector_client.integrations.verl_v1`; the sampler then tags each row it hands out with its step). Built any other way on
 verl >= 0.8, the sampler refuses to start rather than silently never reporting.
 
 How it plugs in (verl 0.5 - 0.7 config)::
 
     data.dataloader_num_workers=0                 # verl requires it for curriculum samplers
-    data.sampler.class_path=pkg://trainer_client.integrations.verl
+    data.sampler.class_path=pkg://rlvr_selector_client.integrations.verl
     data.sampler.class_name=SelectorCurriculumSampler
     +data.sampler.selector.url=http://selector:8000
     +data.sampler.selector.dataset=gsm8k-run-7
@@ -50,8 +50,8 @@ from typing import Any, NamedTuple
 
 from torch.utils.data import Sampler
 
-from trainer_client.client import SelectorClient
-from trainer_client.integrations import (
+from rlvr_selector_client.client import SelectorClient
+from rlvr_selector_client.integrations import (
     SelectedStep,
     SelectorOptions,
     StepIterator,
@@ -110,7 +110,7 @@ def _check_verl_version(trainer_reports: bool) -> None:
         raise RuntimeError(
             f"verl {metadata.version('verl')} removed AbstractCurriculumSampler: its trainer never calls "
             "sampler.update(), so no rollout would reach the selector service. Launch with "
-            "`python -m trainer_client.integrations.verl_main` (same overrides as verl.trainer.main_ppo), "
+            "`python -m rlvr_selector_client.integrations.verl_main` (same overrides as verl.trainer.main_ppo), "
             "whose trainer reports every step"
         )
 

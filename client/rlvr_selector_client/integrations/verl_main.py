@@ -1,15 +1,15 @@
-"""``python -m trainer_client.integrations.verl_main``: verl's PPO/GRPO entry point, with prompts chosen
+"""``python -m rlvr_selector_client.integrations.verl_main``: verl's PPO/GRPO entry point, with prompts chosen
 by the selector service, for verl >= 0.8.
 
 verl 0.8 removed the curriculum-sampler hook (``data.sampler.class_path`` and ``sampler.update``) that
-`trainer_client.integrations.verl.SelectorCurriculumSampler` plugs into on verl 0.5-0.7. This entry
+`rlvr_selector_client.integrations.verl.SelectorCurriculumSampler` plugs into on verl 0.5-0.7. This entry
 point composes verl's own ``ppo_trainer.yaml`` with the same overrides as ``python -m
 verl.trainer.main_ppo``, runs verl's ``validate_config``, and then, as verl's ``main`` does, picks the
 trainer by ``trainer.use_v1``:
 
 - ``trainer.use_v1=True`` (verl 0.9's default): verl's ``TaskRunnerV1`` (``verl/trainer/main_ppo.py``)
   with the v1 trainer of ``trainer.v1.trainer_mode`` (``sync``, ``colocate_async``,
-  ``separate_async``), after `trainer_client.integrations.verl_v1.install` inside the Ray task runner
+  ``separate_async``), after `rlvr_selector_client.integrations.verl_v1.install` inside the Ray task runner
   process: the prompt loader's sampler is the selector's and the replay buffer reports every group
   (see that module).
 - ``trainer.use_v1=False``: verl's legacy ``TaskRunner`` (``verl.trainer.main_ppo_v0``) with
@@ -20,7 +20,7 @@ trainer by ``trainer.use_v1``:
 
 Launch (same overrides as ``python -m verl.trainer.main_ppo``)::
 
-    python -m trainer_client.integrations.verl_main \\
+    python -m rlvr_selector_client.integrations.verl_main \\
         data.train_files=... algorithm.adv_estimator=grpo actor_rollout_ref.rollout.n=8 ... \\
         data.dataloader_num_workers=0 \\
         +data.sampler.selector.url=http://selector:8000 \\
@@ -37,8 +37,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from trainer_client.integrations import framework_version
-from trainer_client.integrations.verl import SelectorCurriculumSampler
+from rlvr_selector_client.integrations import framework_version
+from rlvr_selector_client.integrations.verl import SelectorCurriculumSampler
 
 __all__ = [
     "check_config",
@@ -139,7 +139,7 @@ def v1_task_runner_class() -> Any:
 
     class SelectorTaskRunnerV1(verl_class):  # type: ignore[misc,valid-type]
         def run(self, config: Any) -> None:
-            from trainer_client.integrations import verl_v1
+            from rlvr_selector_client.integrations import verl_v1
 
             verl_v1.install()
             verl_class.run(self, config)
@@ -158,7 +158,7 @@ def uses_v1(config: Any) -> bool:
 def check_config(config: Any) -> None:
     """Refuse settings the chosen trainer route cannot honour, before Ray starts."""
     if uses_v1(config):
-        from trainer_client.integrations.verl_v1 import check_v1_config
+        from rlvr_selector_client.integrations.verl_v1 import check_v1_config
 
         check_v1_config(config)
         return
@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> None:
     if version < (0, 8):
         raise SystemExit(
             f"verl {metadata.version('verl')}: use verl's own entry point (python -m verl.trainer.main_ppo) with "
-            "data.sampler.class_path=pkg://trainer_client.integrations.verl "
+            "data.sampler.class_path=pkg://rlvr_selector_client.integrations.verl "
             "data.sampler.class_name=SelectorCurriculumSampler"
         )
     import sys

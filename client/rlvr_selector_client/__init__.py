@@ -10,7 +10,7 @@
 Importing the package needs only httpx.
 """
 
-from pathlib import Path
+import os
 
 from rlvr_selector_client.client import (
     AsyncSelectorClient,
@@ -32,7 +32,8 @@ from rlvr_selector_client.client import (
 from rlvr_selector_client.contract import CONTRACT
 
 #: The release, shared by the client and service distributions (VERSION, read by both pyprojects).
-__version__ = Path(__file__).with_name("VERSION").read_text().strip()
+with open(os.path.join(os.path.dirname(__file__), "VERSION"), encoding="utf-8") as _file:
+    __version__ = _file.read().strip()
 
 __all__ = [
     "CONTRACT",

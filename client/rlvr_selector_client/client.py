@@ -26,7 +26,6 @@ answers are not retried: repeating them cannot help.
 from __future__ import annotations
 
 import array
-import asyncio
 import math
 import os
 import sys
@@ -881,6 +880,8 @@ class AsyncSelectorClient(_Base):
         await self._http.aclose()
 
     async def _run(self, call: _Call[T]) -> T:
+        import asyncio  # here, not at the top: the blocking client's users do not pay its import
+
         for attempt in range(self.retries + 1):
             try:
                 response = await self._http.request(call.method, call.path, **call.send_kwargs())

@@ -32,7 +32,6 @@ import re
 import uuid
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from importlib import metadata
 from typing import Any, NamedTuple
 
 from rlvr_selector_client.client import NotFound, Result, RolloutBudget, Selection, SelectorClient, first_step
@@ -297,6 +296,8 @@ def framework_version(package: str) -> tuple[int, int] | None:
 
     The release numbers that open a version string (PEP 440, after any ``N!`` epoch), so pre-releases
     and local builds such as ``0.9.0rc1`` or ``0.8.0+cu124`` count as their release."""
+    from importlib import metadata
+
     try:
         installed = metadata.version(package)
     except metadata.PackageNotFoundError:

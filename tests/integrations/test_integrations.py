@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import types
 from collections import Counter
 from collections.abc import Iterable
 from typing import Any
@@ -726,3 +727,30 @@ def test_openrlhf_resumed_sampler_drops_rows_of_a_step_selected_before_the_check
         next(again)
         # Not step 0's leftover row: a fresh selection at step 1.
         assert again.step == 1 and resumed.next_step == 2
+
+
+def test_the_verl_entry_point_refuses_a_verl_without_the_names_it_replaces() -> None:
+    """A verl that renamed `create_rl_sampler` (or whichever name the entry point replaces) stops the
+    entry point at start instead of training with verl's own sampler and nothing reported."""
+    module = types.ModuleType("verl.trainer.ppo.v1.trainer_base")
+    with pytest.raises(RuntimeError, match=r"trainer_base\.create_rl_sampler"):
+        verl_adapter.replace_name(module, "create_rl_sampler", object())
+    module.create_rl_sampler = None
+    verl_adapter.replace_name(module, "create_rl_sampler", 7)
+    assert module.create_rl_sampler == 7
+
+
+def test_launch_paths_of_earlier_releases_load_the_client_packages_adapters() -> None:
+    """`python -m trainer_client.integrations.verl_main`, `...openrlhf`, verl's class path and slime's
+    hooks, written for releases where the adapters lived in trainer_client, reach the same objects."""
+    pairs = {
+        "verl_main": ["main"],
+        "openrlhf": ["main"],
+        "verl": ["SelectorCurriculumSampler"],
+        "slime": ["SelectorDataSource", "report_all_samples"],
+    }
+    for module, names in pairs.items():
+        old = importlib.import_module(f"trainer_client.integrations.{module}")
+        new = importlib.import_module(f"rlvr_selector_client.integrations.{module}")
+        for name in names:
+            assert getattr(old, name) is getattr(new, name), f"{module}.{name}"

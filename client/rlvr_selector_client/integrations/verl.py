@@ -69,7 +69,13 @@ try:  # verl 0.5 - 0.7
 except ImportError:  # verl absent or >= 0.8: the same methods on torch's Sampler
     _SamplerBase = Sampler  # type: ignore[assignment,misc]
 
-__all__ = ["SUPPORTED_VERL", "SelectorCurriculumSampler", "batch_prompt_ids", "resolve_options"]
+__all__ = [
+    "SUPPORTED_VERL",
+    "SelectorCurriculumSampler",
+    "batch_prompt_ids",
+    "replace_name",
+    "resolve_options",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -82,6 +88,18 @@ DEFAULT_REWARD_KEY = "token_level_scores"
 def resolve_options(section: Mapping[str, Any] | None, environ: Mapping[str, str]) -> SelectorOptions:
     """`SelectorOptions` from ``data.sampler.selector`` (OmegaConf or plain) and the environment."""
     return SelectorOptions.resolve(_plain(section) if section is not None else {}, environ, SAMPLER_SECTION)
+
+
+def replace_name(module: Any, name: str, value: Any) -> None:
+    """Sets ``module.name`` to ``value`` for the entry point (verl >= 0.8), refusing when the installed verl
+    has no such name: a hook verl renamed would otherwise be left alone silently, and verl would select
+    and train without the selector."""
+    if not hasattr(module, name):
+        raise RuntimeError(
+            f"the installed verl has no {module.__name__}.{name}, which the selector's entry point replaces; "
+            "it supports verl 0.8 - 0.9's layout (tested with 0.9.1)"
+        )
+    setattr(module, name, value)
 
 
 def _plain(value: Any) -> Any:

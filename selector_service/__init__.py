@@ -5,4 +5,7 @@ store) -> `state` (one dataset's beliefs, log application, snapshots) -> `core` 
 with numpy twins). `store` holds every Redis key and script; `core` imports nothing of ours.
 """
 
-__version__ = "0.1.0"
+# One release for the service and the client package (client/rlvr_selector_client/VERSION).
+from rlvr_selector_client import __version__
+
+__all__ = ["__version__"]

@@ -19,9 +19,9 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from redis.exceptions import RedisError
 
-from selector_service import metrics
+from selector_service import __version__, metrics
 from selector_service.api.errors import add_error_handlers
-from selector_service.api.middleware import BodyLimit, InternalErrors, RequestMetrics
+from selector_service.api.middleware import BodyLimit, ContractVersion, InternalErrors, RequestMetrics
 from selector_service.api.openapi import document_models
 from selector_service.api.routes import datasets, docs, history, ops, selection, ui
 from selector_service.engine import Engine
@@ -71,7 +71,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
     app = FastAPI(
         title="rlvr-selector",
-        version="0.1.0",
+        version=__version__,
         summary="Which prompts should the next RL step train on? Per-prompt Bayesian beliefs over REST.",
         lifespan=lifespan,
         # Served by routes/docs.py: the document behind the token when one is configured, the pages
@@ -95,6 +95,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(InternalErrors)  # innermost: its 500 is counted by RequestMetrics
     app.add_middleware(RequestMetrics)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes, import_limit=settings.max_import_bytes)
+    app.add_middleware(ContractVersion)  # outermost: every answer names the contract's version
     return app
 
 

@@ -16,6 +16,7 @@ import msgspec
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
+from rlvr_selector_client import contract
 from selector_service import dataset_settings
 from selector_service.core.coldstart import MAX_GROUPS
 from selector_service.core.domain import K_MAX, TRIALS_MAX
@@ -43,7 +44,12 @@ Seed = Annotated[int, Field(ge=0, le=2**63 - 1, description="Seed of the selecti
 PromptId = Annotated[int, Field(ge=0, le=2**62)]
 RequestId = Annotated[
     str,
-    Field(min_length=1, max_length=128, pattern=r"^[^\x00-\x1f\x7f]+$", description="1..128 printable chars"),
+    Field(
+        min_length=1,
+        max_length=contract.REQUEST_ID_MAX,
+        pattern=f"^{contract.REQUEST_ID}$",
+        description=f"1..{contract.REQUEST_ID_MAX} printable chars",
+    ),
 ]
 
 
@@ -52,7 +58,7 @@ class _Request(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
 
-# The dataset bodies' settings fields are selector_service/dataset_settings.py's, in its order (the
+# The dataset bodies' settings fields are the contract's (rlvr_selector_client/contract.py), in its order (the
 # classes carry no docstring: it would become their description in the OpenAPI document).
 _CreateSettings = create_model(
     "_CreateSettings", __base__=_Request, __module__=__name__, **dataset_settings.create_fields()
@@ -337,7 +343,9 @@ class Health(BaseModel):
 # msgspec matches with Python's `re`, whose `$` also matches before a final newline: `\Z` ends the text, as
 # `$` does in pydantic's (Rust) patterns above.
 _NAME = msgspec.Meta(pattern=f"^{dataset_settings.NAME}\\Z")
-_REQUEST_ID = msgspec.Meta(min_length=1, max_length=128, pattern=r"^[^\x00-\x1f\x7f]+\Z")
+_REQUEST_ID = msgspec.Meta(
+    min_length=1, max_length=contract.REQUEST_ID_MAX, pattern=f"^{contract.REQUEST_ID}\\Z"
+)
 
 
 class FastResult(msgspec.Struct, forbid_unknown_fields=True, gc=False):

@@ -1,10 +1,11 @@
-"""rlvr-selector's trainer side: a typed client for the selector service and a GRPO trainer using it.
+"""rlvr-selector's GRPO trainer, which asks the selector service for every batch.
 
-Importing the package (or ``trainer_client.client``) needs only ``httpx``; the trainer modules
+The typed client it talks through is the client package's (``rlvr_selector_client``, re-exported here);
+importing this package needs only that and ``httpx``; the trainer modules
 (``grpo``, ``rollout``, ``train``, ``model``) import PyTorch and transformers when they are used.
 """
 
-from trainer_client.client import (
+from rlvr_selector_client.client import (
     AsyncSelectorClient,
     AuthError,
     Conflict,

@@ -23,8 +23,8 @@ from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
-from selector_service.dataset_settings import DEFAULTS as DATASET_DEFAULTS
-from trainer_client.client import Conflict, DatasetInfo, NotFound, SelectorClient, SelectorError
+from rlvr_selector_client.client import Conflict, DatasetInfo, NotFound, SelectorClient, SelectorError
+from rlvr_selector_client.contract import DEFAULTS as DATASET_DEFAULTS
 from trainer_client.config import GRPOConfig, TrainConfig, default_of
 
 EXIT_OK, EXIT_CONFIG, EXIT_SERVICE, EXIT_MODEL, EXIT_INTERRUPTED = 0, 2, 3, 4, 130
@@ -324,7 +324,7 @@ def _train(args: argparse.Namespace) -> int:
         if config.strategy not in TRAINER_STRATEGIES:
             # The first step's own request (selection is deterministic, so repeating it later is
             # harmless): a bad strategy name or parameter fails here with the service's message.
-            from trainer_client.client import first_step as first_step_of
+            from rlvr_selector_client.client import first_step as first_step_of
 
             first_step = first_step_of(info, config.start_step)
             from trainer_client.train import rollout_budget

@@ -49,8 +49,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from rlvr_selector_client.client import NotFound, SelectorClient
     from trainer_client import cli
-    from trainer_client.client import NotFound, SelectorClient
     from trainer_client.rollout import vllm_available
 
     args = _parser().parse_args(argv)

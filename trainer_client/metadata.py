@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainer_client.client import MetadataAck, SelectorClient
+from rlvr_selector_client.client import MetadataAck, SelectorClient
 
 __all__ = ["TaskMetadata", "task_metadata", "upload_task_metadata"]
 

@@ -62,10 +62,10 @@ from typing import Any, Protocol, TextIO
 
 import numpy as np
 
-from trainer_client.client import DatasetInfo, Result, RolloutBudget, SelectorClient, first_step
+from rlvr_selector_client.client import DatasetInfo, Result, RolloutBudget, SelectorClient, first_step
+from rlvr_selector_client.integrations import new_run_id, request_id
 from trainer_client.config import TrainConfig
 from trainer_client.grpo import GRPOLearner, UpdateStats, build_samples
-from trainer_client.integrations import new_run_id, request_id
 from trainer_client.model import render_prompt
 from trainer_client.rollout import PromptRollouts, RolloutEngine
 

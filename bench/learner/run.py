@@ -186,7 +186,7 @@ def run_one(
     (and writes them as JSON to ``out`` when given)."""
     import torch
 
-    from trainer_client.client import NotFound, SelectorClient
+    from rlvr_selector_client.client import NotFound, SelectorClient
     from trainer_client.config import GRPOConfig, TrainConfig
     from trainer_client.grpo import GRPOLearner
 

@@ -1,4 +1,5 @@
-"""The ASGI middlewares around the routes, outermost first as create_app adds them: BodyLimit (413 before
+"""The ASGI middlewares around the routes, outermost first as create_app adds them: ContractVersion (names
+the contract's version on every answer, 400 for a client of another version), BodyLimit (413 before
 a large body is read), RequestMetrics (count and time every request) and InternalErrors (an unexpected
 exception becomes a 500 `{"detail"}` on a connection that stays usable)."""
 
@@ -11,11 +12,42 @@ from fastapi.responses import JSONResponse
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from rlvr_selector_client import contract
 from selector_service import metrics
 from selector_service.api.errors import OUT_OF_MEMORY
 from selector_service.errors import PayloadTooLarge
 
 log = logging.getLogger("selector_service")
+
+
+class ContractVersion:
+    """Names the contract's version (`contract.CONTRACT`) in a header of every answer, and refuses with
+    400 a request whose header names another version, saying which package to upgrade. A request without
+    the header (curl, a generated client, a client from before versions were sent) is served."""
+
+    _HEADER = contract.CONTRACT_HEADER.lower().encode()
+    _VALUE = str(contract.CONTRACT).encode()
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def named(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), (self._HEADER, self._VALUE)]
+            await send(message)
+
+        for key, value in scope.get("headers", []):
+            if key == self._HEADER:
+                problem = contract.mismatch(value.decode("latin-1"), contract.CONTRACT)
+                if problem:
+                    await send_json(named, 400, problem)
+                    return
+        await self.app(scope, receive, named)
 
 
 class BodyLimit:

@@ -267,7 +267,7 @@ def test_dataset_names_follow_the_contract_whatever_the_regime_is_called() -> No
     import re
 
     from bench.learner.run import dataset_name
-    from selector_service.dataset_settings import NAME
+    from rlvr_selector_client.contract import NAME
 
     for name in ("base", 'base[composition={"hopeless":0.35},lr=1e-3]', "x" * 300, "\u00e9t\u00e9"):
         got = dataset_name(REGIMES["base"].with_(name=name), "insight_budget", 12)

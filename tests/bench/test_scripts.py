@@ -92,3 +92,24 @@ def test_bench_limits_runs_small_cases(tmp_path: Path) -> None:
     assert result["metrics"]["datasets"] == 12 and result["metrics"]["scrape_lines"] > 0
     assert result["worst_healthz_ms"] is not None and result["worst_peak_over_body_observe"] > 0
     assert json.loads(out.read_text()) == result
+
+
+def test_client_import_times_the_client_in_a_bare_venv(tmp_path: Path) -> None:
+    """The client's wheel in a venv of its own: the JSON line has every import's time, and the venv held
+    the client and what httpx requires, nothing of the service."""
+    out = tmp_path / "client_import.json"
+    proc = subprocess.run(
+        [sys.executable, "bench/client_import.py", "--repeats", "1", "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    for name in ("httpx", "client", "integrations", "process"):
+        assert result[name]["median_s"] > 0
+    assert result["goal_s"] == 0.3 and isinstance(result["meets_goal"], bool)
+    assert "rlvr-selector-client" in result["installed"] and "httpx" in result["installed"]
+    assert not {"rlvr-selector", "numpy", "numba", "fastapi", "pydantic"} & set(result["installed"])
+    assert json.loads(out.read_text()) == result

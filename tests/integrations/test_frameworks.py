@@ -1,8 +1,10 @@
 """The adapters driven by the trainer frameworks' own code, each framework in its own cached venv.
 
 Each test builds (or reuses) the framework's venv (tests/integrations/frameworks/venvs.py: the framework from PyPI
-with --no-deps, CPU torch, and the packages its data path imports), runs a driver inside it against a
-real selector service, and checks what the service ended with against what the driver's fake policy
+with --no-deps, CPU torch, and the packages its data path imports), installs the client package's wheel
+into it with its dependencies as a user would (tests/integrations/frameworks/client_install.py; it must
+change no package already there), runs a driver inside it against a real selector service, the client
+imported from that install, and checks what the service ended with against what the driver's fake policy
 earned: every group reported once, beliefs equal to the rewards fed, and a resumed run continuing
 where its checkpoint left off. A framework that cannot be installed fails here with pip's output.
 """
@@ -19,8 +21,8 @@ from typing import Any
 
 import pytest
 
-from tests.integrations.frameworks import venvs
-from trainer_client.client import SelectorClient
+from rlvr_selector_client.client import SelectorClient
+from tests.integrations.frameworks import client_install, venvs
 
 ROOT = Path(__file__).resolve().parents[2]
 DRIVERS = ROOT / "tests" / "integrations" / "frameworks"
@@ -34,6 +36,12 @@ def run_driver(venv: str, script: str, args: list[str], timeout: float = 900) ->
         python, _ = venvs.ensure_locked(venv)
     except venvs.VenvError as exc:
         pytest.fail(f"the {venv} venv could not be built:\n{exc}")
+    installed = client_install.ensure_installed(python)
+    assert not installed["changed"], (
+        f"installing the client in {venv} moved its packages: {installed['changed']}"
+    )
+    # The repository root is on the path for the drivers' helpers (tests/); the client package is not
+    # (it lives under client/): the driver imports the venv's install.
     env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
     env.pop("SELECTOR_URL", None)
     proc = subprocess.run(
@@ -49,7 +57,10 @@ def run_driver(venv: str, script: str, args: list[str], timeout: float = 900) ->
     assert proc.returncode == 0 and lines, (
         f"{script} in {venv} failed (exit {proc.returncode}):\n{output[-8000:]}"
     )
-    return json.loads(lines[-1].removeprefix("DRIVER-REPORT "))
+    report = json.loads(lines[-1].removeprefix("DRIVER-REPORT "))
+    imported = Path(report["client_module"] or "")
+    assert imported.is_relative_to(python.parent.parent), f"{script} imported the client from {imported}"
+    return report
 
 
 def assert_beliefs_match(url: str, dataset: str, fed: list[list[float]], *, groups: int) -> None:
@@ -140,6 +151,36 @@ def test_verl_trainer_reports_every_group_and_resumes(
         assert "verl 0.5-0.7 route" in guards["class_path_with_entry_point"]
         assert "filter_groups" in guards["filter_groups"]
         assert "removed AbstractCurriculumSampler" in guards["sampler_without_entry_point"]
+
+
+# --------------------------------------------------------------------------------------------------
+# TRL
+# --------------------------------------------------------------------------------------------------
+
+
+def test_trl_grpo_trainer_in_its_own_venv_reports_every_generation(
+    service: Any, dsname: str, tmp_path: Path
+) -> None:
+    """TRL 1.16's GRPOTrainer in a venv of TRL and its dependencies, the client installed there: each
+    generation's prompts are a selected step, its groups are reported once with their rewards, and the
+    model trained (tests/integrations/test_integrations.py covers the adapter's shapes in detail)."""
+    report = run_driver(
+        "trl", "drive_trl.py", ["--url", service.url, "--dataset", dsname, "--workdir", str(tmp_path)]
+    )
+    generations = 2
+    observed = report["observed"]
+    assert len(observed) == 2
+    for generation, sent in enumerate(observed):
+        # Two optimisation steps per generation: each report is filed under its own step.
+        assert sent["step"] == generation
+        assert sorted(pid for pid, _ in sent["results"]) == report["batches"][str(sent["step"])]
+        assert len(sent["results"]) == report["generation_prompts"]
+        assert all(len(rewards) == generations for _, rewards in sent["results"])
+        assert sent["request_id"].endswith(f"-g{generation}-s{sent['step']}")
+    assert report["parameters_changed"]
+    assert_beliefs_match(service.url, dsname, report["fed"], groups=len(report["fed"]) // generations)
+    # A second trainer on the dataset continues after the first run's steps.
+    assert report["next_step_again"] == report["open_step"] + 1
 
 
 # --------------------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import types
 from collections import Counter
 from collections.abc import Iterable
 from typing import Any
@@ -17,11 +18,11 @@ from typing import Any
 import pytest
 import torch
 
+from rlvr_selector_client.client import DatasetInfo, Result, SelectorClient
+from rlvr_selector_client.integrations import check_permutation, first_step, framework_version, group_results
+from rlvr_selector_client.integrations import verl as verl_adapter
 from tests.integrations.frameworks import common
 from tests.utils import tiny_llama_config
-from trainer_client.client import DatasetInfo, Result, SelectorClient
-from trainer_client.integrations import check_permutation, first_step, framework_version, group_results
-from trainer_client.integrations import verl as verl_adapter
 
 # verl's datasets are `datasets.Dataset` frames; TRL brings `datasets` along.
 needs_datasets = pytest.mark.skipif(
@@ -55,7 +56,7 @@ def test_check_permutation() -> None:
 
 def test_request_ids_are_stable_in_their_values() -> None:
     """Resumed runs resend their reports under these ids, so the layout may not drift."""
-    from trainer_client.integrations import request_id
+    from rlvr_selector_client.integrations import request_id
 
     assert request_id("run", 3) == "run-s3"
     assert request_id("run", 3, prompt=7) == "run-s3-p7"
@@ -193,7 +194,7 @@ def test_verl_options_from_environment_and_unknown_keys(monkeypatch: pytest.Monk
 
 def test_verl_version_gate(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(verl_adapter.metadata, "version", lambda name: "0.9.1")
-    with pytest.raises(RuntimeError, match=r"trainer_client\.integrations\.verl_main"):
+    with pytest.raises(RuntimeError, match=r"rlvr_selector_client\.integrations\.verl_main"):
         verl_adapter._check_verl_version(trainer_reports=False)
     verl_adapter._check_verl_version(trainer_reports=True)
     monkeypatch.setattr(verl_adapter.metadata, "version", lambda name: "0.7.1")
@@ -243,8 +244,8 @@ def test_verl_v1_reports_keep_the_first_report_and_file_late_ones(service: Any, 
     selected_step, never lost; neither stops training."""
     from types import SimpleNamespace
 
-    from trainer_client.integrations import SelectorOptions
-    from trainer_client.integrations.verl_v1 import ReportingBuffer
+    from rlvr_selector_client.integrations import SelectorOptions
+    from rlvr_selector_client.integrations.verl_v1 import ReportingBuffer
 
     with SelectorClient(service.url) as c:
         c.create_dataset(dsname, 4, rollouts_per_prompt=2, max_lag=1)
@@ -271,7 +272,7 @@ def test_areal_workflow_files_a_group_finished_past_max_lag(service: Any, dsname
     steps after its selection is filed at the open step (selected_step), once, never lost."""
     import asyncio
 
-    from trainer_client.integrations.areal import SelectorWorkflow
+    from rlvr_selector_client.integrations.areal import SelectorWorkflow
 
     with SelectorClient(service.url) as c:
         c.create_dataset(dsname, 4, rollouts_per_prompt=2, max_lag=1)
@@ -290,8 +291,8 @@ def test_areal_workflow_files_a_group_finished_past_max_lag(service: Any, dsname
 
 
 def test_selector_options_rollout_budget() -> None:
-    from trainer_client.client import RolloutBudget
-    from trainer_client.integrations import SelectorOptions
+    from rlvr_selector_client.client import RolloutBudget
+    from rlvr_selector_client.integrations import SelectorOptions
 
     options = SelectorOptions(url="u", dataset="d")
     assert options.rollouts() is None
@@ -356,7 +357,7 @@ def v1_config(mode: str = "sync", **extra: Any) -> dict[str, Any]:
     ],
 )
 def test_verl_v1_default_max_lag(mode: str, extra: dict[str, Any], lag: int) -> None:
-    from trainer_client.integrations.verl_v1 import default_max_lag
+    from rlvr_selector_client.integrations.verl_v1 import default_max_lag
 
     assert default_max_lag(v1_config(mode, **extra)) == lag
 
@@ -365,7 +366,7 @@ def test_verl_v1_default_max_lag(mode: str, extra: dict[str, Any], lag: int) -> 
     ("extra", "message"),
     [
         ({"trainer__v1__sampler__custom_sampler": {"path": "pkg://x", "name": "Buffer"}}, "custom_sampler"),
-        ({"data__sampler__class_path": "pkg://trainer_client.integrations.verl"}, "0.5-0.7 route"),
+        ({"data__sampler__class_path": "pkg://rlvr_selector_client.integrations.verl"}, "0.5-0.7 route"),
         ({"data__dataloader_num_workers": 2}, "dataloader_num_workers must be 0"),
         (
             {"data__sampler__selector__rollout_budget": 32, "algorithm__adv_estimator": "gae"},
@@ -375,7 +376,7 @@ def test_verl_v1_default_max_lag(mode: str, extra: dict[str, Any], lag: int) -> 
     ],
 )
 def test_verl_v1_refusals(extra: dict[str, Any], message: str) -> None:
-    from trainer_client.integrations.verl_v1 import check_v1_config
+    from rlvr_selector_client.integrations.verl_v1 import check_v1_config
 
     with pytest.raises(ValueError, match=message):
         check_v1_config(v1_config(**extra))
@@ -393,7 +394,7 @@ def test_verl_v1_refusals(extra: dict[str, Any], message: str) -> None:
 def trl_adapter() -> Any:
     if importlib.util.find_spec("trl") is None:
         pytest.skip("needs TRL (pip install trl)")
-    return importlib.import_module("trainer_client.integrations.trl")
+    return importlib.import_module("rlvr_selector_client.integrations.trl")
 
 
 def _pattern(indices: list[int]) -> list[int]:
@@ -598,7 +599,7 @@ def test_observing_reward_refuses_prompts_that_were_not_selected(
 
 
 def test_selector_options_need_a_dataset_and_a_way_to_reach_the_service() -> None:
-    from trainer_client.integrations import SelectorOptions
+    from rlvr_selector_client.integrations import SelectorOptions
 
     with pytest.raises(ValueError, match="dataset name"):
         SelectorOptions(url="http://selector:8000")
@@ -613,7 +614,7 @@ def test_selector_options_need_a_dataset_and_a_way_to_reach_the_service() -> Non
 
 
 def test_openrlhf_command_line_splits_selector_options_from_openrlhf_arguments() -> None:
-    from trainer_client.integrations import openrlhf as adapter
+    from rlvr_selector_client.integrations import openrlhf as adapter
 
     values, rest = adapter.split_selector_args(
         [
@@ -646,8 +647,8 @@ def test_openrlhf_command_line_splits_selector_options_from_openrlhf_arguments()
 def test_openrlhf_sampler_and_reporter_report_each_group_for_the_step_it_was_selected_at(
     service: Any, dsname: str
 ) -> None:
-    from trainer_client.integrations import SelectorOptions, ensure_dataset
-    from trainer_client.integrations import openrlhf as adapter
+    from rlvr_selector_client.integrations import SelectorOptions, ensure_dataset
+    from rlvr_selector_client.integrations import openrlhf as adapter
 
     size, batch, n = 6, 2, 3
     prompts = [f"prompt {i}" for i in range(size)]
@@ -696,8 +697,8 @@ def test_openrlhf_reporter_keeps_a_group_refused_as_too_late_and_goes_on(
 ) -> None:
     """A group older than the dataset's max_lag is refused by the service (409): the reporter logs what
     to change, records it in `lost`, applies nothing and keeps reporting the later groups."""
-    from trainer_client.integrations import SelectorOptions, ensure_dataset
-    from trainer_client.integrations import openrlhf as adapter
+    from rlvr_selector_client.integrations import SelectorOptions, ensure_dataset
+    from rlvr_selector_client.integrations import openrlhf as adapter
 
     prompts = [f"q{i}" for i in range(4)]
     with SelectorClient(service.url) as client:
@@ -723,8 +724,8 @@ def test_openrlhf_reporter_keeps_a_group_refused_as_too_late_and_goes_on(
 def test_openrlhf_resumed_sampler_drops_rows_of_a_step_selected_before_the_checkpoint(
     service: Any, dsname: str
 ) -> None:
-    from trainer_client.integrations import SelectorOptions, ensure_dataset
-    from trainer_client.integrations import openrlhf as adapter
+    from rlvr_selector_client.integrations import SelectorOptions, ensure_dataset
+    from rlvr_selector_client.integrations import openrlhf as adapter
 
     prompts = [f"p{i}" for i in range(4)]
     with SelectorClient(service.url) as client:
@@ -753,3 +754,30 @@ def test_openrlhf_resumed_sampler_drops_rows_of_a_step_selected_before_the_check
         next(again)
         # Not step 0's leftover row: a fresh selection at step 1.
         assert again.step == 1 and resumed.next_step == 2
+
+
+def test_the_verl_entry_point_refuses_a_verl_without_the_names_it_replaces() -> None:
+    """A verl that renamed `create_rl_sampler` (or whichever name the entry point replaces) stops the
+    entry point at start instead of training with verl's own sampler and nothing reported."""
+    module = types.ModuleType("verl.trainer.ppo.v1.trainer_base")
+    with pytest.raises(RuntimeError, match=r"trainer_base\.create_rl_sampler"):
+        verl_adapter.replace_name(module, "create_rl_sampler", object())
+    module.create_rl_sampler = None
+    verl_adapter.replace_name(module, "create_rl_sampler", 7)
+    assert module.create_rl_sampler == 7
+
+
+def test_launch_paths_of_earlier_releases_load_the_client_packages_adapters() -> None:
+    """`python -m trainer_client.integrations.verl_main`, `...openrlhf`, verl's class path and slime's
+    hooks, written for releases where the adapters lived in trainer_client, reach the same objects."""
+    pairs = {
+        "verl_main": ["main"],
+        "openrlhf": ["main"],
+        "verl": ["SelectorCurriculumSampler"],
+        "slime": ["SelectorDataSource", "report_all_samples"],
+    }
+    for module, names in pairs.items():
+        old = importlib.import_module(f"trainer_client.integrations.{module}")
+        new = importlib.import_module(f"rlvr_selector_client.integrations.{module}")
+        for name in names:
+            assert getattr(old, name) is getattr(new, name), f"{module}.{name}"

@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from trainer_client.client import SelectorClient
+from rlvr_selector_client.client import SelectorClient
 
 
 @dataclass
@@ -94,7 +94,7 @@ def rollout(
 ) -> list[list[Any]]:
     """One slime rollout: get groups, generate (rewards), hand back `abort` groups as aborted, drop the
     groups whose rewards are all equal (DAPO dynamic sampling), then the all-samples hook."""
-    from trainer_client.integrations import slime as recipe
+    from rlvr_selector_client.integrations import slime as recipe
 
     groups = source.get_samples(batch)
     aborted, finished = groups[:abort], groups[abort:]
@@ -112,7 +112,7 @@ def rollout(
 def test_slime_recipe_reports_every_group_including_filtered_and_aborted(
     slime_modules: None, service: Any, dsname: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from trainer_client.integrations import slime as recipe
+    from rlvr_selector_client.integrations import slime as recipe
 
     monkeypatch.setenv("SELECTOR_URL", service.url)
     monkeypatch.setenv("SELECTOR_DATASET", dsname)
@@ -151,7 +151,7 @@ def test_slime_recipe_reports_every_group_including_filtered_and_aborted(
 def test_slime_recipe_refuses_what_it_cannot_report(
     slime_modules: None, service: Any, dsname: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from trainer_client.integrations import slime as recipe
+    from rlvr_selector_client.integrations import slime as recipe
 
     monkeypatch.setenv("SELECTOR_URL", service.url)
     monkeypatch.delenv("SELECTOR_DATASET", raising=False)

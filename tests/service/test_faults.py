@@ -1,7 +1,7 @@
 """Faults a days-long training run meets: the service killed with SIGKILL while several trainers stream
 observations, the store stopped, frozen or restarted. Nothing acknowledged may be lost or counted twice,
 the service must say clearly (503) that its store is away instead of failing (500) or hanging, and it
-must recover by itself. The typed client (trainer_client.client) must ride out an outage that its
+must recover by itself. The typed client (rlvr_selector_client.client) must ride out an outage that its
 retry budget covers and raise ServiceUnavailable when it does not.
 
 Real processes throughout: the service in a subprocess, a private redis-server (or the embedded Valkey)
@@ -24,8 +24,8 @@ import httpx
 import pytest
 import redis
 
+from rlvr_selector_client.client import Result, SelectorClient, ServiceUnavailable
 from tests.utils import RedisServer, ServiceProcess, free_port
-from trainer_client.client import Result, SelectorClient, ServiceUnavailable
 
 pytestmark = pytest.mark.slow
 

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import redis
 
+from rlvr_selector_client.client import InvalidRequest, SelectorClient
 from tests.utils import ServiceProcess
-from trainer_client.client import InvalidRequest, SelectorClient
 
 N = 60
 RATES = [None if i % 4 == 0 else round((i % 10) / 10, 2) for i in range(N)]

@@ -79,7 +79,7 @@ def test_params_reach_the_service(service, tmp_path) -> None:
 def test_a_strategy_or_parameter_the_service_lacks_is_refused_before_anything_is_created(
     service, tmp_path, extra, says
 ) -> None:
-    from trainer_client.client import SelectorClient
+    from rlvr_selector_client.client import SelectorClient
 
     name = f"s-{uuid.uuid4().hex[:10]}"
     result = _run("train", "--service-url", service.url, "--dataset", name, "--task", "arithmetic",

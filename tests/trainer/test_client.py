@@ -20,8 +20,8 @@ import uuid
 import httpx
 import pytest
 
-from selector_service import dataset_settings
-from trainer_client.client import (
+from rlvr_selector_client import contract
+from rlvr_selector_client.client import (
     AsyncSelectorClient,
     AuthError,
     Conflict,
@@ -207,23 +207,19 @@ def test_create_parameters_are_the_dataset_settings() -> None:
     """DatasetInfo's spec fields and both clients' create_dataset parameters are the dataset settings,
     in order, with the service's defaults; a later setting at its default stays out of the create body
     (so that a service from before it accepts it)."""
-    names = [s.name for s in dataset_settings.SETTINGS]
+    names = [s.name for s in contract.SETTINGS]
     info_fields = dataclasses.fields(DatasetInfo)[: len(names)]
     assert [f.name for f in info_fields] == names
     for f in info_fields:
-        setting = next(s for s in dataset_settings.SETTINGS if s.name == f.name)
-        assert f.default == (dataset_settings.DEFAULTS[f.name] if setting.later else dataclasses.MISSING)
+        setting = next(s for s in contract.SETTINGS if s.name == f.name)
+        assert f.default == (contract.DEFAULTS[f.name] if setting.later else dataclasses.MISSING)
     for method in (SelectorClient.create_dataset, AsyncSelectorClient.create_dataset):
         params = list(inspect.signature(method).parameters.values())[1:]
         assert [p.name for p in params] == names
         for p in params:
-            expected = (
-                inspect.Parameter.empty if p.name in ("name", "size") else dataset_settings.DEFAULTS[p.name]
-            )
+            expected = inspect.Parameter.empty if p.name in ("name", "size") else contract.DEFAULTS[p.name]
             assert p.default == (None if p.name == "defaults" else expected), p.name
-    body = dataset_settings.create_body(
-        {"name": "d", "size": 3, **dataset_settings.DEFAULTS, "defaults": None}
-    )
+    body = contract.create_body({"name": "d", "size": 3, **contract.DEFAULTS, "defaults": None})
     assert body == {
         "name": "d",
         "size": 3,
@@ -234,7 +230,7 @@ def test_create_parameters_are_the_dataset_settings() -> None:
         "hmm_decay": 0.7,
         "reward_mode": "binary",
     }
-    assert dataset_settings.create_body({"name": "d", "size": 3, "group_decay": 0.5, "max_lag": 2}) == {
+    assert contract.create_body({"name": "d", "size": 3, "group_decay": 0.5, "max_lag": 2}) == {
         **body,
         "group_decay": 0.5,
         "max_lag": 2,

@@ -1,4 +1,4 @@
-"""The client's metadata upload (trainer_client.client.upload_metadata): how an upload is cut into
+"""The client's metadata upload (rlvr_selector_client.client.upload_metadata): how an upload is cut into
 requests and encoded. The calls against a real service are in tests/service/test_metadata.py."""
 
 from __future__ import annotations

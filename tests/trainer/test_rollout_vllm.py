@@ -176,7 +176,7 @@ def test_a_budget_step_with_vllm_rolls_out_and_reports_n_i_per_prompt(stack, sta
     import io
     import uuid
 
-    from trainer_client.client import SelectorClient
+    from rlvr_selector_client.client import SelectorClient
     from trainer_client.config import TrainConfig
     from trainer_client.tasks import arithmetic_task
     from trainer_client.train import Trainer

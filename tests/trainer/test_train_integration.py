@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from rlvr_selector_client.client import DatasetInfo
 from trainer_client import cli
-from trainer_client.client import DatasetInfo
 from trainer_client.config import GRPOConfig
 from trainer_client.train import EpochWalk, TrainConfig, format_summary
 
@@ -260,7 +260,7 @@ class ParityTask:
 @pytest.mark.slow
 def test_dynamic_sampling_reports_every_rollout(service_url) -> None:
     torch = pytest.importorskip("torch")
-    from trainer_client.client import SelectorClient
+    from rlvr_selector_client.client import SelectorClient
     from trainer_client.grpo import GRPOConfig, GRPOLearner
     from trainer_client.model import load_tokenizer, resolve_model
     from trainer_client.rollout import HFRollout
@@ -313,7 +313,7 @@ def test_dynamic_sampling_reports_every_rollout(service_url) -> None:
 def test_the_cli_uploads_the_tasks_groups_before_anything_else(service_url, tmp_path) -> None:
     """Arithmetic tiers become the dataset's groups (before the first select checks the parameters'
     values); --no-metadata leaves the dataset without."""
-    from trainer_client.client import SelectorClient
+    from rlvr_selector_client.client import SelectorClient
 
     with_groups, without = f"m-{uuid.uuid4().hex[:10]}", f"n-{uuid.uuid4().hex[:10]}"
     stop = ("--params", '{"eta": -1}')  # a known name with a refused value: the run stops at the first select
@@ -329,7 +329,7 @@ def _tiny_trainer(service_url, strategy: str, **config_kw):
     """A Trainer over ParityTask with a tiny random policy (its rewards are mixed within groups)."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    from trainer_client.client import SelectorClient
+    from rlvr_selector_client.client import SelectorClient
     from trainer_client.grpo import GRPOConfig, GRPOLearner
     from trainer_client.model import load_tokenizer, resolve_model
     from trainer_client.rollout import HFRollout
@@ -424,7 +424,7 @@ def test_two_grpo_steps_with_vllm_through_the_cli(service_url, tmp_path) -> None
     assert (tmp_path / "metrics.png").stat().st_size > 0
     assert "mean_reward" in result.stdout and "metrics:" in result.stdout
 
-    from trainer_client.client import SelectorClient
+    from rlvr_selector_client.client import SelectorClient
 
     with SelectorClient(service_url) as client:
         info = client.get_dataset(dataset)

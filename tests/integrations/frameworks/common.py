@@ -106,6 +106,9 @@ class Policy:
 
 
 def emit(report: dict[str, Any]) -> None:
-    """The driver's result, as the last line of stdout."""
+    """The driver's result, as the last line of stdout, with where the client package was imported from
+    (the venv's install, not the repository)."""
+    client = sys.modules.get("rlvr_selector_client")
+    report["client_module"] = getattr(client, "__file__", None)
     sys.stdout.flush()
     print("DRIVER-REPORT " + json.dumps(report), flush=True)

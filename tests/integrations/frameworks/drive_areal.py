@@ -119,8 +119,8 @@ def main() -> None:
     from areal.trainer.ppo.actor import PPOActor
     from areal.workflow.rlvr import RLVRWorkflow
 
-    from trainer_client.client import SelectorClient
-    from trainer_client.integrations import areal as adapter
+    from rlvr_selector_client.client import SelectorClient
+    from rlvr_selector_client.integrations import areal as adapter
 
     model = common.model_dir(work)
     tok = common.tokenizer()

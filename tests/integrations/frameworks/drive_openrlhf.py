@@ -1,6 +1,6 @@
 """Drive OpenRLHF's own ``train_ppo_ray`` on CPU, through the selector's entry point, against a real service.
 
-Runs inside the OpenRLHF venv (tests/integrations/frameworks/venvs.py). ``trainer_client.integrations.openrlhf.main``
+Runs inside the OpenRLHF venv (tests/integrations/frameworks/venvs.py). ``rlvr_selector_client.integrations.openrlhf.main``
 is called with the command line docs/integrations.md gives users; it runs OpenRLHF's
 ``openrlhf.cli.train_ppo_ray`` (its argument parser and checks, ``train()``, a real local Ray cluster,
 the ``PPOTrainer`` actor's ``fit()``: ``prepare_datasets``/``PromptDataset``/``setup_dataloader``,
@@ -159,7 +159,7 @@ def fake_create_vllm_engines(
     from openrlhf.trainer.ray.vllm_engine import RolloutRayActor
     from openrlhf.utils.agent import SingleTurnAgentExecutor
 
-    from trainer_client.integrations.openrlhf import _plain_class
+    from rlvr_selector_client.integrations.openrlhf import _plain_class
 
     record = os.environ["DRIVER_POLICY_RECORD"]
 
@@ -305,7 +305,7 @@ def command(args: argparse.Namespace, work: Path, model: Path, resume: bool) -> 
 
 
 def service_state(url: str, dataset: str) -> dict[str, Any]:
-    from trainer_client.client import SelectorClient
+    from rlvr_selector_client.client import SelectorClient
 
     with SelectorClient(url) as client:
         info = client.get_dataset(dataset)
@@ -321,7 +321,7 @@ def run(args: argparse.Namespace, work: Path, model: Path, resume: bool) -> dict
     import openrlhf.trainer.ray.launcher as launcher
     import ray
 
-    from trainer_client.integrations import openrlhf as adapter
+    from rlvr_selector_client.integrations import openrlhf as adapter
 
     (work / "updates.jsonl").unlink(missing_ok=True)
     crash_at = FILTERING_CRASH_AT_UPDATE if args.filtering else CRASH_AT_UPDATE

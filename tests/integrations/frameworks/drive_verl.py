@@ -73,7 +73,7 @@ def compose(args: argparse.Namespace, model: Path, data: Path, steps: int, resum
     ]
     if VERSION < (0, 8) or args.mode == "legacy":
         sampler = [
-            "data.sampler.class_path=pkg://trainer_client.integrations.verl",
+            "data.sampler.class_path=pkg://rlvr_selector_client.integrations.verl",
             "data.sampler.class_name=SelectorCurriculumSampler",
         ]
     else:
@@ -242,7 +242,7 @@ class FakeActorWorkers:
 
     def record(self, batch: Any) -> None:
         """What the actor update trains on: the prompts, their scores and verl's advantages."""
-        from trainer_client.integrations.verl import batch_prompt_ids
+        from rlvr_selector_client.integrations.verl import batch_prompt_ids
 
         mask = batch.batch["response_mask"]
         advantages = (batch.batch["advantages"] * mask).sum(-1) / mask.sum(-1).clamp(min=1)
@@ -363,12 +363,12 @@ def build_trainer(config: Any, tok: Any, policy: common.Policy, updates: list[di
     from verl.trainer.ppo.utils import Role
 
     if VERSION >= (0, 8):
-        # What `python -m trainer_client.integrations.verl_main` runs inside verl's legacy TaskRunner:
+        # What `python -m rlvr_selector_client.integrations.verl_main` runs inside verl's legacy TaskRunner:
         # its create_rl_dataset / create_rl_sampler / RayPPOTrainer, after install() swapped in ours.
         import verl.trainer.main_ppo_v0 as v0
         from verl.utils.dataset.rl_dataset import collate_fn
 
-        from trainer_client.integrations import verl_main
+        from rlvr_selector_client.integrations import verl_main
 
         verl_main.check_config(config)
         verl_main.install()
@@ -428,8 +428,8 @@ def build_trainer(config: Any, tok: Any, policy: common.Policy, updates: list[di
 
 def guards(args: argparse.Namespace, model: Path, data: Path) -> dict[str, str]:
     """What happens to the settings that would silently do nothing on verl >= 0.8."""
-    from trainer_client.integrations import verl as adapter
-    from trainer_client.integrations import verl_main
+    from rlvr_selector_client.integrations import verl as adapter
+    from rlvr_selector_client.integrations import verl_main
 
     out: dict[str, str] = {}
 
@@ -447,7 +447,7 @@ def guards(args: argparse.Namespace, model: Path, data: Path) -> dict[str, str]:
     from omegaconf import open_dict
 
     with open_dict(config):
-        config.data.sampler.class_path = "pkg://trainer_client.integrations.verl"
+        config.data.sampler.class_path = "pkg://rlvr_selector_client.integrations.verl"
     out["class_path_with_entry_point"] = failure(lambda: verl_main.check_config(config))
     config = compose(args, model, data, steps=3, resume=None)
     with open_dict(config):

@@ -215,7 +215,7 @@ def fake_actor_workers(sink: list[dict[str, Any]]) -> Any:
     from verl.utils import tensordict_utils as tu
     from verl.utils.transferqueue_utils import tqbridge
 
-    from trainer_client.integrations.verl_v1 import PROMPT_FIELD, STEP_FIELD
+    from rlvr_selector_client.integrations.verl_v1 import PROMPT_FIELD, STEP_FIELD
 
     class Workers:
         world_size = 1
@@ -364,11 +364,11 @@ def run(
     from verl.experimental.reward_loop.reward_loop import RewardLoopWorker
     from verl.trainer.ppo import v1
 
-    from trainer_client.integrations import verl_main
+    from rlvr_selector_client.integrations import verl_main
 
     config = compose(args.url, dataset, work, model, data, case, steps, resume)
     verl_main.check_config(config)
-    from trainer_client.integrations import verl_v1
+    from rlvr_selector_client.integrations import verl_v1
 
     verl_v1.install()
     trainer_class = v1.get_trainer_cls(config.trainer.v1.trainer_mode)
@@ -432,7 +432,7 @@ def run(
 
 
 def trainer_max_lag(url: str, dataset: str) -> int:
-    from trainer_client.client import SelectorClient
+    from rlvr_selector_client.client import SelectorClient
 
     with SelectorClient(url) as client:
         return client.get_dataset(dataset).max_lag
@@ -442,7 +442,7 @@ def guards(args: argparse.Namespace, model: Path, data: Path, work: Path) -> dic
     """What the entry point refuses on the v1 route."""
     from omegaconf import open_dict
 
-    from trainer_client.integrations import verl_main
+    from rlvr_selector_client.integrations import verl_main
 
     def failure(fn: Any) -> str:
         try:

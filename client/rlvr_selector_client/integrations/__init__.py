@@ -1,17 +1,17 @@
 """Adapters that let trainers people already use ask the selector service which prompts to train on.
 
-- `trainer_client.integrations.verl` (+ `verl_main` for verl >= 0.8, `verl_v1` for verl 0.9's v1
+- `rlvr_selector_client.integrations.verl` (+ `verl_main` for verl >= 0.8, `verl_v1` for verl 0.9's v1
   trainer): a curriculum sampler for verl's PPO/GRPO trainers, and for v1 a replay buffer that reports
   each group as it finishes.
-- `trainer_client.integrations.trl`: a `RepeatSampler`-shaped sampler, a reward-function wrapper and a
+- `rlvr_selector_client.integrations.trl`: a `RepeatSampler`-shaped sampler, a reward-function wrapper and a
   `GRPOTrainer` subclass for TRL.
-- `trainer_client.integrations.areal`: a sampler, dataset and workflow wrapper for AReaL's asynchronous
+- `rlvr_selector_client.integrations.areal`: a sampler, dataset and workflow wrapper for AReaL's asynchronous
   rollout.
-- `trainer_client.integrations.openrlhf`: OpenRLHF's ``train_ppo_ray`` entry point with the prompt
+- `rlvr_selector_client.integrations.openrlhf`: OpenRLHF's ``train_ppo_ray`` entry point with the prompt
   loader and rollout collection of the selector.
-- `trainer_client.integrations.slime`: a data source and rollout hook for slime.
+- `rlvr_selector_client.integrations.slime`: a data source and rollout hook for slime.
 
-All speak to the service only through `trainer_client.client.SelectorClient`, take their settings as one
+All speak to the service only through `rlvr_selector_client.client.SelectorClient`, take their settings as one
 `SelectorOptions`, and follow the same rules as our own loop: a service prompt id is a stable integer per
 prompt (a dataset column, never a row position that filtering can shift), each training step selects
 once, and every group of rollouts is reported to ``/observe`` with a request id (`request_id`) that
@@ -28,16 +28,14 @@ This package imports no trainer framework; each submodule imports its framework 
 from __future__ import annotations
 
 import logging
+import re
 import uuid
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from importlib import metadata
 from typing import Any, NamedTuple
 
-from packaging.version import Version
-
-from selector_service.dataset_settings import DEFAULTS as DATASET_DEFAULTS
-from trainer_client.client import NotFound, Result, RolloutBudget, Selection, SelectorClient, first_step
+from rlvr_selector_client.client import NotFound, Result, RolloutBudget, Selection, SelectorClient, first_step
+from rlvr_selector_client.contract import DEFAULTS as DATASET_DEFAULTS
 
 __all__ = [
     "SelectedStep",
@@ -54,6 +52,9 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+#: A PEP 440 version's release segment, after an optional epoch: ``1!2.3.4rc1+local`` -> ``2.3.4``.
+_RELEASE = re.compile(r"\s*v?(?:\d+!)?(\d+(?:\.\d+)*)")
 
 #: Environment variables an adapter reads when a setting is not given explicitly.
 ENV = {
@@ -293,13 +294,20 @@ def one_group(run_id: str, step: int, prompt_id: int, rewards: list[float]) -> t
 def framework_version(package: str) -> tuple[int, int] | None:
     """(major, minor) of an installed package (a trainer framework), or None when it is not installed.
 
-    Read with `packaging.version` (every framework's environment has it), so pre-releases and local
-    builds such as ``0.9.0rc1`` or ``0.8.0+cu124`` count as their release."""
+    The release numbers that open a version string (PEP 440, after any ``N!`` epoch), so pre-releases
+    and local builds such as ``0.9.0rc1`` or ``0.8.0+cu124`` count as their release."""
+    from importlib import metadata
+
     try:
         installed = metadata.version(package)
     except metadata.PackageNotFoundError:
         return None
-    major, minor, *_ = (*Version(installed).release, 0, 0)
+    release = _RELEASE.match(installed)
+    if release is None:
+        raise ValueError(
+            f"{package} reports version {installed!r}, which does not start with a release number"
+        )
+    major, minor, *_ = (*map(int, release.group(1).split(".")), 0)
     return major, minor
 
 

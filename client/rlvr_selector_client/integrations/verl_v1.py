@@ -47,7 +47,7 @@ pulled), selected while the previous steps' groups are still generating. Their r
 how many steps were selected after theirs (docs/methods.md, 3.1); `default_max_lag` derives the
 dataset's ``max_lag`` from the replay buffer's ``max_off_policy_threshold`` and the warm-up.
 
-Launch: ``python -m trainer_client.integrations.verl_main`` (the same entry point as the legacy
+Launch: ``python -m rlvr_selector_client.integrations.verl_main`` (the same entry point as the legacy
 trainer; ``trainer.use_v1=False`` picks the legacy route) with ``trainer.v1.trainer_mode=...``.
 """
 
@@ -58,9 +58,9 @@ import math
 from collections import defaultdict
 from typing import Any
 
-from trainer_client.client import Conflict
-from trainer_client.integrations import log_too_late, one_group
-from trainer_client.integrations.verl import SelectorCurriculumSampler
+from rlvr_selector_client.client import Conflict
+from rlvr_selector_client.integrations import log_too_late, one_group
+from rlvr_selector_client.integrations.verl import SelectorCurriculumSampler, replace_name
 
 __all__ = [
     "PROMPT_FIELD",
@@ -325,7 +325,7 @@ class SelectorV1Trainer:
         if not isinstance(sampler, SelectorCurriculumSampler):
             raise TypeError(
                 f"the v1 prompt loader's sampler is {type(sampler).__name__}, not the selector's; run the "
-                "trainer through trainer_client.integrations.verl_main (or call verl_v1.install() first)"
+                "trainer through rlvr_selector_client.integrations.verl_main (or call verl_v1.install() first)"
             )
         self.replay_buffer.selector_sampler = sampler  # type: ignore[attr-defined]
 
@@ -391,7 +391,7 @@ def install() -> None:
     import verl.trainer.ppo.v1 as v1
     import verl.trainer.ppo.v1.trainer_base as trainer_base
 
-    trainer_base.create_rl_sampler = selector_sampler
+    replace_name(trainer_base, "create_rl_sampler", selector_sampler)
     original = getattr(v1.get_trainer_cls, "_verl_original", v1.get_trainer_cls)
 
     def get_trainer_cls(name: str) -> type:

@@ -41,7 +41,7 @@ failing the episode.
 
 Usage (an AReaL GSM8K GRPO script)::
 
-    from trainer_client.integrations.areal import SelectorOptions, SelectorPPOTrainer
+    from rlvr_selector_client.integrations.areal import SelectorOptions, SelectorPPOTrainer
 
     with SelectorPPOTrainer(config, train_dataset=train, valid_dataset=valid,
                             selector=SelectorOptions(url="http://selector:8000", dataset="gsm8k-areal")) as trainer:
@@ -63,8 +63,8 @@ from typing import Any
 
 from torch.utils.data import Dataset, Sampler
 
-from trainer_client.client import AsyncSelectorClient, Conflict, SelectorClient
-from trainer_client.integrations import (
+from rlvr_selector_client.client import AsyncSelectorClient, Conflict, SelectorClient
+from rlvr_selector_client.integrations import (
     SelectedStep,
     SelectorOptions,
     StepIterator,

@@ -10,6 +10,8 @@ Exception tree (each carries ``status`` (int | None) and the server's ``detail``
     ├── NotFound                  404 (unknown dataset)
     ├── Conflict                  409 (name taken with another spec; step closed beyond max_lag;
     │                                  request id already used with another body or dataset)
+    ├── ContractMismatch          the service speaks another contract version (its message says which
+    │                                  package to upgrade)
     └── InvalidRequest            400 / 413 / 422 (malformed or out-of-range input; nothing applied)
 
 Retries: connect errors, timeouts and 502/503/504 are retried ``retries`` times with exponential
@@ -24,7 +26,6 @@ answers are not retried: repeating them cannot help.
 from __future__ import annotations
 
 import array
-import asyncio
 import math
 import os
 import sys
@@ -36,7 +37,7 @@ from urllib.parse import quote
 
 import httpx
 
-from selector_service import dataset_settings
+from rlvr_selector_client import contract
 
 __all__ = [
     "AsyncSelectorClient",
@@ -44,6 +45,7 @@ __all__ = [
     "Belief",
     "Beliefs",
     "Conflict",
+    "ContractMismatch",
     "DatasetInfo",
     "InvalidRequest",
     "MetadataAck",
@@ -59,8 +61,8 @@ __all__ = [
 ]
 
 _RETRY_STATUSES = frozenset({502, 503, 504})
-#: The defaults of create_dataset's settings (selector_service/dataset_settings.py).
-_DEFAULT = dataset_settings.DEFAULTS
+#: The defaults of create_dataset's settings (contract.py).
+_DEFAULT = contract.DEFAULTS
 _MAX_BACKOFF_S = 8.0
 
 
@@ -90,6 +92,10 @@ class NotFound(SelectorError):
 
 class Conflict(SelectorError):
     """The request conflicts with the service's state (dataset spec differs; step already closed)."""
+
+
+class ContractMismatch(SelectorError):
+    """The service speaks another version of the contract (contract.CONTRACT) than this client."""
 
 
 class InvalidRequest(SelectorError):
@@ -183,7 +189,7 @@ class Result:
 class DatasetInfo:
     """A dataset's spec and (when the service reports it) its running summary.
 
-    The spec's fields are selector_service/dataset_settings.py's settings, in its order, required as
+    The spec's fields are contract.py's settings, in its order, required as
     in the info body but for the later ones (their defaults are the settings'); they are written out
     for type checkers (tests/trainer/test_client.py holds them to the settings)."""
 
@@ -219,7 +225,7 @@ class DatasetInfo:
             return int(value) if value is not None else None
 
         return cls(
-            **dataset_settings.from_doc(spec),
+            **contract.from_doc(spec),
             open_step=_opt_int("open_step"),
             observations=_opt_int("observations"),
             rollouts=_opt_int("rollouts"),
@@ -425,7 +431,7 @@ def _dataset_path(name: str) -> str:
 
 def _create_dataset_call(arguments: Mapping[str, Any]) -> _Call[DatasetInfo]:
     """POST /datasets with create_dataset's arguments (by name; None = the service's default)."""
-    return _Call("POST", "/datasets", _parse_dataset, json=dataset_settings.create_body(arguments))
+    return _Call("POST", "/datasets", _parse_dataset, json=contract.create_body(arguments))
 
 
 def _select_call(
@@ -609,7 +615,7 @@ class _Base:
         self.retries = retries
         self.backoff = backoff
         self._timeout = httpx.Timeout(timeout)
-        self._headers = {"Accept": "application/json"}
+        self._headers = {"Accept": "application/json", contract.CONTRACT_HEADER: str(contract.CONTRACT)}
         token = token or os.environ.get("SELECTOR_API_TOKEN") or None
         if token:
             self._headers["Authorization"] = f"Bearer {token}"
@@ -635,6 +641,13 @@ class _Base:
         )
 
     def _outcome(self, call: _Call[T], response: httpx.Response) -> T:
+        # Every answer of the service names its contract version; one from before versions were sent
+        # names none and speaks the first.
+        problem = contract.mismatch(contract.CONTRACT, response.headers.get(contract.CONTRACT_HEADER))
+        if problem:
+            raise ContractMismatch(
+                f"{call.method} {call.path} at {self.base_url}: {problem}", status=response.status_code
+            )
         if not response.is_success:
             raise _error_for(call.method, call.path, response, token_sent=self._token_sent)
         try:
@@ -746,7 +759,7 @@ class SelectorClient(_Base):
         group_decay: float = _DEFAULT["group_decay"],
     ) -> DatasetInfo:
         """Create a dataset (or confirm an identical one); ``Conflict`` if the name has another spec.
-        The settings, their defaults and domains are selector_service/dataset_settings.py's (docs/api.md);
+        The settings and their defaults are contract.py's, their domains the service's (docs/api.md);
         ``max_lag``: accept results up to this many steps late (asynchronous trainers);
         ``prior_strength`` / ``group_decay``: docs/methods.md §6. A setting given as None has its default."""
         return self._run(_create_dataset_call(locals()))
@@ -846,8 +859,9 @@ class SelectorClient(_Base):
         return self._run(_Call("GET", "/strategies", _parse_strategies))
 
     def check_server(self) -> None:
-        """Raise a ``SelectorError`` that says what to fix unless the service is up, ready, and accepts
-        our token. Cheap: three GET requests."""
+        """Raise a ``SelectorError`` that says what to fix unless the service is up, ready, speaks this
+        client's contract version (`ContractMismatch` says which package to upgrade; every call checks it)
+        and accepts our token. Cheap: three GET requests."""
         try:
             self.healthz()
             self.readyz()
@@ -884,6 +898,8 @@ class AsyncSelectorClient(_Base):
         await self._http.aclose()
 
     async def _run(self, call: _Call[T]) -> T:
+        import asyncio  # here, not at the top: the blocking client's users do not pay its import
+
         for attempt in range(self.retries + 1):
             try:
                 response = await self._http.request(call.method, call.path, **call.send_kwargs())

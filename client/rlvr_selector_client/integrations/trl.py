@@ -52,8 +52,8 @@ from accelerate.utils import broadcast_object_list, gather_object
 from torch.utils.data import Sampler
 from trl import GRPOTrainer
 
-from trainer_client.client import SelectorClient
-from trainer_client.integrations import (
+from rlvr_selector_client.client import SelectorClient
+from rlvr_selector_client.integrations import (
     SelectedStep,
     SelectorOptions,
     StepIterator,

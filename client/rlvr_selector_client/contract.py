@@ -1,0 +1,234 @@
+"""The selector service's contract as the client and the service both read it, declared once here.
+
+- `CONTRACT`, the contract's version: the client sends it with every request (`CONTRACT_HEADER`), the
+  service answers with its own, and each refuses the other's when they differ, saying which package to
+  upgrade (`mismatch`).
+- Names and their patterns: a dataset's name (`NAME`), a report's request id (`REQUEST_ID`).
+- Each dataset setting of POST /datasets (docs/api.md) with its default and description (`SETTINGS`).
+  From them follow the client's create parameters and body (`create_body`) and the settings of its
+  DatasetInfo (`from_doc`); the service builds its create and info bodies, its stored spec and its checks
+  from the same declaration (selector_service/dataset_settings.py).
+
+Standard library only: it is imported in trainers' environments, beside whatever they pin. The bounds
+that are the service's numerically safe domain are named here, not given: a constraint given as a
+string ("K_MAX"), a `check` and a description given as a function of the module are the service's
+selector_service/core/domain.py's, which the service reads when it builds its bodies. The client needs
+no bound: the service checks every value and says what is wrong.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+#: The contract's version. It changes only when a change to the REST contract is not an extension
+#: (docs/api.md: endpoints and fields are added, never changed), which the two sides cannot talk across.
+CONTRACT = 1
+#: The header that carries `CONTRACT`, on every request of the client and every answer of the service.
+CONTRACT_HEADER = "Selector-Contract"
+#: The client's distribution, which a trainer's environment installs.
+CLIENT_DISTRIBUTION = "rlvr-selector-client"
+#: The service's distribution.
+SERVICE_DISTRIBUTION = "rlvr-selector"
+
+
+def mismatch(client: str | int | None, service: str | int | None) -> str | None:
+    """What to upgrade when the client and the service speak other contract versions, or None when they
+    speak the same one. A side that names no version (one from before versions were sent) speaks 1."""
+    try:
+        mine, theirs = int(client or 1), int(service or 1)
+    except ValueError:
+        return (
+            f"unreadable {CONTRACT_HEADER} header (client {client!r}, service {service!r}); "
+            f"send an integer, or use {CLIENT_DISTRIBUTION} and {SERVICE_DISTRIBUTION} of one release"
+        )
+    if mine == theirs:
+        return None
+    if mine < theirs:
+        return (
+            f"the client speaks contract {mine} and the service contract {theirs}: upgrade the client "
+            f"in the trainer's environment (pip install -U {CLIENT_DISTRIBUTION})"
+        )
+    return (
+        f"the client speaks contract {mine} and the service contract {theirs}: upgrade the service "
+        f"(pip install -U {SERVICE_DISTRIBUTION}, or its image), or install the {CLIENT_DISTRIBUTION} release "
+        "that matches it in the trainer's environment"
+    )
+
+
+#: A dataset's name (without the anchors of its pattern, which is also how the API describes it).
+NAME = r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}"
+#: A report's request id (POST /observe): printable characters (without the anchors of its pattern),
+#: 1 to `REQUEST_ID_MAX` of them.
+REQUEST_ID = r"[^\x00-\x1f\x7f]+"
+REQUEST_ID_MAX = 128
+#: The most steps late an observation may be accepted (max_lag).
+MAX_LAG = 1000
+
+
+class _Required:
+    def __repr__(self) -> str:
+        return "REQUIRED"
+
+
+#: The default of a setting that every request must give (name, size).
+REQUIRED: Any = _Required()
+
+
+def _threshold(value: Any) -> float:
+    return float(value) + 0.0  # -0.0 is the same threshold as 0.0
+
+
+def _pair(value: Any) -> tuple[float, float]:
+    return (float(value[0]), float(value[1]))
+
+
+def _object(value: Any) -> Any:
+    """The per-strategy defaults; a stored null is none. Anything else is kept for `problems` to name."""
+    return value or {}
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One dataset setting.
+
+    `type` is its value's type in the info body (and, but for `choices`, in the create body);
+    `constraints` are pydantic Field constraints of the create body (a string value names a constant of
+    core/domain.py); `choices` make the create body's type a Literal of them. `stored` turns a request's,
+    a stored document's or an answer's value into the spec's (`stored_type`). `check` names a function of
+    core/domain.py that says what is wrong with a value (or None), used instead of the constraints'
+    own check. `later`: added after the first release, so a stored document or an answer may lack it (it
+    then has its default), the spec's fingerprint leaves it out at its default, and the client sends it
+    only when it differs from it. `rule`: a field of the same name of the service's core.coldstart.DatasetRules.
+    """
+
+    name: str
+    type: Any
+    default: Any
+    description: str | Callable[[Any], str]
+    constraints: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    choices: tuple[str, ...] = ()
+    stored: Callable[[Any], Any] | None = None
+    stored_type: Any = None
+    check: str = ""
+    later: bool = False
+    rule: bool = False
+
+    @property
+    def required(self) -> bool:
+        return self.default is REQUIRED
+
+    def to_stored(self, value: Any) -> Any:
+        """The spec's value for `value` (from a request, a stored document or an answer)."""
+        if self.stored is not None:
+            return self.stored(value)
+        return self.type(value) if self.type in (int, float) else value
+
+    def stored_default(self) -> Any:
+        return self.to_stored(self.default)
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("name", str, REQUIRED, NAME, {"pattern": f"^{NAME}$"}),
+    Setting("size", int, REQUIRED, "Prompt ids are 0..size-1 (verl's extra_info.index).", {"ge": 1}),
+    Setting("rollouts_per_prompt", int, 8, "K, rollouts per prompt per step.", {"ge": 1, "le": "K_MAX"}),
+    Setting(
+        "success_threshold",
+        float,
+        1.0,
+        "A reward >= threshold is a success (binary mode).",
+        stored=_threshold,
+    ),
+    Setting(
+        "beta_prior",
+        list[float],
+        [1.0, 1.0],
+        lambda domain: (
+            f"[alpha0, beta0], each in [{domain.PRIOR_MIN:g}, {domain.PRIOR_MAX:g}] "
+            "(the numerically safe domain)."
+        ),
+        {"min_length": 2, "max_length": 2},
+        stored=_pair,
+        stored_type=tuple[float, float],
+        check="prior_problem",
+    ),
+    Setting("beta_decay", float, 1.0, "Forgetting factor of the Beta update, in (0, 1].", {"gt": 0, "le": 1}),
+    Setting("hmm_decay", float, 0.7, "Forgetting factor of the DPS update, in (0, 1].", {"gt": 0, "le": 1}),
+    Setting(
+        "reward_mode",
+        str,
+        "binary",
+        "binary: success = reward >= threshold; fractional: rewards in [0,1] summed.",
+        choices=("binary", "fractional"),
+    ),
+    Setting(
+        "defaults",
+        dict[str, dict[str, Any]],
+        {},
+        "Per-strategy selection defaults, e.g. {'insight': {'eta': 2.0}}.",
+        stored=_object,
+    ),
+    Setting(
+        "max_lag",
+        int,
+        0,
+        "Late observations: an observe for a step closed at most this many steps ago is applied "
+        "(Beta at once, DPS pooled into the open step) and answered with its lag; 0 = strict (409).",
+        {"ge": 0, "le": MAX_LAG},
+        later=True,
+    ),
+    Setting(
+        "prior_strength",
+        float,
+        2.0,
+        "Cold start (docs/methods.md §6): weight, in rollouts, of a prompt's prior pass rate (its own "
+        "from PUT /datasets/{name}/metadata, else its group's rate) in its Beta prior.",
+        {"ge": 0, "le": "PRIOR_STRENGTH_MAX"},
+        later=True,
+        rule=True,
+    ),
+    Setting(
+        "group_decay",
+        float,
+        0.9,
+        "Cold start (docs/methods.md §6): the group rates' successes and trials are multiplied by this "
+        "at every step close, in (0, 1].",
+        {"gt": 0, "le": 1},
+        later=True,
+        rule=True,
+    ),
+)
+
+#: The settings a create may leave out, with their defaults as the spec holds them.
+DEFAULTS: dict[str, Any] = {s.name: s.stored_default() for s in SETTINGS if not s.required}
+#: The settings that are DatasetRules fields of the same name.
+RULES: tuple[str, ...] = tuple(s.name for s in SETTINGS if s.rule)
+
+
+# ---- the stored spec and the client's info -----------------------------------------------------------
+def from_doc(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """The settings of a stored document or an answer, as the spec holds them; a setting the document
+    lacks (one added after it was written) has its default."""
+    return {s.name: s.to_stored(doc[s.name] if s.required else doc.get(s.name, s.default)) for s in SETTINGS}
+
+
+def create_body(arguments: Mapping[str, Any]) -> dict[str, Any]:
+    """POST /datasets's body from the client's create arguments (None = the default). A later setting
+    is sent only when it differs from its default, so that a body that does not use it also creates on
+    a service from before it; `defaults` only when given."""
+    body: dict[str, Any] = {}
+    for s in SETTINGS:
+        value = arguments.get(s.name)
+        if value is None or (s.later and value == s.default):
+            if s.required:
+                raise TypeError(f"create_dataset needs {s.name}")
+            if s.later or isinstance(s.default, dict):
+                continue
+            value = s.default
+        value = s.to_stored(value)
+        body[s.name] = (
+            list(value) if isinstance(value, tuple) else dict(value) if isinstance(value, Mapping) else value
+        )
+    return body

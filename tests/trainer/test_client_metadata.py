@@ -8,7 +8,7 @@ import struct
 
 import pytest
 
-from trainer_client import client as tc
+from rlvr_selector_client import client as tc
 
 
 def test_small_uploads_are_one_json_request_with_nulls_for_unknown_rates():

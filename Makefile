@@ -41,7 +41,8 @@ test: $(STAMP)
 	  || (apt-get update -qq && apt-get install -y -qq prometheus docker-compose haproxy chromium chromium-driver >/dev/null) \
 	  || echo "prometheus/docker-compose/haproxy/chromium not installable: the tests that need them will be skipped"
 	$(MAKE) lint
-	@# One cached venv per trainer framework (verl, AReaL) for tests/integrations/test_frameworks.py; reused when cached.
+	@# One cached venv per trainer framework (verl, AReaL, OpenRLHF, TRL) for tests/integrations/test_frameworks.py
+	@# and test_client_package.py (the client wheel installed into each); reused when cached.
 	@# A framework that fails to install fails its test there with pip's error.
 	-$(BIN)/python tests/integrations/frameworks/venvs.py
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)

@@ -37,7 +37,33 @@ SIZE = 12
 STALENESS = 1
 
 
-def serve_sglang(policy: common.Policy) -> tuple[ThreadingHTTPServer, str]:
+class LateGate:
+    """Holds the first response of a run until the data loader has selected the step after the
+    first one, so that the first group reports after the next step was selected whatever the
+    machine's load (on a loaded host a fixed delay alone let every group finish before the next
+    select). Bounded: after ``timeout`` seconds the response goes anyway."""
+
+    def __init__(self, timeout: float = 30.0) -> None:
+        self.timeout = timeout
+        self.lock = threading.Lock()
+        self.arm(lambda: True)
+
+    def arm(self, ready: Any) -> None:
+        with self.lock:
+            self.ready, self.held = ready, False
+
+    def wait(self) -> None:
+        with self.lock:
+            if self.held:
+                return
+            self.held = True
+            ready = self.ready
+        deadline = time.monotonic() + self.timeout
+        while not ready() and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+
+def serve_sglang(policy: common.Policy, gate: LateGate) -> tuple[ThreadingHTTPServer, str]:
     """A loopback stand-in for an SGLang server: ``/health`` and non-streaming ``/generate``."""
     lock = threading.Lock()
 
@@ -64,6 +90,7 @@ def serve_sglang(policy: common.Policy) -> tuple[ThreadingHTTPServer, str]:
             with lock:
                 tokens = policy.respond_ids(payload["input_ids"])
             # Generation takes time: later prompts are submitted while these are still running.
+            gate.wait()
             time.sleep(0.3)
             self._send(
                 {
@@ -125,7 +152,8 @@ def main() -> None:
     model = common.model_dir(work)
     tok = common.tokenizer()
     policy = common.Policy(tok)
-    server, address = serve_sglang(policy)
+    gate = LateGate()
+    server, address = serve_sglang(policy, gate)
     options = adapter.SelectorOptions(url=args.url, dataset=args.dataset, strategy="insight", seed=1)
     client = SelectorClient(args.url)
     data = train_dataset()
@@ -154,6 +182,8 @@ def main() -> None:
         return rollout
 
     def run(loader: Any, steps: int, start_version: int) -> dict[str, Any]:
+        first_step = loader.sampler.next_step
+        gate.arm(lambda: loader.sampler.next_step >= first_step + 2)
         rollout = engine()
         workflow = shell.selector_workflow(
             RLVRWorkflow(reward_fn=gsm8k_reward_fn, gconfig=gconfig, tokenizer=tok)

@@ -176,9 +176,10 @@ class Settings(BaseSettings):
     max_step_gap: int = Field(
         default=1000,
         ge=1,
-        description="Most steps one request may move a dataset's open step forward. Each skipped step is "
-        "closed with a DPS update of every observed prompt, so a far jump (a step number sent by mistake) "
-        "would keep the dataset busy for hours; it is refused with 422 and nothing applied.",
+        description="Most steps one request may move a dataset's open step forward. The skipped steps close "
+        "in one pass over the observed prompts (docs/methods.md §3.2), but a far jump is most often a step "
+        "number sent by mistake, which would make every belief forget what it learnt; it is refused with 422 "
+        "and nothing applied.",
     )
     request_id_ttl_s: int = Field(
         default=30 * 86400,

@@ -35,6 +35,9 @@ from selector_service.core.rollouts import RolloutRequest, allocate_rollouts
 from selector_service.core.select import TiedScores, retie, tie_index
 from selector_service.history import LAG_LABELS, StepHistory
 
+#: The figures of a closed step that held no evidence (the steps of a gap after its first).
+EMPTY_CLOSE = CloseStats(0, 0, 0, 0, 0, 0)
+
 _RESULT_DTYPES = (("ids", "<i8"), ("successes", "<f8"), ("trials", "<f8"), ("states", "<i1"))
 # Snapshot arrays of the dataset's shared state (per group, not per prompt) carry this name prefix.
 SHARED_PREFIX = "shared."
@@ -290,15 +293,22 @@ class DatasetState:
             cache.pending_count += len(ids)
 
     def close_until(self, step: int) -> None:
-        """Closes every open step below `step` (each: the walks' positions, the shared state of docs/methods.md §6
-        and 7, then a DPS update over all prompts; core.close_open_step)."""
-        while self.open_step < step:
-            counts = self.arrays.shared.step_counts.copy()  # the close resets them
-            self.last_close = close_open_step(self.arrays, hmm_decay=self.spec.hmm_decay, key=self.spec.name)
-            self.history.close(self.open_step, counts, self.last_close, self.arrays.observed)
-            self.open_step += 1
-            self.steps_closed += 1
-            self.closes_since_snapshot += 1
+        """Closes every open step below `step` (the walks' positions, the shared state of docs/methods.md §6
+        and 7, then a DPS update over the observed set; core.close_open_step), a gap of several steps in
+        one pass (the steps after the open one hold no evidence); each closed step gets its history row."""
+        gap = step - self.open_step
+        if gap < 1:
+            return
+        counts = self.arrays.shared.step_counts.copy()  # the close resets them
+        self.last_close = close_open_step(
+            self.arrays, hmm_decay=self.spec.hmm_decay, key=self.spec.name, steps=gap
+        )
+        self.history.close(self.open_step, counts, self.last_close, self.arrays.observed)
+        for empty in range(self.open_step + 1, step):
+            self.history.close(empty, np.zeros_like(counts), EMPTY_CLOSE, self.arrays.observed)
+        self.open_step = step
+        self.steps_closed += gap
+        self.closes_since_snapshot += gap
 
     # ---- selection ------------------------------------------------------------------------------
     def _full_scores(self, strategy: str, params: dict[str, Any]) -> np.ndarray | TiedScores | None:

@@ -122,11 +122,34 @@ def close_shared(ba: BeliefArrays) -> None:
     counts[:] = 0.0
 
 
-def close_open_step(ba: BeliefArrays, *, hmm_decay: float, key: str, d0: float | None = None) -> CloseStats:
+def close_shared_empty(ba: BeliefArrays, steps: int) -> None:
+    """Closes `steps` steps of `ba.shared` that had no results, in closed form (close_shared with zero
+    counts, `steps` times): GRESO's and AdaRFT's adaptations stay where they are, SEC's values decay by
+    (1 - lr)^steps and the group counts by group_decay^steps."""
+    sh = ba.shared
+    rules = sh.rules
+    if steps < 1 or not sh.n_groups:
+        return
+    sh.sec_q *= (1.0 - rules.sec_lr) ** steps
+    if rules.group_decay != 1.0 and (sh.group_trials.any() or sh.group_successes.any()):
+        factor = rules.group_decay**steps
+        sh.group_successes *= factor
+        sh.group_trials *= factor
+        if sh.grouped:
+            sh.cold_version += 1
+
+
+def close_open_step(
+    ba: BeliefArrays, *, hmm_decay: float, key: str, d0: float | None = None, steps: int = 1
+) -> CloseStats:
     """Closes the open step of `ba` completely, in the order that matters: the walks' positions (they
     read the step states), the shared state (group decay, GRESO / AdaRFT / SEC adaptations), then DPS
     (which resets the step states). `key` names the dataset's random streams (the walks'); `d0` as in
-    dps.close_step (default: the beliefs' own)."""
+    dps.close_step (default: the beliefs' own). ``steps > 1`` also closes the ``steps - 1`` steps after
+    the open one, which hold no evidence, at the cost of one close: the walks do not move at a step
+    without results, the shared state's empty steps have a closed form (close_shared_empty), and DPS
+    walks each prompt through them in one pass (dps.close_step)."""
     advance_walks(ba, key)
     close_shared(ba)
-    return close_step(ba, hmm_decay, d0)
+    close_shared_empty(ba, steps - 1)
+    return close_step(ba, hmm_decay, d0, steps)

@@ -2,7 +2,8 @@
 
 The service's promise, stated as what the model checks: every acknowledged observation is applied
 exactly once, at the open step it was appended at (its reported step plus the lag it was answered
-with), and every step that an acknowledged request opened is closed in order. Nothing else may change
+with), and every step that an acknowledged request opened is closed in order, each close ending where a
+request opened a step (a close over a gap walks its steps at once). Nothing else may change
 the beliefs. With `beta_decay` 1 and whole successes the Beta sums and the pooled step states do not
 depend on the order of results within a step, so the model does not need the log's order: it replays
 the acknowledged results step by step in a canonical order on a fresh single-process `DatasetState`,
@@ -43,6 +44,9 @@ class ReplicaModel:
     spec: DatasetSpec
     acks: dict[str, Ack] = field(default_factory=dict)
     open_step: int = 0
+    #: Every step an acknowledged request opened: where the service's closes ended (a close over a gap
+    #: is one walk, whose float32 rounding differs from closing its steps one at a time).
+    opened_steps: set[int] = field(default_factory=set)
 
     def acknowledged(self, request_id: str, step: int, lag: int, results: list) -> None:
         """Records an answer `applied` or `duplicate` for a request; a duplicate must name the same step."""
@@ -59,6 +63,7 @@ class ReplicaModel:
     def opened(self, step: int) -> None:
         """An acknowledged request (select, or observe for a later step) opened `step`."""
         self.open_step = max(self.open_step, step)
+        self.opened_steps.add(step)
 
     def last_states(self) -> dict[int, set[int]]:
         """prompt id -> the states its `last_state` may hold: those of its results applied at its last
@@ -76,13 +81,16 @@ class ReplicaModel:
 
     def state(self) -> DatasetState:
         st = DatasetState(self.spec)
-        for ack in sorted(self.acks.values(), key=lambda a: (a.applied_at, a.request_id)):
-            st.close_until(ack.applied_at)
-            ids, succ, trials, states = outcome_arrays(self.spec, ack.results)
-            st.apply_outcomes(ids, succ, trials, states)
-            lag = min(ack.lag, LAG_LABELS)
-            st.results_by_lag[lag] = st.results_by_lag.get(lag, 0) + len(ids)
-        st.close_until(self.open_step)
+        at: dict[int, list[Ack]] = {}
+        for ack in self.acks.values():
+            at.setdefault(ack.applied_at, []).append(ack)
+        for step in sorted(self.opened_steps | at.keys() | {self.open_step}):
+            st.close_until(step)  # each close ends where a request opened a step, as the service's did
+            for ack in sorted(at.get(step, []), key=lambda a: a.request_id):
+                ids, succ, trials, states = outcome_arrays(self.spec, ack.results)
+                st.apply_outcomes(ids, succ, trials, states)
+                lag = min(ack.lag, LAG_LABELS)
+                st.results_by_lag[lag] = st.results_by_lag.get(lag, 0) + len(ids)
         return st
 
 

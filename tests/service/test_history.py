@@ -114,9 +114,11 @@ class Log:
         self.model = model
 
     def apply(self, kind: str, step: int, **fields: bytes | str) -> None:
-        while self.model.open < step:  # the record first closes the steps below it
+        # The record first closes the steps below it, all in one close as the service does (a gap's
+        # steps after the first hold no results, so the model reads no belief for them).
+        while self.model.open < step:
             self.model.close(self.state)
-            self.state.close_until(self.model.open)
+        self.state.close_until(step)
         self.n += 1
         rec = {"n": str(self.n).encode(), "k": kind.encode(), "s": str(step).encode()}
         rec.update({k: v.encode() if isinstance(v, str) else v for k, v in fields.items()})

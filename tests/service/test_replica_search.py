@@ -413,7 +413,9 @@ def test_a_schedule_is_checked_against_the_model(redis_url):
             model = ReplicaModel(spec)
             await _client(cluster, model, "probe", random.Random(1), "c", 12)
             assert model.acks, "the probe schedule acknowledged nothing"
-            dropped = ReplicaModel(spec, dict(list(model.acks.items())[1:]), model.open_step)
+            dropped = ReplicaModel(
+                spec, dict(list(model.acks.items())[1:]), model.open_step, set(model.opened_steps)
+            )
             got = await cluster.replicas[1].engine.read("probe", lambda st: st)
             return differences(got, dropped.state(), dropped.last_states())
         finally:

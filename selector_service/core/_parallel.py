@@ -15,8 +15,10 @@ Other code in the process that launches its own parallel numba kernels should ho
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
+from typing import Any
 
-__all__ = ["CHUNK", "PARALLEL_LOCK", "PARALLEL_MIN"]
+__all__ = ["CHUNK", "PARALLEL_LOCK", "PARALLEL_MIN", "launch"]
 
 #: Held while any parallel kernel of this package runs.
 PARALLEL_LOCK = threading.Lock()
@@ -26,3 +28,19 @@ PARALLEL_MIN = 32_768
 
 #: Prompts per work item inside parallel kernels (per-item scratch buffers are allocated once per chunk).
 CHUNK = 2_048
+
+
+def launch(
+    serial: Callable[..., Any],
+    parallel: Callable[..., Any],
+    rows: int,
+    *args: Any,
+    threshold: int = PARALLEL_MIN,
+) -> Any:
+    """Runs a kernel over `rows` rows: ``serial(*args)`` below `threshold` (no thread pool, no lock), else
+    ``parallel(*args)`` while holding `PARALLEL_LOCK`. Callers pass their module's threshold so that a
+    test can lower it there."""
+    if rows < threshold:
+        return serial(*args)
+    with PARALLEL_LOCK:
+        return parallel(*args)

@@ -40,7 +40,7 @@ import numpy as np
 import numpy.typing as npt
 from numba import prange
 
-from ._parallel import CHUNK, PARALLEL_LOCK, PARALLEL_MIN
+from ._parallel import CHUNK, PARALLEL_MIN, launch
 from .domain import PRIOR_STRENGTH_MAX, plain
 from .mi import _check_ids
 
@@ -460,11 +460,7 @@ def _beta_prior_arrays(ba: BeliefArrays, ids: np.ndarray | None) -> tuple[np.nda
         out_b,
         out_p0,
     )
-    if m < PARALLEL_MIN:
-        _beta_serial(*args)
-    else:
-        with PARALLEL_LOCK:
-            _beta_parallel(*args)
+    launch(_beta_serial, _beta_parallel, m, *args, threshold=PARALLEL_MIN)
     return out_a, out_b, out_p0
 
 

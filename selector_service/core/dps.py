@@ -47,7 +47,7 @@ import numpy as np
 import numpy.typing as npt
 from numba import prange
 
-from ._parallel import CHUNK, PARALLEL_LOCK, PARALLEL_MIN
+from ._parallel import CHUNK, PARALLEL_MIN, launch
 
 if TYPE_CHECKING:
     from .beliefs import BeliefArrays
@@ -664,13 +664,10 @@ def close_step(ba: BeliefArrays, lam: float, d0: float | None = None, steps: int
         (_close_serial, _close_parallel) if steps == 1 else (_close_gap_serial, _close_gap_parallel)
     )
     extra = () if steps == 1 else (int(steps),)
-    if m < max(PARALLEL_MIN, CLOSE_PARALLEL_MIN):
-        counts = np.zeros((1, 6), dtype=np.int64)
-        serial(*args, counts, *extra)
-    else:
-        counts = np.zeros(((m + CHUNK - 1) // CHUNK, 6), dtype=np.int64)
-        with PARALLEL_LOCK:
-            parallel(*args, counts, *extra)
+    threshold = max(PARALLEL_MIN, CLOSE_PARALLEL_MIN)
+    # One row of counts per work item: one for the serial kernel, one per chunk for the parallel one.
+    counts = np.zeros((1 if m < threshold else (m + CHUNK - 1) // CHUNK, 6), dtype=np.int64)
+    launch(serial, parallel, m, *args, counts, *extra, threshold=threshold)
     total = counts.sum(axis=0)
     total[3] += ba.n - m  # never-observed prompts: uniform prior, predicted UNSOLVED
     return CloseStats(*(int(v) for v in total))

@@ -49,7 +49,7 @@ import numpy as np
 import numpy.typing as npt
 from numba import prange
 
-from ._parallel import CHUNK, PARALLEL_LOCK, PARALLEL_MIN
+from ._parallel import CHUNK, PARALLEL_MIN, launch
 from .domain import K_MAX as DOMAIN_K_MAX
 from .special import SERIES_FROM, asymptotic_tail_inv, psi_minus_log
 
@@ -287,11 +287,7 @@ def _run_scores(
         raise ValueError(f"out must be a contiguous float64 array of shape ({m},)")
     scale = 2.0 ** (k // 2)
     args = (alpha, beta, ids, use_all, k, weighted, float(eta), float(mu), up, down, scale, out)
-    if m < PARALLEL_MIN:
-        _scores_serial(*args)
-    else:
-        with PARALLEL_LOCK:
-            _scores_parallel(*args)
+    launch(_scores_serial, _scores_parallel, m, *args, threshold=PARALLEL_MIN)
     return out
 
 

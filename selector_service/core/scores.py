@@ -21,7 +21,7 @@ import numpy as np
 import numpy.typing as npt
 from numba import prange
 
-from ._parallel import CHUNK, PARALLEL_LOCK, PARALLEL_MIN
+from ._parallel import CHUNK, PARALLEL_MIN, launch
 from .mi import _beta_params, _check_ids
 from .rng import Stream
 
@@ -215,9 +215,5 @@ def dps_scores(hmm_prior: np.ndarray, ids: np.ndarray | None, entropy_weight: fl
     ids = _check_ids(ids, prior.shape[0])
     out = np.empty(prior.shape[0] if use_all else ids.size, dtype=np.float64)
     args = (prior, ids, use_all, float(entropy_weight), out)
-    if out.size < PARALLEL_MIN:
-        _dps_serial(*args)
-    else:
-        with PARALLEL_LOCK:
-            _dps_parallel(*args)
+    launch(_dps_serial, _dps_parallel, out.size, *args, threshold=PARALLEL_MIN)
     return out

@@ -44,7 +44,7 @@ from selector_service.payloads import (
 from selector_service.replica import Replica, SyncStats
 from selector_service.schemas import Belief, DatasetCreate
 from selector_service.settings import Settings
-from selector_service.state import DatasetSpec, DatasetState, pack_metadata
+from selector_service.state import DatasetSpec, DatasetState, RecordKind, pack_metadata
 from selector_service.store import CreateStatus, Store, WriteResult, WriteStatus
 
 T = TypeVar("T")
@@ -632,5 +632,7 @@ def _close_in_memory_and_run(
     """Applies a select's record (what `Store.commit_close` appends: number seq + 1, an advance to
     `step` carrying the note) to the state, then `run(state)`. Called with the dataset lock held; the
     caller discards the state if anything fails or the commit does not happen."""
-    state.apply_record(PENDING_CURSOR, {"n": str(state.seq + 1), "k": "a", "s": str(step), "q": note})
+    state.apply_record(
+        PENDING_CURSOR, {"n": str(state.seq + 1), "k": RecordKind.ADVANCE, "s": str(step), "q": note}
+    )
     return run(state)

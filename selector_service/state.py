@@ -21,6 +21,7 @@ import json
 import struct
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 from typing import Any
 
 import numpy as np
@@ -34,6 +35,16 @@ from selector_service.core.rng import stream
 from selector_service.core.rollouts import RolloutRequest, allocate_rollouts
 from selector_service.core.select import TiedScores, retie, tie_index
 from selector_service.history import LAG_LABELS, StepHistory
+
+
+class RecordKind(StrEnum):
+    """The kinds of log record (the stream field ``k``; store.py's scripts append them): results of an
+    observe, an advance of the open step (a select's, with its note), prompt metadata."""
+
+    OBSERVE = "o"
+    ADVANCE = "a"
+    METADATA = "m"
+
 
 #: The figures of a closed step that held no evidence (the steps of a gap after its first).
 EMPTY_CLOSE = CloseStats(0, 0, 0, 0, 0, 0)
@@ -250,17 +261,17 @@ class DatasetState:
         if number is not None and number != self.seq + 1:
             raise LogGap(f"record {log_id} is number {number}; this state applied up to {self.seq}")
         kind = get["k"].decode() if isinstance(get["k"], bytes) else get["k"]
-        if kind not in ("o", "a", "m"):
+        if kind not in tuple(RecordKind):
             raise ValueError(f"unknown log record kind {kind!r} at {log_id}")
         step = int(get["s"])
         outcomes = metadata = None
-        if kind in ("o", "m"):
+        if kind in (RecordKind.OBSERVE, RecordKind.METADATA):
             payload = get["p"]
             assert isinstance(payload, bytes), "a payload is packed bytes (pack_results, pack_metadata)"
-            outcomes = unpack_results(payload) if kind == "o" else None
-            metadata = unpack_metadata(payload) if kind == "m" else None
+            outcomes = unpack_results(payload) if kind == RecordKind.OBSERVE else None
+            metadata = unpack_metadata(payload) if kind == RecordKind.METADATA else None
         # A select's note (its strategy, batch size and request digest) on the record of its step.
-        note = StepHistory.parse_note(get["q"]) if kind == "a" and get.get("q") else None
+        note = StepHistory.parse_note(get["q"]) if kind == RecordKind.ADVANCE and get.get("q") else None
         self.close_until(step)
         if note is not None:
             self.history.select(*note)

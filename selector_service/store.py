@@ -25,8 +25,8 @@ Keys (``P`` = settings.key_prefix, ``v1`` = layout version, ``N`` = dataset name
                              engine retries them), so a close's conditional commit is not starved
 
 Log entries (stream fields): ``n`` sequence number (1, 2, 3, ... per dataset incarnation, written in the
-same script that appends, so the log is numbered without holes), ``k`` kind (``o`` observe, ``a``
-advance, ``m`` metadata), ``s`` step (a metadata record carries the open step it was appended at, so it
+same script that appends, so the log is numbered without holes), ``k`` kind (state.RecordKind: ``o``
+observe, ``a`` advance, ``m`` metadata), ``s`` step (a metadata record carries the open step it was appended at, so it
 closes nothing), ``r`` request id (observe), ``p`` payload (observe: packed arrays, see
 state.pack_results; metadata: state.pack_metadata), ``q`` a select's note for the step history (advance
 records; one at the open step advances nothing).

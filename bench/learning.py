@@ -24,9 +24,11 @@ differences with standard errors, rollouts to uniform's final accuracy, and ``ra
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -126,6 +128,16 @@ def _file_name(regime: Regime, strategy: str, seed: int) -> str:
     return f"{safe}/{strategy}-seed{seed}.json"
 
 
+def _die_with_parent() -> None:
+    """Worker initializer: on Linux, ask the kernel to end this worker when the benchmark's process dies
+    (killed, even with SIGKILL), so that no run goes on training alone."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 def _worker(regime: Regime, strategy: str, seed: int, url: str, out: str, threads: int) -> dict[str, Any]:
     from bench.learner.run import run_one
 
@@ -204,25 +216,33 @@ def run_comparison(
         print(f"selector service at {service.url}; {len(todo)} runs, {parallel} at a time", flush=True)
         context = multiprocessing.get_context("spawn")
         with (
-            ProcessPoolExecutor(max_workers=parallel, mp_context=context) as pool,
+            ProcessPoolExecutor(
+                max_workers=parallel, mp_context=context, initializer=_die_with_parent
+            ) as pool,
             tqdm(total=len(todo), desc=f"learning [{regime.name}]", unit="run") as bar,
         ):
-            futures = {
-                pool.submit(_worker, regime, strategy, seed, service.url, str(path), threads): (
-                    strategy,
-                    seed,
-                )
-                for strategy, seed, path in todo
-            }
-            for future in as_completed(futures):
-                result = future.result()
-                runs.append(result)
-                bar.write(
-                    f"{result['strategy']:>20} seed {result['seed']}: held-out "
-                    f"{result['evals'][0]['heldout_sampled']:.3f} -> {report.final(result):.3f}, "
-                    f"mixed {report.mixed_share(result):.2f}, {result['seconds']:.0f} s"
-                )
-                bar.update(1)
+            try:
+                futures = {
+                    pool.submit(_worker, regime, strategy, seed, service.url, str(path), threads): (
+                        strategy,
+                        seed,
+                    )
+                    for strategy, seed, path in todo
+                }
+                for future in as_completed(futures):
+                    result = future.result()
+                    runs.append(result)
+                    bar.write(
+                        f"{result['strategy']:>20} seed {result['seed']}: held-out "
+                        f"{result['evals'][0]['heldout_sampled']:.3f} -> {report.final(result):.3f}, "
+                        f"mixed {report.mixed_share(result):.2f}, {result['seconds']:.0f} s"
+                    )
+                    bar.update(1)
+            except BaseException:  # interrupted or terminated: end the runs still training, now
+                for child in multiprocessing.active_children():
+                    child.terminate()
+                pool.shutdown(wait=False, cancel_futures=True)
+                raise
     finally:
         service.stop()
         shutil.rmtree(data_dir, ignore_errors=True)
@@ -230,6 +250,8 @@ def run_comparison(
 
 
 def main(argv: list[str] | None = None) -> int:
+    # A terminated benchmark stops its service (the finally clauses) and, with it, its workers.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     args = parse_args(argv)
     if args.list:
         for regime in REGIMES.values():

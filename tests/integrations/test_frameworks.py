@@ -303,6 +303,7 @@ V1_CASES = [
     "separate_async",
     "sync_budget",
     "colocate_async_budget",
+    "colocate_async_late",
 ]
 
 
@@ -338,11 +339,18 @@ def applied_beliefs_match(url: str, dataset: str, reports: list[dict[str, Any]])
 
 
 def check_v1_run(
-    run: dict[str, Any], n: int, filtering: bool, sizes: dict[tuple[int, int], int] | None = None
+    run: dict[str, Any],
+    n: int,
+    filtering: bool,
+    sizes: dict[tuple[int, int], int] | None = None,
+    late: bool = False,
 ) -> dict[str, list[float]]:
     """One trainer run: every trained group was reported with the rewards verl trained on, GRPO
     advantages come from exactly those rewards per group, and every group the policy rolled out in this
-    run was reported (restored ones aside). Returns the reported rewards by group uid."""
+    run was reported (restored ones aside; in a run killed mid-step, the responses of groups still in
+    flight are accounted for as such). Reports are within the dataset's ``max_lag`` unless ``late``
+    (reports past it are filed at the open step, docs/api.md section 4). Returns the reported rewards by
+    group uid."""
     by_uid: dict[str, list[float]] = {}
     for report in run["reports"]:
         assert report["uid"] not in by_uid, f"group {report['uid']} reported twice in one run"
@@ -366,7 +374,7 @@ def check_v1_run(
                 f"group {uid}: trained on other rewards than reported"
             )
             if filtering:
-                assert 0 < sum(scores) < n, "filter_groups let a group without spread through"
+                assert 0 < sum(scores) < len(scores), "filter_groups let a group without spread through"
             trained_uids.add(uid)
     assert trained_uids <= set(by_uid)
     if sizes is not None:
@@ -386,9 +394,13 @@ def check_v1_run(
     for report in run["reports"]:
         if report["uid"] not in restored:
             reported[report["prompt_id"]].extend(report["rewards"])
+    for group in run.get("in_flight_at_crash", []):
+        reported[group["prompt_id"]].extend(group["rewards"])
     assert {p: sorted(v) for p, v in reported.items()} == {p: sorted(v) for p, v in earned.items()}
     assert run["lost"] == [], "groups were refused as too late"
-    assert all(0 <= r.get("lag", 0) <= run["max_lag"] for r in run["reports"])
+    assert all(r.get("lag", 0) >= 0 for r in run["reports"])
+    if not late:
+        assert all(r.get("lag", 0) <= run["max_lag"] for r in run["reports"])
     return by_uid
 
 
@@ -500,3 +512,73 @@ def test_verl_v1_rolls_out_each_prompt_by_its_own_count(
     assert len(set(trained.values())) > 1
     assert any(row["padding"] for update in run["updates"] for row in update["rows"])
     applied_beliefs_match(service.url, verl_v1_report["cases"][case]["dataset"], run["reports"])
+
+
+def test_verl_v1_long_responses_and_a_resume_in_a_new_process_lose_no_group(
+    service: Any, verl_v1_report: dict[str, Any]
+) -> None:
+    """colocate-async with DAPO's filter, ``drop`` at ``max_off_policy_threshold=1`` and a rollout budget
+    (36 over 4 prompts, 2-12 each): one response of some groups takes as long as 3-4 updates, and the
+    trainer is killed in the update of step 5 while groups are generating; a new process resumes from the
+    checkpoint of step 4. Groups reported long after the dataset's ``max_lag``, in the running process
+    and in the resumed one (which re-issues the groups that were in flight at the checkpoint under their
+    original step), are filed at the open step: nothing is lost, every group verl rolled out is applied
+    once, and the service's beliefs are exactly what was applied."""
+    result = verl_v1_report["cases"]["colocate_async_late"]
+    first, resumed = result["runs"]
+    n, budget, low, high = 3, 36, 2, 12
+    assert first["trainer"] == "SelectorPPOTrainerColocateAsync"
+    assert first["buffer"] == "SelectorReplayBufferAsync"
+    assert first["crashed_in_step"] == 5 and resumed["resumed_from"] == 4
+    assert resumed["pid"] != first["pid"], "the run was not resumed in a new process"
+    assert resumed["run_id"] == first["run_id"]
+    # The killed run trained steps 1-4; the resumed one steps 5 and 6.
+    assert len(first["updates"]) == 4 and len(resumed["updates"]) == 2 and resumed["global_steps"] == 7
+    max_lag = first["max_lag"]
+    sizes: dict[tuple[int, int], int] = {}
+    for run in result["runs"]:
+        for selection in run["selections"]:
+            counts = selection["rollouts"]
+            assert counts is not None and sum(counts) == budget and all(low <= c <= high for c in counts)
+            sizes.update(
+                {(selection["step"], p): c for p, c in zip(selection["prompt_ids"], counts, strict=True)}
+            )
+    # The long responses really spanned 3 and 4 updates (the fake generation waits for the weights
+    # versions, not for a time): the third was still generating when the process was killed.
+    assert sorted(
+        (w["span"], w["to_version"] - w["from_version"] >= w["span"]) for w in first["long_responses"]
+    ) == [
+        (3, True),
+        (4, True),
+    ]
+    seen = check_v1_run(first, n, filtering=True, sizes=sizes, late=True)
+    check_v1_run(resumed, n, filtering=True, sizes=sizes, late=True)
+    assert first["evicted"]["stale"] and first["evicted"]["filtered"]
+    # Within the killed run: groups whose long response spanned several updates came back later than
+    # max_lag, and were filed at the open step instead of refused.
+    assert [r for r in first["reports"] if "refused" not in r and r["lag"] > max_lag]
+    # The resumed process re-issued the groups that were in flight at the checkpoint (verl's
+    # _reissue_inflight_prompts), under their original service step; those the killed process never
+    # finished are reported by it for the first time, long after max_lag, and applied.
+    resumed_by_uid = {r["uid"]: r for r in resumed["reports"]}
+    fresh = [g for g in resumed["reissued"] if g["uid"] not in seen]
+    assert fresh, "no group was in flight at the checkpoint and unfinished by the killed run"
+    for group in fresh:
+        report = resumed_by_uid[group["uid"]]
+        assert "refused" not in report and not report["duplicate"], report
+        assert report["step"] == group["step"] < first["next_step"] and report["lag"] > max_lag, report
+    # Groups in flight when the process was killed were either in the checkpoint (re-issued and reported
+    # by the resumed process) or pulled after it, in step 5, whose rollouts died with the process.
+    reissued = {g["uid"] for g in resumed["reissued"]}
+    for group in first["in_flight_at_crash"]:
+        if group["uid"] in reissued:
+            assert group["uid"] in resumed_by_uid
+        else:
+            assert group["global_steps"] == 5, group
+    # Once each: every report (a duplicate of a restored group, a superseded re-roll) names a group
+    # applied exactly once, in one of the two processes.
+    reports = first["reports"] + resumed["reports"]
+    applied = [(r["step"], r["prompt_id"]) for r in reports if "refused" not in r and not r["duplicate"]]
+    assert len(applied) == len(set(applied))
+    assert {(r["step"], r["prompt_id"]) for r in reports} == set(applied)
+    applied_beliefs_match(service.url, result["dataset"], reports)

@@ -99,7 +99,7 @@ def _get(config: Any, dotted: str, default: Any = None) -> Any:
 
 
 def default_max_lag(config: Any) -> int:
-    """How many steps late this trainer's reports may be, for a dataset created by the adapter.
+    """How many steps late a report is filed at its own step, for a dataset created by the adapter.
 
     A group is reported when a poll of the replay buffer first sees it finished; its lag is the number
     of service steps selected after its own by then, i.e. the prompts pulled meanwhile divided by
@@ -108,13 +108,21 @@ def default_max_lag(config: Any) -> int:
     - ``sync`` without ``filter_groups``: 0 (each step is rolled out and reported before the next is
       selected). With ``filter_groups``: refills pull the next steps' prompts while a step's groups
       are still generating, at most ``max_inflight_gen_batches`` batches in flight: that + 1.
-    - asynchronous modes: ``num_warmup_batches`` batches are selected ahead at the start, and a group
-      may stay in flight up to ``max_off_policy_threshold`` trainer updates (one step each) before the
-      buffer waits for it (``wait``) or drops it as stale once it finishes (``drop``; it is reported
-      first): ``ceil(num_warmup_batches) + max_off_policy_threshold + 1``, and one more step with
-      ``filter_groups`` (its refills pull prompts ahead). A null threshold (no staleness control)
-      counts as verl's default, 8. Reports beyond the dataset's ``max_lag`` are refused (409),
-      logged and counted as lost: raise it with ``+data.sampler.selector.max_lag``.
+    - asynchronous modes: ``num_warmup_batches`` batches are selected ahead at the start, and each
+      update pulls a batch (``prepare_step``) plus one prompt per group the buffer evicts (stale under
+      ``drop``, filtered, failed: ``replay_buffer.py`` 576-584), so an update can pull more than one
+      step. A group that finishes within ``max_off_policy_threshold`` updates (one step each) is within
+      ``ceil(num_warmup_batches) + max_off_policy_threshold + 1``, one more with ``filter_groups``. A
+      null threshold (no staleness control) counts as verl's default, 8.
+
+    In the asynchronous modes only ``wait`` bounds how late a group finishes (sampling blocks while a
+    group in flight has spanned ``max_off_policy_threshold`` updates, ``replay_buffer.py`` 548-554):
+    ``drop``, verl's default, evicts only groups that have finished (``_stale_terminal_keys``,
+    520-529), so a group with one long response spans any number of updates, and a resumed process
+    re-issues the groups that were in flight at its checkpoint under their original step. Such reports
+    carry their ``selected_step`` and are filed at the service's open step (docs/api.md section 4), not
+    refused; ``max_lag`` only decides which late reports keep their own step.
+    ``+data.sampler.selector.max_lag`` overrides it.
     """
     mode = _get(config, "trainer.v1.trainer_mode", "sync")
     filtering = bool(_get(config, "algorithm.filter_groups.enable", False))

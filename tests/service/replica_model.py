@@ -3,7 +3,9 @@
 The service's promise, stated as what the model checks: every acknowledged observation is applied
 exactly once, at the open step it was appended at (its reported step plus the lag it was answered
 with), and every step that an acknowledged request opened is closed in order, each close ending where a
-request opened a step (a close over a gap walks its steps at once). Nothing else may change
+request opened a step (a close over a gap walks its steps at once, so where closes ended shows in the
+last bits). A select refused after more than one send may have closed its step in an earlier send, which
+its client cannot know: the model allows each subset of those steps (`states`). Nothing else may change
 the beliefs. With `beta_decay` 1 and whole successes the Beta sums and the pooled step states do not
 depend on the order of results within a step, so the model does not need the log's order: it replays
 the acknowledged results step by step in a canonical order on a fresh single-process `DatasetState`,
@@ -47,6 +49,10 @@ class ReplicaModel:
     #: Every step an acknowledged request opened: where the service's closes ended (a close over a gap
     #: is one walk, whose float32 rounding differs from closing its steps one at a time).
     opened_steps: set[int] = field(default_factory=set)
+    #: Steps a select may have opened unacknowledged: sent more than once (a replica killed or the store
+    #: unreachable mid-call), then refused; whether an earlier send committed its close is unknowable to
+    #: the client. The service's closes ended at some subset of them (`states`).
+    maybe_steps: set[int] = field(default_factory=set)
 
     def acknowledged(self, request_id: str, step: int, lag: int, results: list) -> None:
         """Records an answer `applied` or `duplicate` for a request; a duplicate must name the same step."""
@@ -79,12 +85,31 @@ class ReplicaModel:
                     allowed.add(state)
         return {pid: allowed for pid, (_, allowed) in latest.items()}
 
-    def state(self) -> DatasetState:
+    def maybe_opened(self, step: int) -> None:
+        """A select at `step` was refused after more than one send: an earlier send may have closed it."""
+        self.maybe_steps.add(step)
+
+    def states(self, limit: int = 6) -> list[DatasetState]:
+        """The states the service may hold: closes ending where acknowledged requests opened steps, and at
+        each subset of the steps unacknowledged selects may have opened (every subset up to `limit` such
+        steps, else none and all of them). The first is the one without them."""
+        maybe = sorted(
+            step for step in self.maybe_steps if step < self.open_step and step not in self.opened_steps
+        )
+        if len(maybe) > limit:
+            subsets = [(), tuple(maybe)]
+        else:
+            subsets = [
+                tuple(s for i, s in enumerate(maybe) if mask >> i & 1) for mask in range(1 << len(maybe))
+            ]
+        return [self.state(set(extra)) for extra in subsets]
+
+    def state(self, extra: set[int] | None = None) -> DatasetState:
         st = DatasetState(self.spec)
         at: dict[int, list[Ack]] = {}
         for ack in self.acks.values():
             at.setdefault(ack.applied_at, []).append(ack)
-        for step in sorted(self.opened_steps | at.keys() | {self.open_step}):
+        for step in sorted(self.opened_steps | at.keys() | {self.open_step} | (extra or set())):
             st.close_until(step)  # each close ends where a request opened a step, as the service's did
             for ack in sorted(at.get(step, []), key=lambda a: a.request_id):
                 ids, succ, trials, states = outcome_arrays(self.spec, ack.results)

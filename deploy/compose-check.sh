@@ -48,6 +48,12 @@ trap 'exit 143' TERM
 
 echo "compose-check: building and starting the stack with $TOOL (log: $WORK/up.log)"
 mkdir -p "$WORK"
+# compose-local.sh fills the stand-in python image's offline wheelhouse with `pip download` of
+# pyproject.toml's dependencies, among them rlvr-selector-client, which no index holds: its wheel, built
+# from client/, is offered to that download as a find-links folder.
+CLIENT_WHEELS=$(mktemp -d)
+python3 -m pip wheel -q --no-deps --wheel-dir "$CLIENT_WHEELS" ./client
+export PIP_FIND_LINKS="$CLIENT_WHEELS"
 if ! bash "$TOOL" up > "$WORK/up.log" 2>&1; then
   tail -n 30 "$WORK/up.log" >&2
   exit 1

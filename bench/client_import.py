@@ -76,6 +76,11 @@ def bare_venv(folder: Path, wheel: Path) -> tuple[Path, str]:
     return python, "pip"
 
 
+#: The bare venv's processes run without the caller's PYTHONPATH: a path into the repository would put
+#: its editable installs' metadata (and anything importable there) into the "bare" venv.
+BARE_ENV = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP")}
+
+
 def child_seconds(python: Path, statement: str) -> float:
     out = subprocess.run(
         [str(python), "-c", CHILD.format(statement=statement)],
@@ -83,13 +88,14 @@ def child_seconds(python: Path, statement: str) -> float:
         text=True,
         check=True,
         cwd=python.parent,
+        env=BARE_ENV,
     )
     return float(out.stdout.strip())
 
 
 def process_seconds(python: Path, code: str) -> float:
     started = time.perf_counter()
-    subprocess.run([str(python), "-c", code], check=True, cwd=python.parent)
+    subprocess.run([str(python), "-c", code], check=True, cwd=python.parent, env=BARE_ENV)
     return time.perf_counter() - started
 
 
@@ -116,6 +122,7 @@ def main() -> None:
             text=True,
             check=True,
             cwd=python.parent,  # not the repository, whose editable installs' metadata would be found
+            env=BARE_ENV,
         ).stdout.strip()
         cold = child_seconds(python, TIMED["client"])
         results: dict[str, Any] = {}

@@ -213,6 +213,44 @@ def test_areal_async_rollout_reports_every_group_late_or_not(
     assert min(step for step, _, _ in resumed["reported"]) >= 2
     assert resumed["next_step"] > first["next_step"]
     assert_beliefs_match(service.url, dsname, report["fed"], groups=len(report["fed"]) // n)
+    check_areal_late_case(service.url, report["late"], n, batch)
+
+
+def check_areal_late_case(url: str, late: dict[str, Any], n: int, batch: int) -> None:
+    """The driver's late case: every sample of some groups answers only once the rollout's weights are
+    3-4 versions newer than when the group started (waiting on versions, not on time), on a dataset whose
+    max_lag is 1; the first process dies with a held group generating, after saving the loader's state at
+    step 3 of 6, and a new process resumes from that state. Groups reported far past max_lag, in either
+    process, are filed at the open step: nothing refused, every finished group reported once, the
+    service's beliefs exactly what was fed. The group generating when the first process died fed nothing
+    and is never reported: AReaL's checkpoint keeps no rollout, and the resumed loader starts after it."""
+    first, resumed = late["runs"]
+    max_lag = late["max_lag"]
+    assert resumed["pid"] != first["pid"], "the run was not resumed in a new process"
+    assert len(first["batches"]) == 6 and len(resumed["batches"]) == 4
+    for run in late["runs"]:
+        for trained in run["batches"]:
+            assert trained["has_advantages"] and [len(r) for r in trained["rewards"]] == [n] * batch
+        assert run["quiet"], f"the {run['role']} process did not settle: {run}"
+        assert run["lost"] == [] and run["pending"] == []
+    # The held groups really spanned 3 and 4 weights versions (the first process) and 3 (the resumed
+    # one); a third was still held when the first process died.
+    spans = [
+        [(w["span"], w["to_version"] - w["from_version"] >= w["span"]) for w in run["waits"]]
+        for run in late["runs"]
+    ]
+    assert sorted(spans[0]) == [(3, True), (4, True)] and spans[1] == [(3, True)]
+    assert first["died_holding"] == 1
+    # Both processes reported groups later than max_lag, and the service took them.
+    for run in late["runs"]:
+        assert [lag for _, _, lag in run["reported"] if lag > max_lag], run["reported"]
+    # The resumed process continued after every step the first one selected (none re-issued).
+    assert (
+        min(step for step, _, _ in resumed["reported"]) >= first["next_step"] > first["checkpoint_next_step"]
+    )
+    reported = first["reported"] + resumed["reported"]
+    assert len({(step, pid) for step, pid, _ in reported}) == len(reported) == len(late["fed"]) // n
+    assert_beliefs_match(url, late["dataset"], late["fed"], groups=len(late["fed"]) // n)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -29,9 +29,12 @@ finishes. Three pieces handle that:
 Results arrive late: `SelectorPPOTrainer` creates the service dataset with ``max_lag =
 rollout.max_head_offpolicyness + 2`` (the versions a rollout may lag, plus the step the loader selects
 ahead and the one being trained), and every report carries its ``selected_step``, so a group that
-finishes later still (a long episode, a resumed run) is filed at the service's open step instead of
-refused. A report the service refuses nonetheless (409) is logged and counted in ``lost`` instead of
-failing the episode.
+finishes later still (an episode that spans several weight updates: AReaL bounds when an episode
+starts, not when it ends) is filed at the service's open step instead of refused. A report the service
+refuses nonetheless (409) is logged and counted in ``lost`` instead of failing the episode. A resumed
+run re-issues nothing: AReaL's checkpoint holds the data loader's state and no rollout
+(areal/utils/recover.py, ``RecoverInfo``), so episodes in flight at a crash die unfinished and are never
+reported, and the sampler resumes at the service's open step.
 
 `SelectorPPOTrainer`
     ``areal.PPOTrainer`` whose train data loader is built from the three pieces above (the validation

@@ -311,7 +311,7 @@ def _close_gap_range(
     e = np.empty((9, GAP_BLOCK))  # E = D' - d0, D' after the open step
     x = np.empty((3, GAP_BLOCK))  # the prior through the walk
     v = np.empty((3, GAP_BLOCK))  # the previous prior
-    t = np.empty((9, GAP_BLOCK))  # D (lam < 1) or powers of P (lam = 1) of the walk's current step
+    t = np.empty((9, GAP_BLOCK))  # powers of P (lam = 1)
     mp = np.empty((9, GAP_BLOCK))  # P^(k-1) (lam = 1)
     one = np.empty(9)
     obs = np.empty((12, GAP_BLOCK))  # E (9) and prior (3) of the rows observed at the open step
@@ -392,9 +392,10 @@ def _close_gap_range(
                 low = min(low, total)
         start = _gap_start(lam, spread / low, k)
         if start == 0:  # the walk starts from the open step's prior (_close_range's update)
-            for i in range(nb):
-                p = np.uint64(b_lo + i)
-                _decayed_step_one(e, 1.0, d0, prior, p, x, i)
+            for r in range(3):
+                for i in range(nb):
+                    x[r, i] = prior[r, np.uint64(b_lo + i)]
+            _decayed_step(e, 1.0, d0, x, x, nb)
         for j in range(no):
             i = rows[j]
             for q in range(9):
@@ -482,39 +483,6 @@ def _column_spread(c0: float, c1: float, c2: float, total: float) -> float:
     its sum."""
     mean = total * (1.0 / 3.0)
     return abs(c0 - mean) + abs(c1 - mean) + abs(c2 - mean)
-
-
-@numba.njit(nogil=True, cache=True, inline="always", error_model="numpy")
-def _decayed_step_one(
-    e: npt.NDArray[np.float64],
-    li: float,
-    d0: float,
-    r: npt.NDArray[np.float32],
-    p: int | np.integer[Any],
-    out: npt.NDArray[np.float64],
-    i: int,
-) -> None:
-    """out[:, i] <- normalise(P @ r[:, p]), P the column-normalised d0 + li e[:, i]: _decayed_step for one
-    prompt whose belief is stored (float32, slot p)."""
-    m0 = d0 + li * e[0, i]
-    m1 = d0 + li * e[1, i]
-    m2 = d0 + li * e[2, i]
-    m3 = d0 + li * e[3, i]
-    m4 = d0 + li * e[4, i]
-    m5 = d0 + li * e[5, i]
-    m6 = d0 + li * e[6, i]
-    m7 = d0 + li * e[7, i]
-    m8 = d0 + li * e[8, i]
-    w0 = r[0, p] / (m0 + m3 + m6)
-    w1 = r[1, p] / (m1 + m4 + m7)
-    w2 = r[2, p] / (m2 + m5 + m8)
-    n0 = m0 * w0 + m1 * w1 + m2 * w2
-    n1 = m3 * w0 + m4 * w1 + m5 * w2
-    n2 = m6 * w0 + m7 * w1 + m8 * w2
-    inv = 1.0 / (n0 + n1 + n2)
-    out[0, i] = n0 * inv
-    out[1, i] = n1 * inv
-    out[2, i] = n2 * inv
 
 
 @numba.njit(nogil=True, cache=True, inline="always", error_model="numpy")

@@ -90,9 +90,7 @@ class LateGate:
                 return
             self.held = True
             ready = self.ready
-        deadline = time.monotonic() + self.timeout
-        while not ready() and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_for(ready, self.timeout)
 
 
 class Holds:

@@ -66,7 +66,7 @@ from selector_service.core import (
     wmi_scores,
 )
 from selector_service.core.coldstart import apply_metadata
-from selector_service.core.curricula import close_open_step
+from selector_service.core.step_close import close_open_step
 
 OUT = OUT_DIR / "kernels.json"
 #: Bytes close_step moves per prompt: reads hmm_d (36) + hmm_prior (12) + hmm_prev (12) + step_state (1),

@@ -30,10 +30,10 @@ from selector_service import dataset_settings
 from selector_service.core import strategies
 from selector_service.core.beliefs import BeliefArrays, CloseStats, apply_results
 from selector_service.core.coldstart import DatasetRules, apply_metadata, prior_arrays
-from selector_service.core.curricula import close_open_step
 from selector_service.core.rng import stream
 from selector_service.core.rollouts import RolloutRequest, allocate_rollouts
 from selector_service.core.select import TiedScores, retie, tie_index
+from selector_service.core.step_close import close_open_step
 from selector_service.history import LAG_LABELS, StepHistory
 
 

@@ -10,7 +10,7 @@ Modules: outcomes (rewards -> successes, trials, states), beliefs (BeliefArrays:
 and the observed set that holds DPS state; the Beta update), coldstart (docs/methods.md §6: metadata, group
 rates, cold and frozen priors, the dataset's SharedState), dps (DPS step close over the observed set),
 mi (INSIGHT's weighted mutual information), scores (MoPPS, baselines, DPS score), curricula (docs/methods.md §7:
-learnability, AdaRFT, the shared state's step close, `close_open_step`), walks (GRESO's and SEC's walks
+learnability, AdaRFT), step_close (a step's close: walks, the shared state, then DPS; `close_open_step`), walks (GRESO's and SEC's walks
 and their positions), special (numba digamma), rng (the counter-based generator behind every random
 choice), select (pools, top-k with random ties, DPS over the whole dataset, epoch walks), domain (the
 accepted range of every setting and parameter), strategies (registry, validation, select / score),
@@ -34,7 +34,6 @@ from .coldstart import (
     group_rates,
     prior_pass_rates,
 )
-from .curricula import close_open_step
 from .dps import CloseStats, close_step
 from .mi import K_MAX, mutual_information, wmi_scores, wmi_weight
 from .outcomes import (
@@ -70,6 +69,7 @@ from .select import (
     uniform_batch,
 )
 from .special import digamma, digamma_array
+from .step_close import close_open_step
 from .strategies import STRATEGIES, ParamError, StrategySpec, score, select, validate_params
 
 __all__ = [

@@ -25,7 +25,7 @@ sees the group sums of every result before it, earlier results of the same reque
 
 `SharedState` also holds the per-dataset state of the strategies of docs/methods.md §7 (GRESO's p_easy / p_hard
 and walk position, SEC's Q values and per-category walk positions, AdaRFT's target difficulty T) and
-the statistics of the open step they are updated from when it closes (curricula.close_shared).
+the statistics of the open step they are updated from when it closes (step_close.close_shared).
 """
 
 from __future__ import annotations

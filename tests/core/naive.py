@@ -286,7 +286,7 @@ def learnability(a, b):
 
 
 def close_shared(sh: dict, rules: dict) -> None:
-    """The step close of the shared state (curricula.close_shared), written out (in place)."""
+    """The step close of the shared state (step_close.close_shared), written out (in place)."""
     results, easy, hard, succ, trials = (float(x) for x in sh["step_counts"])
     if results > 0:
         for name, share, target in (

@@ -1,5 +1,5 @@
 """Cold start (core/coldstart.py, docs/methods.md §6): metadata, group rates, cold and frozen priors, and their
-use by every Beta-family score; the shared state's step close (core/curricula.py)."""
+use by every Beta-family score; the shared state's step close (core/step_close.py)."""
 
 from __future__ import annotations
 
@@ -30,8 +30,9 @@ from selector_service.core.coldstart import (
     live_pass_rates,
     prior_pass_rates,
 )
-from selector_service.core.curricula import adarft_scores, close_shared, learnability_scores
+from selector_service.core.curricula import adarft_scores, learnability_scores
 from selector_service.core.rng import stream
+from selector_service.core.step_close import close_shared
 from tests.core import naive
 
 PER_PROMPT = (

@@ -1,5 +1,5 @@
 """A close over a gap of several steps in one pass (core/dps.py `close_step(steps=g)`,
-core/curricula.py `close_open_step(steps=g)`, state.py `close_until`) against literal twins.
+core/step_close.py `close_open_step(steps=g)`, state.py `close_until`) against literal twins.
 
 The DPS twin is tests/core/naive.py's per-prompt 3x3 loop run on float64 copies, once for the open step
 and then g - 1 times as steps without evidence, rounded to float32 once at the end: the gap close's
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from selector_service.core import BeliefArrays, close_open_step, close_step, dps
-from selector_service.core.curricula import close_shared, close_shared_empty
+from selector_service.core.step_close import close_shared, close_shared_empty
 from selector_service.state import DatasetSpec, DatasetState
 from tests.core import naive
 from tests.core.test_dps import dense_reference, observe, run_random_steps

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from selector_service.core import BeliefArrays, apply_results, outcomes_from_rewards
 from selector_service.core.coldstart import apply_metadata
-from selector_service.core.curricula import close_open_step
+from selector_service.core.step_close import close_open_step
 from tests.core import naive
 from tests.core.test_coldstart import assert_matches_twin, rules_doc, twin_state
 from tests.core.test_walks import twin_greso_position

@@ -23,8 +23,8 @@ from selector_service.core import (
     select,
 )
 from selector_service.core.coldstart import apply_metadata
-from selector_service.core.curricula import close_shared
 from selector_service.core.select import epoch_permutation
+from selector_service.core.step_close import close_shared
 from selector_service.core.walks import (
     WalkError,
     advance_walks,

@@ -28,7 +28,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import OUT_DIR, add_out, emit
 from selector_service.core import BeliefArrays, apply_results
-from selector_service.state import DatasetSpec, DatasetState
+from selector_service.dataset.state import DatasetSpec, DatasetState
 
 
 def observed_beliefs(n: int, hmm_decay: float, seed: int = 0) -> BeliefArrays:

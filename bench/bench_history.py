@@ -37,9 +37,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import OUT_DIR, ROOT, add_out, emit, redis_answers
-from selector_service.history import select_note
-from selector_service.launcher import ServiceProcess
-from selector_service.state import DatasetSpec, DatasetState, pack_results
+from selector_service.dataset.history import select_note
+from selector_service.dataset.state import DatasetSpec, DatasetState, pack_results
+from selector_service.server.launcher import ServiceProcess
 
 TARGET = 1.05
 
@@ -101,9 +101,9 @@ class _ServiceWithoutHistory(ServiceProcess):
     def command(self) -> list[str]:
         cmd = super().command()
         patch = (
-            "import sys; from selector_service.history import StepHistory as H; "
+            "import sys; from selector_service.dataset.history import StepHistory as H; "
             "H.select = H.observe = H.close = lambda *a, **k: None; H.counted = lambda *a: True; "
-            "from selector_service.cli import main; sys.argv[0] = 'selector-service'; sys.exit(main())"
+            "from selector_service.server.cli import main; sys.argv[0] = 'selector-service'; sys.exit(main())"
         )
         return [cmd[0], "-c", patch, *cmd[3:]]  # cmd: python -m selector_service serve ...
 

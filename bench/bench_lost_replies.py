@@ -131,10 +131,10 @@ def failing_selects(redis_url: str, code: Path) -> dict:
 # whose batch choice raises (injected), on an in-process engine; the open step after each.
 _INJECTED = """
 import asyncio, json, sys, uuid
-from selector_service.engine import Engine
+from selector_service.replication.engine import Engine
 from selector_service.settings import Settings
-from selector_service.state import DatasetSpec, DatasetState
-from selector_service.store import Store, connect
+from selector_service.dataset.state import DatasetSpec, DatasetState
+from selector_service.storage.store import Store, connect
 
 async def main(url):
     prefix = "inj" + uuid.uuid4().hex[:8]

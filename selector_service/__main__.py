@@ -2,6 +2,6 @@
 
 import sys
 
-from selector_service.cli import main
+from selector_service.server.cli import main
 
 sys.exit(main())

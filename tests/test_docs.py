@@ -12,7 +12,7 @@ from urllib.parse import unquote
 import pytest
 from fastapi.testclient import TestClient
 
-from selector_service.app import create_app
+from selector_service.server.app import create_app
 from selector_service.settings import GENERATE_COMMAND, Settings, cli_flags, render_markdown
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -143,7 +143,7 @@ def test_configuration_page_covers_every_setting_and_flag():
 def test_serve_help_names_each_flags_setting_with_its_default(capsys):
     """`serve --help` is built from the settings: each flag's help says its variable and the field's own
     default, and the flag converts its value as the field is typed."""
-    from selector_service import cli
+    from selector_service.server import cli
 
     with pytest.raises(SystemExit) as done:
         cli.main(["serve", "--help"])
@@ -221,8 +221,8 @@ def undocumented_ranges(text: str) -> list[str]:
     """Bounded inputs the accepted-values table does not list: every dataset field (but the name and the
     per-strategy defaults, which are strategy parameters) and every strategy parameter. A parameter's row
     must name its strategy, or no strategy at all when the range is shared."""
+    from selector_service.contract.schemas import DatasetCreate
     from selector_service.core.strategies import STRATEGIES
-    from selector_service.schemas import DatasetCreate
 
     rows = range_rows(text)
     missing = [f"dataset field {name}" for name in DatasetCreate.model_fields if name not in ("name", "defaults")

@@ -15,8 +15,8 @@ import time
 import uuid
 from pathlib import Path
 
-from selector_service import launcher
-from selector_service.launcher import free_port
+from selector_service.server import launcher
+from selector_service.server.launcher import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -134,7 +134,7 @@ class ServiceProcess(launcher.ServiceProcess):
         return self
 
 
-#: The metric families the service exports (selector_service/metrics.py); the dashboard is built on them.
+#: The metric families the service exports (selector_service/api/metrics.py); the dashboard is built on them.
 EXPORTED_METRICS = frozenset(
     {
         "selector_http_requests_total",

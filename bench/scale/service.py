@@ -17,10 +17,10 @@ import redis
 from bench.common import fmt_n, median, peak_rss, percentile, reset_peak_rss, rss
 from bench.scale.kernels import HMM_DECAY, full_beliefs, random_outcomes
 from selector_service.core import BeliefArrays
-from selector_service.replica import REPLAY_BUDGET
-from selector_service.snapshot import serialize_snapshot
-from selector_service.state import DatasetSpec, DatasetState
-from selector_service.store import Keys
+from selector_service.dataset.state import DatasetSpec, DatasetState
+from selector_service.replication.replica import REPLAY_BUDGET
+from selector_service.storage.snapshot import serialize_snapshot
+from selector_service.storage.store import Keys
 from tests.utils import RedisServer, ServiceProcess
 
 PAPER_STEP_S_1E7 = 2.4

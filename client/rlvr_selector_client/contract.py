@@ -7,7 +7,7 @@
 - Each dataset setting of POST /datasets (docs/api.md) with its default and description (`SETTINGS`).
   From them follow the client's create parameters and body (`create_body`) and the settings of its
   DatasetInfo (`from_doc`); the service builds its create and info bodies, its stored spec and its checks
-  from the same declaration (selector_service/dataset_settings.py).
+  from the same declaration (selector_service/contract/dataset_settings.py).
 
 Standard library only: it is imported in trainers' environments, beside whatever they pin. The bounds
 that are the service's numerically safe domain are named here, not given: a constraint given as a

@@ -17,7 +17,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BeforeValidator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from selector_service.engine import Engine
+from selector_service.replication.engine import Engine
 from selector_service.settings import Settings
 
 

@@ -14,8 +14,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from selector_service.contract.schemas import ErrorBody
 from selector_service.errors import PayloadTooLarge, ServiceError
-from selector_service.schemas import ErrorBody
 
 UNDECODABLE_BODY = (
     "body is not valid JSON: send a UTF-8 encoded JSON object (NaN and Infinity are not allowed)"

@@ -13,7 +13,7 @@ from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from rlvr_selector_client import contract
-from selector_service import metrics
+from selector_service.api import metrics
 from selector_service.api.errors import OUT_OF_MEMORY
 from selector_service.errors import PayloadTooLarge
 

@@ -1,6 +1,6 @@
 """Files the service's pages load, served by the service itself so that the pages work offline.
 
-Three sources, each an installed package: the page's own files (selector_service/ui), plotly.js as the
+Three sources, each an installed package: the page's own files (selector_service/api/ui), plotly.js as the
 `plotly` package ships it (plotly/package_data/plotly.min.js) and Swagger UI's and ReDoc's bundles as
 the `fastapi-offline` package ships them (fastapi_offline/static). Nothing is copied into this
 repository. Each file is named in an allowlist (no path from the request reaches the file system), sent
@@ -25,7 +25,7 @@ from fastapi import Request, Response
 
 from selector_service.errors import NotFound, Unavailable
 
-UI_DIR = Path(__file__).resolve().parent.parent / "ui"
+UI_DIR = Path(__file__).resolve().parent / "ui"
 _TYPES = {
     ".js": "text/javascript; charset=utf-8",
     ".css": "text/css; charset=utf-8",
@@ -46,7 +46,7 @@ def package_file(package: str, *parts: str) -> Path:
     return Path(next(iter(spec.submodule_search_locations))).joinpath(*parts)
 
 
-#: URL name -> (package or "" for selector_service/ui, path inside it).
+#: URL name -> (package or "" for selector_service/api/ui, path inside it).
 ASSETS: dict[str, tuple[str, tuple[str, ...]]] = {
     "ui.js": ("", ("ui.js",)),
     "auth.js": ("", ("auth.js",)),

@@ -45,7 +45,7 @@ prompt's first result its cold prior is frozen into (alpha0_i, beta0_i) (coldsta
 `apply_results` also gives a prompt its slot at its first result, pools the step state
 (outcomes.combine_state), sets last_state, the streak and n_obs, adds the result to its group's sums, and
 counts it in the open step's statistics (SharedState). The DPS update runs when a step closes
-(dps.close_step, re-exported here with the scores).
+(dps.close_step; step_close.close_open_step closes a whole step).
 """
 
 from __future__ import annotations
@@ -59,7 +59,6 @@ import numpy as np
 import numpy.typing as npt
 
 from .coldstart import DatasetRules, SharedState
-from .dps import CloseStats, close_step
 from .mi import mutual_information, wmi_scores, wmi_weight
 from .outcomes import PARTIAL, SOLVED, UNOBSERVED, UNSOLVED, combine_state
 from .scores import dps_scores, expected_difficulty_scores, inverse_evidence_scores, thompson_scores
@@ -68,9 +67,7 @@ __all__ = [
     "FIELDS",
     "OBSERVED_FIELDS",
     "BeliefArrays",
-    "CloseStats",
     "apply_results",
-    "close_step",
     "dps_scores",
     "expected_difficulty_scores",
     "inverse_evidence_scores",

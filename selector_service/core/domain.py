@@ -1,7 +1,7 @@
 """The numerically safe domain of every dataset setting and selection parameter, in one place (ours).
 
 The service refuses values outside these bounds with a 422 that names the field and its domain
-(selector_service/dataset_settings.py for datasets, whose declaration, rlvr_selector_client/contract.py,
+(selector_service/contract/dataset_settings.py for datasets, whose declaration, rlvr_selector_client/contract.py,
 names these bounds: in the create body and in DatasetSpec.problems(), which also guards imports; strategies.validate_params for selection parameters), and every scoring
 kernel is total on every belief state reachable from inside them: no NaN, no infinity, no exception
 (tests/test_numeric_domain.py checks the edges with property tests).

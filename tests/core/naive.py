@@ -556,7 +556,7 @@ def allocate_dp(gains, budget: int, lo: int) -> float:
     return float(best[spare])
 
 
-# ---------------------------------------------------------------- JSON arrays (selector_service/jsonscan.py)
+# ---------------------------------------------------------------- JSON arrays (selector_service/contract/jsonscan.py)
 
 
 def array_separators(text: bytes) -> list[int]:

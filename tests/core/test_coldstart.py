@@ -414,7 +414,7 @@ def test_group_statistics_by_hand():
 def test_the_states_score_cache_follows_moving_group_rates():
     """INSIGHT over the whole dataset is cached by the state; an observation of a grouped prompt moves
     the cold priors of every never-observed prompt of its group, so the cache must not serve old scores."""
-    from selector_service.state import DatasetSpec, DatasetState
+    from selector_service.dataset.state import DatasetSpec, DatasetState
 
     st = DatasetState(DatasetSpec(name="cache", size=300, group_decay=0.5))
     apply_metadata(st.arrays, 0, None, (np.arange(300) % 3).astype(np.int32))

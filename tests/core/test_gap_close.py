@@ -16,7 +16,7 @@ import pytest
 
 from selector_service.core import BeliefArrays, close_open_step, close_step, dps
 from selector_service.core.step_close import close_shared, close_shared_empty
-from selector_service.state import DatasetSpec, DatasetState
+from selector_service.dataset.state import DatasetSpec, DatasetState
 from tests.core import naive
 from tests.core.test_dps import dense_reference, observe, run_random_steps
 

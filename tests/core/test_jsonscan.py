@@ -9,7 +9,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from selector_service.jsonscan import array_separators
+from selector_service.contract.jsonscan import array_separators
 from tests.core import naive
 
 TRICKY = st.text(alphabet=st.sampled_from(list(',[]{}"\\:/ \t\né€\U0001f600ab1')), max_size=12)

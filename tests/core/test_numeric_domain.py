@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from selector_service.contract.schemas import DatasetCreate
 from selector_service.core import (
     STRATEGIES,
     BeliefArrays,
@@ -37,9 +38,8 @@ from selector_service.core.domain import (
     PRIOR_STRENGTH_MAX,
     TRIALS_MAX,
 )
-from selector_service.schemas import DatasetCreate
-from selector_service.snapshot import serialize_snapshot
-from selector_service.state import DatasetSpec, DatasetState
+from selector_service.dataset.state import DatasetSpec, DatasetState
+from selector_service.storage.snapshot import serialize_snapshot
 from tests.core import naive
 
 #: Far beyond any reachable belief (domain.py: alpha + beta <= 2e6 + 1e9 R after R results).

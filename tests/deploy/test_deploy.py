@@ -689,7 +689,7 @@ def test_dockerignore_checker_follows_docker_rules() -> None:
     assert dockerignore_excludes("docs/other.md", patterns)
     assert not dockerignore_excludes("docs/keep.md", patterns)
     assert not dockerignore_excludes("bench/run_all.py", patterns)
-    assert not dockerignore_excludes("selector_service/engine.py", patterns)
+    assert not dockerignore_excludes("selector_service/replication/engine.py", patterns)
 
 
 def test_service_image_is_slim_non_root_and_checks_readiness() -> None:

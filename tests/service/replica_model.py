@@ -23,8 +23,8 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from selector_service.engine import Engine
-from selector_service.state import LAG_LABELS, DatasetSpec, DatasetState
+from selector_service.dataset.state import LAG_LABELS, DatasetSpec, DatasetState
+from selector_service.replication.engine import Engine
 
 
 @dataclass

@@ -174,8 +174,8 @@ def test_export_import_roundtrip(service, dsname):
 )
 def test_import_checks_the_spec_it_carries(service, dsname, bad):
     """An export is outside input: its spec gets the same range checks as POST /datasets."""
-    from selector_service.snapshot import serialize_snapshot
-    from selector_service.state import DatasetSpec, DatasetState
+    from selector_service.dataset.state import DatasetSpec, DatasetState
+    from selector_service.storage.snapshot import serialize_snapshot
 
     state = DatasetState(DatasetSpec(name="x", size=8, uid="u"))
     header, arrays = state.copy_for_snapshot()

@@ -14,7 +14,7 @@ import httpx
 import pytest
 import redis
 
-from selector_service.memory import admission_bytes
+from selector_service.replication.memory import admission_bytes
 from tests.utils import ServiceProcess
 
 pytestmark = pytest.mark.slow

@@ -21,13 +21,13 @@ import numpy as np
 import pytest
 import redis.asyncio as aioredis
 
-from selector_service import engine as engine_mod
 from selector_service.core.rollouts import RolloutRequest
-from selector_service.engine import Engine
+from selector_service.dataset.state import DatasetSpec, DatasetState
 from selector_service.errors import Conflict, InvalidRequest
+from selector_service.replication import engine as engine_mod
+from selector_service.replication.engine import Engine
 from selector_service.settings import Settings
-from selector_service.state import DatasetSpec, DatasetState
-from selector_service.store import Store, connect
+from selector_service.storage.store import Store, connect
 
 SIZE = 40
 

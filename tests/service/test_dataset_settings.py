@@ -1,4 +1,4 @@
-"""The dataset settings' one declaration (selector_service/dataset_settings.py) and what follows from it:
+"""The dataset settings' one declaration (selector_service/contract/dataset_settings.py) and what follows from it:
 the bodies' fields, the stored spec, its defaults for older documents, and the kernels' rule defaults."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from selector_service import dataset_settings
+from selector_service.contract import dataset_settings
+from selector_service.contract.schemas import DatasetCreate, DatasetInfo, decode_observe
 from selector_service.core.coldstart import DatasetRules
-from selector_service.schemas import DatasetCreate, DatasetInfo, decode_observe
-from selector_service.state import DatasetSpec
-from selector_service.store import Keys
+from selector_service.dataset.state import DatasetSpec
+from selector_service.storage.store import Keys
 
 NAMES = [s.name for s in dataset_settings.SETTINGS]
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from selector_service.app import create_app
+from selector_service.server.app import create_app
 
 TOKEN = "generated-client-token"
 OPERATIONS = {

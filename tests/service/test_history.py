@@ -1,4 +1,4 @@
-"""The step history (selector_service/history.py) against a reference model, by search: random seeded
+"""The step history (selector_service/dataset/history.py) against a reference model, by search: random seeded
 schedules of log records (selects, retried selects, observes on time and late, several results of one
 prompt, group metadata, steps skipped) applied to a DatasetState; each row is checked against figures
 the model computes from the records alone, and from the beliefs read just before each close (the DPS
@@ -16,15 +16,15 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
-from selector_service import history as history_mod
-from selector_service.history import LAG_LABELS, ROW_GROUPS, StepHistory, lag_label, select_note
-from selector_service.snapshot import (
+from selector_service.dataset import history as history_mod
+from selector_service.dataset.history import LAG_LABELS, ROW_GROUPS, StepHistory, lag_label, select_note
+from selector_service.dataset.state import DatasetSpec, DatasetState, pack_metadata, pack_results
+from selector_service.storage.snapshot import (
     SNAPSHOT_MAGIC,
     _header_digest,
     deserialize_snapshot,
     serialize_snapshot,
 )
-from selector_service.state import DatasetSpec, DatasetState, pack_metadata, pack_results
 
 SIZE = 60
 STRATEGIES = ("insight", "dps", "uniform", "mopps")

@@ -22,9 +22,9 @@ from hypothesis import strategies as st
 
 from selector_service.core.coldstart import apply_metadata
 from selector_service.core.outcomes import outcomes_from_counts
-from selector_service.history import LAG_LABELS
-from selector_service.snapshot import deserialize_snapshot, load_snapshot_chunks, serialize_snapshot
-from selector_service.state import DatasetSpec, DatasetState
+from selector_service.dataset.history import LAG_LABELS
+from selector_service.dataset.state import DatasetSpec, DatasetState
+from selector_service.storage.snapshot import deserialize_snapshot, load_snapshot_chunks, serialize_snapshot
 from tests.service.test_history import run_schedule
 
 N = 200

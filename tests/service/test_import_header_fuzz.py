@@ -20,10 +20,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from selector_service.backup import read_export
+from selector_service.dataset.state import DatasetSpec, DatasetState
 from selector_service.errors import InvalidRequest
-from selector_service.snapshot import SNAPSHOT_MAGIC, _header_digest, serialize_snapshot
-from selector_service.state import DatasetSpec, DatasetState
+from selector_service.replication.backup import read_export
+from selector_service.storage.snapshot import SNAPSHOT_MAGIC, _header_digest, serialize_snapshot
 
 N = 64
 

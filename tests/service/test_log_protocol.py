@@ -10,11 +10,11 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from selector_service.engine import Engine
+from selector_service.dataset.state import DatasetSpec, DatasetState, LogGap, pack_results
 from selector_service.errors import Unavailable
+from selector_service.replication.engine import Engine
 from selector_service.settings import Settings
-from selector_service.state import DatasetSpec, DatasetState, LogGap, pack_results
-from selector_service.store import Store, StoreError, connect
+from selector_service.storage.store import Store, StoreError, connect
 
 
 def _result(pid: int, s: int = 1, t: int = 2):

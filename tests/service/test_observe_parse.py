@@ -14,10 +14,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from selector_service.contract.schemas import ObserveRequest, decode_observe
+from selector_service.dataset.state import DatasetSpec
 from selector_service.errors import InvalidRequest
-from selector_service.payloads import outcome_payload
-from selector_service.schemas import ObserveRequest, decode_observe
-from selector_service.state import DatasetSpec
+from selector_service.replication.payloads import outcome_payload
 
 SPEC = DatasetSpec(name="ds", size=2**62 + 1)
 SMALL = DatasetSpec(name="ds", size=20)

@@ -25,7 +25,7 @@ import httpx
 import numpy as np
 import pytest
 
-from selector_service.state import DatasetSpec
+from selector_service.dataset.state import DatasetSpec
 from tests.service.replica_model import SELECTIONS, ReplicaModel, model_batches, random_results
 from tests.utils import ServiceProcess
 

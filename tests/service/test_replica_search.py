@@ -31,11 +31,11 @@ import uuid
 
 import pytest
 
-from selector_service.engine import Engine
+from selector_service.dataset.state import DatasetSpec, DatasetState
 from selector_service.errors import Conflict, InvalidRequest, Unavailable
+from selector_service.replication.engine import Engine
 from selector_service.settings import Settings
-from selector_service.state import DatasetSpec, DatasetState
-from selector_service.store import Store, connect
+from selector_service.storage.store import Store, connect
 from tests.service.replica_model import (
     ORDER_DEPENDENT,
     ReplicaModel,

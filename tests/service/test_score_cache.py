@@ -13,7 +13,7 @@ import pytest
 
 from selector_service.core import PARTIAL, SOLVED, UNSOLVED, apply_metadata, strategies
 from selector_service.core.select import TiedScores
-from selector_service.state import DatasetSpec, DatasetState
+from selector_service.dataset.state import DatasetSpec, DatasetState
 
 SCHEDULES = 200
 #: The strategies whose whole-dataset scores the state caches (StrategySpec.cacheable).

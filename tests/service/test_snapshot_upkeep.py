@@ -9,11 +9,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from selector_service import replica as replica_module
-from selector_service.engine import Engine
+from selector_service.dataset.state import DatasetSpec
+from selector_service.replication import replica as replica_module
+from selector_service.replication.engine import Engine
 from selector_service.settings import Settings
-from selector_service.state import DatasetSpec
-from selector_service.store import Store, connect
+from selector_service.storage.store import Store, connect
 
 
 def _result(pid: int):

@@ -10,17 +10,17 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from selector_service.engine import Engine
+from selector_service.dataset.state import DatasetSpec, DatasetState
 from selector_service.errors import Unavailable
+from selector_service.replication.engine import Engine
 from selector_service.settings import Settings
-from selector_service.snapshot import (
+from selector_service.storage.snapshot import (
     deserialize_snapshot,
     iter_snapshot_chunks,
     load_snapshot_chunks,
     serialize_snapshot,
 )
-from selector_service.state import DatasetSpec, DatasetState
-from selector_service.store import Store, StoreError, connect
+from selector_service.storage.store import Store, StoreError, connect
 
 
 def _busy_state(size: int = 3000, seed: int = 0) -> DatasetState:
@@ -81,7 +81,7 @@ def test_column_major_observed_set_writes_and_loads_row_major_bytes(monkeypatch,
     """The observed set is held column-major (core/beliefs.py COLUMN_FIELDS) and written from the live
     arrays in row blocks: the body is byte for byte that of row-major copies, whatever the block size,
     and loads back (through one reused row block per array) into column-major arrays."""
-    import selector_service.snapshot as snapshot
+    import selector_service.storage.snapshot as snapshot
 
     state = _busy_state(seed=2)
     header, live = state.snapshot_header(), state.snapshot_arrays()

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from selector_service.store import connect, durability_problems
+from selector_service.storage.store import connect, durability_problems
 from tests.utils import RedisServer, ServiceProcess
 
 

@@ -10,8 +10,7 @@ from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from selector_service.api.deps import DigitsOnly, EngineDep, NamePath, SettingsDep, require_token
 from selector_service.api.errors import ERRORS
 from selector_service.api.openapi import binary_body
-from selector_service.errors import InvalidRequest, PayloadTooLarge
-from selector_service.schemas import (
+from selector_service.contract.schemas import (
     BeliefsResponse,
     DatasetCreate,
     DatasetInfo,
@@ -19,6 +18,7 @@ from selector_service.schemas import (
     MetadataRequest,
     MetadataResponse,
 )
+from selector_service.errors import InvalidRequest, PayloadTooLarge
 
 router = APIRouter(dependencies=[Depends(require_token)], responses=ERRORS, tags=["datasets"])
 

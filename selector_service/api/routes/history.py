@@ -1,4 +1,4 @@
-"""Step history: one row per closed step of a dataset (docs/api.md, "Step history"; selector_service/history.py)."""
+"""Step history: one row per closed step of a dataset (docs/api.md, "Step history"; selector_service/dataset/history.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from fastapi import APIRouter, Depends, Query
 
 from selector_service.api.deps import DigitsOnly, EngineDep, NamePath, require_token
 from selector_service.api.errors import ERRORS
-from selector_service.schemas import HistoryResponse
+from selector_service.contract.schemas import HistoryResponse
 
 router = APIRouter(dependencies=[Depends(require_token)], responses=ERRORS, tags=["datasets"])
 

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
 from selector_service.api.deps import EngineDep
-from selector_service.schemas import Health
+from selector_service.contract.schemas import Health
 
 router = APIRouter(tags=["ops"])
 

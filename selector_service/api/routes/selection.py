@@ -13,10 +13,7 @@ from pydantic import ValidationError
 from selector_service.api.deps import EngineDep, SettingsDep, require_token
 from selector_service.api.errors import ERRORS
 from selector_service.api.openapi import json_body
-from selector_service.core.rollouts import DEFAULT_ROLLOUT_POLICY, ROLLOUT_POLICY_HELP
-from selector_service.core.strategies import STRATEGIES
-from selector_service.errors import InvalidRequest, PayloadTooLarge
-from selector_service.schemas import (
+from selector_service.contract.schemas import (
     ObserveRequest,
     ObserveResponse,
     RolloutPolicyInfo,
@@ -29,6 +26,9 @@ from selector_service.schemas import (
     StrategyParamInfo,
     decode_observe,
 )
+from selector_service.core.rollouts import DEFAULT_ROLLOUT_POLICY, ROLLOUT_POLICY_HELP
+from selector_service.core.strategies import STRATEGIES
+from selector_service.errors import InvalidRequest, PayloadTooLarge
 
 router = APIRouter(dependencies=[Depends(require_token)], responses=ERRORS, tags=["selection"])
 #: Observe bodies above this size are parsed in a worker thread (a few hundred results parse in well

@@ -62,7 +62,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
-from selector_service import dataset_settings
+from selector_service.contract import dataset_settings
 from selector_service.errors import DatasetGone, Unavailable
 
 #: A dataset name, matched whole (`fullmatch`: `$` would also let a final newline through).

@@ -19,18 +19,19 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from redis.exceptions import RedisError
 
-from selector_service import __version__, metrics
+from selector_service import __version__
+from selector_service.api import metrics
 from selector_service.api.errors import add_error_handlers
 from selector_service.api.middleware import BodyLimit, ContractVersion, InternalErrors, RequestMetrics
 from selector_service.api.openapi import document_models
 from selector_service.api.routes import datasets, docs, history, ops, selection, ui
-from selector_service.engine import Engine
-from selector_service.lifetime import EXIT_ORPHANED, die_with_parent
-from selector_service.memory import human
-from selector_service.schemas import ObserveRequest
+from selector_service.contract.schemas import ObserveRequest
+from selector_service.replication.engine import Engine
+from selector_service.replication.memory import human
+from selector_service.server.lifetime import EXIT_ORPHANED, die_with_parent
+from selector_service.server.startup import store_lost
 from selector_service.settings import Settings
-from selector_service.startup import store_lost
-from selector_service.store import Store, connect, durability_problems
+from selector_service.storage.store import Store, connect, durability_problems
 
 log = logging.getLogger("selector_service")
 

@@ -16,12 +16,12 @@ from typing import Any
 
 import numpy as np
 
+from selector_service.contract.schemas import PackedResults
 from selector_service.core import strategies
 from selector_service.core.outcomes import outcomes_from_counts, outcomes_from_flat
 from selector_service.core.rollouts import RolloutError, RolloutRequest, check_rollouts
+from selector_service.dataset.state import DatasetSpec, pack_results
 from selector_service.errors import InvalidRequest
-from selector_service.schemas import PackedResults
-from selector_service.state import DatasetSpec, pack_results
 
 
 def resolve_params(spec: DatasetSpec, strategy: str, params: dict[str, Any]) -> dict[str, Any]:

@@ -26,11 +26,11 @@ from typing import TYPE_CHECKING, NoReturn
 
 from pydantic import ValidationError
 
+from selector_service.server.startup import REPORT_ENV, QuietWhenReported, redact, reported
 from selector_service.settings import Settings, serve_flags
-from selector_service.startup import REPORT_ENV, QuietWhenReported, redact, reported
 
 if TYPE_CHECKING:
-    from selector_service.embedded import EmbeddedValkey
+    from selector_service.server.embedded import EmbeddedValkey
 
 EXIT_STORE = 2
 EXIT_CONFIG = 3
@@ -108,7 +108,7 @@ def serve(args: argparse.Namespace) -> int:
     embedded = None
     lost = threading.Event()  # set when the embedded store died under the running service
     if settings.redis_url is None:
-        from selector_service.embedded import DataDirError, EmbeddedStoreError, EmbeddedValkey
+        from selector_service.server.embedded import DataDirError, EmbeddedStoreError, EmbeddedValkey
 
         embedded = EmbeddedValkey(settings.data_dir, settings.embedded_fsync)
         try:
@@ -202,17 +202,17 @@ def _run_uvicorn(settings: Settings) -> int:
             os.environ["PROMETHEUS_MULTIPROC_DIR"] = mp_dir
             # The workers' app factory makes each worker die with this process (app.py, lifetime.py).
             uvicorn.run(
-                "selector_service.app:worker_app",
+                "selector_service.server.app:worker_app",
                 factory=True,
                 fd=sock.fileno(),
                 workers=settings.workers,
                 log_level=settings.log_level,
                 access_log=False,
-                http="selector_service.http:WorkerProtocol",  # the bounds of http.py, from the environment
+                http="selector_service.api.http:WorkerProtocol",  # the bounds of http.py, from the environment
             )
         else:
-            from selector_service.app import create_app
-            from selector_service.http import protocol_class
+            from selector_service.api.http import protocol_class
+            from selector_service.server.app import create_app
 
             config = uvicorn.Config(
                 create_app(settings),

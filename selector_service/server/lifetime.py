@@ -1,8 +1,8 @@
 """Child processes of the service never outlive the `selector-service serve` process that started them.
 
 A `kill -9` of `serve` runs none of its clean-up, so each child asks the kernel for a signal when its
-parent dies (Linux `prctl(PR_SET_PDEATHSIG)`): the embedded Valkey (selector_service/embedded.py) and
-every worker of `serve --workers N` (`worker_app` in selector_service/app.py, the app factory the
+parent dies (Linux `prctl(PR_SET_PDEATHSIG)`): the embedded Valkey (selector_service/server/embedded.py) and
+every worker of `serve --workers N` (`worker_app` in selector_service/server/app.py, the app factory the
 workers load). Without it an orphaned worker would keep the port (a restart fails with "Address already
 in use") and answer 503 on every data call, its store gone with the parent.
 

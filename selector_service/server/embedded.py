@@ -30,8 +30,8 @@ from pathlib import Path
 
 import redis
 
-from selector_service.launcher import free_port
-from selector_service.lifetime import die_with_parent
+from selector_service.server.launcher import free_port
+from selector_service.server.lifetime import die_with_parent
 
 
 class EmbeddedStoreError(RuntimeError):

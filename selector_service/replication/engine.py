@@ -19,10 +19,12 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from selector_service import backup
+from selector_service.contract.schemas import Belief, DatasetCreate
 from selector_service.core import strategies
 from selector_service.core.coldstart import check_metadata
 from selector_service.core.coldstart import prior_arrays as cold_betas
+from selector_service.dataset.history import select_note
+from selector_service.dataset.state import DatasetSpec, DatasetState, RecordKind, pack_metadata
 from selector_service.errors import (
     Conflict,
     DatasetGone,
@@ -31,8 +33,8 @@ from selector_service.errors import (
     PayloadTooLarge,
     Unavailable,
 )
-from selector_service.history import select_note
-from selector_service.payloads import (
+from selector_service.replication import backup
+from selector_service.replication.payloads import (
     check_batch_size,
     check_ids,
     outcome_payload,
@@ -41,11 +43,9 @@ from selector_service.payloads import (
     select_digest,
     with_evidence_step,
 )
-from selector_service.replica import Replica, SyncStats
-from selector_service.schemas import Belief, DatasetCreate
+from selector_service.replication.replica import Replica, SyncStats
 from selector_service.settings import Settings
-from selector_service.state import DatasetSpec, DatasetState, RecordKind, pack_metadata
-from selector_service.store import CreateStatus, Store, WriteResult, WriteStatus
+from selector_service.storage.store import CreateStatus, Store, WriteResult, WriteStatus
 
 T = TypeVar("T")
 #: What a select answers: prompt ids, their scores (None for a walk), the step, rollouts per prompt.

@@ -26,15 +26,16 @@ from typing import Any
 
 import numpy as np
 
-from selector_service import dataset_settings
+from selector_service.contract import dataset_settings
 from selector_service.core import strategies
-from selector_service.core.beliefs import BeliefArrays, CloseStats, apply_results
+from selector_service.core.beliefs import BeliefArrays, apply_results
 from selector_service.core.coldstart import DatasetRules, apply_metadata, prior_arrays
+from selector_service.core.dps import CloseStats
 from selector_service.core.rng import stream
 from selector_service.core.rollouts import RolloutRequest, allocate_rollouts
 from selector_service.core.select import TiedScores, retie, tie_index
 from selector_service.core.step_close import close_open_step
-from selector_service.history import LAG_LABELS, StepHistory
+from selector_service.dataset.history import LAG_LABELS, StepHistory
 
 
 class RecordKind(StrEnum):
@@ -409,7 +410,7 @@ class DatasetState:
 
     # ---- memory ---------------------------------------------------------------------------------
     def memory_bytes(self) -> int:
-        """What this dataset is charged against the process's memory budget (selector_service/memory.py):
+        """What this dataset is charged against the process's memory budget (selector_service/replication/memory.py):
         its arrays twice (live, and the copy a snapshot or an export takes) and its score caches."""
         held = list(self._caches.values())  # a copy: a select in another thread may change the dict
         caches = [c.scores for c in held] + [c.tied.odd for c in held if c.tied is not None]

@@ -13,12 +13,12 @@ import contextlib
 import uuid
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator
 
+from selector_service.dataset.state import DatasetSpec, DatasetState
 from selector_service.errors import Conflict, InvalidRequest, Unavailable
-from selector_service.memory import Admit
-from selector_service.payloads import resolve_params
-from selector_service.replica import Replica
-from selector_service.snapshot import iter_snapshot_chunks, load_snapshot_chunks, serialize_snapshot
-from selector_service.state import DatasetSpec, DatasetState
+from selector_service.replication.memory import Admit
+from selector_service.replication.payloads import resolve_params
+from selector_service.replication.replica import Replica
+from selector_service.storage.snapshot import iter_snapshot_chunks, load_snapshot_chunks, serialize_snapshot
 
 IMPORTED_CURSOR = "0-1"  # an imported dataset's snapshot covers "everything before its first log entry"
 # An import's body is handed from the event loop to the decoding thread in pieces of about this size.

@@ -30,12 +30,12 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from selector_service.core.coldstart import group_statistics
+from selector_service.dataset.history import LAG_LABELS
+from selector_service.dataset.state import DatasetState
 from selector_service.errors import InsufficientMemory, NotFound, ServiceError
-from selector_service.history import LAG_LABELS
-from selector_service.state import DatasetState
 
 if TYPE_CHECKING:
-    from selector_service.engine import Engine
+    from selector_service.replication.engine import Engine
 
 log = logging.getLogger("selector_service")
 #: The `dataset` label value of the series that sum every dataset beyond the cap.

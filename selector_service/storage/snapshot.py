@@ -26,12 +26,13 @@ import numpy as np
 import zstandard
 
 from selector_service.core.belief_domain import check_beliefs
-from selector_service.core.beliefs import COLUMN_FIELDS, BeliefArrays, CloseStats
+from selector_service.core.beliefs import COLUMN_FIELDS, BeliefArrays
 from selector_service.core.coldstart import MAX_GROUPS, SharedState
 from selector_service.core.domain import BELIEF_MAX
+from selector_service.core.dps import CloseStats
 from selector_service.core.strategies import ParamError
-from selector_service.history import HISTORY_PREFIX, LAG_LABELS, Bounds, StepHistory
-from selector_service.state import SHARED_PREFIX, DatasetSpec, DatasetState
+from selector_service.dataset.history import HISTORY_PREFIX, LAG_LABELS, Bounds, StepHistory
+from selector_service.dataset.state import SHARED_PREFIX, DatasetSpec, DatasetState
 
 SNAPSHOT_MAGIC = b"RLVRSNAP"
 #: 2: DPS state only for prompts ever observed (core/beliefs.py). 3: a digest of the header follows it.

@@ -27,12 +27,12 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import TypeVar
 
+from selector_service.dataset.state import DatasetSpec, DatasetState, LogGap, UnnumberedRecord
 from selector_service.errors import NotFound, ServiceError, Unavailable
-from selector_service.memory import Admit, MemoryLedger, default_budget
+from selector_service.replication.memory import Admit, MemoryLedger, default_budget
 from selector_service.settings import Settings
-from selector_service.snapshot import iter_snapshot_chunks, load_snapshot_chunks
-from selector_service.state import DatasetSpec, DatasetState, LogGap, UnnumberedRecord
-from selector_service.store import LogEntry, LogView, SnapshotMissing, Store, StoreError, parse_id
+from selector_service.storage.snapshot import iter_snapshot_chunks, load_snapshot_chunks
+from selector_service.storage.store import LogEntry, LogView, SnapshotMissing, Store, StoreError, parse_id
 
 log = logging.getLogger("selector_service.engine")
 T = TypeVar("T")
@@ -75,7 +75,7 @@ class Replica:
         self.maintaining: dict[str, asyncio.Task[None]] = {}  # catch-ups started by writes (see observe)
         self.sync_stats: dict[str, SyncStats] = {}
         self.catchup_observer: Callable[[float], None] | None = None
-        # Memory admission (selector_service/memory.py): every dataset held or coming in is charged.
+        # Memory admission (selector_service/replication/memory.py): every dataset held or coming in is charged.
         self.memory = MemoryLedger(
             settings.memory_budget_bytes or default_budget(settings.workers), self.states
         )

@@ -28,7 +28,7 @@ from selector_service.core.beliefs import _INITIAL_CAPACITY, FIELDS, OBSERVED_FI
 from selector_service.errors import InsufficientMemory
 
 if TYPE_CHECKING:
-    from selector_service.state import DatasetSpec, DatasetState
+    from selector_service.dataset.state import DatasetSpec, DatasetState
 
 __all__ = [
     "BUDGET_SHARE",

@@ -17,12 +17,12 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
 from rlvr_selector_client import contract
-from selector_service import dataset_settings
+from selector_service.contract import dataset_settings
+from selector_service.contract.jsonscan import array_separators
 from selector_service.core.coldstart import MAX_GROUPS
 from selector_service.core.domain import K_MAX, TRIALS_MAX
 from selector_service.core.rollouts import DEFAULT_ROLLOUT_POLICY, ROLLOUT_POLICIES, ROLLOUT_POLICY_HELP
 from selector_service.core.strategies import STRATEGIES
-from selector_service.jsonscan import array_separators
 
 
 def _strategies_doc() -> str:

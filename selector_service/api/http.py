@@ -37,7 +37,7 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from selector_service.metrics import CONNECTIONS_REFUSED as REFUSED
+from selector_service.api.metrics import CONNECTIONS_REFUSED as REFUSED
 
 log = logging.getLogger("selector_service.http")
 

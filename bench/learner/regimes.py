@@ -38,6 +38,9 @@ class Regime:
     eval_every: int = 15
     #: Upload each prompt's kind (operator and digit counts) as its group (docs/strategies.md "Starting cold").
     metadata: bool = False
+    #: Upload each prompt's pass rate under the starting policy, estimated from this many samples (0:
+    #: none), as a reference model's pass rates come with a dataset (docs/methods.md §6).
+    reference_samples: int = 0
     #: Dataset settings the run's dataset is created with (e.g. ``{"prior_strength": 20}``; empty: defaults).
     dataset: dict[str, Any] = field(default_factory=dict)
     #: Strategy parameters sent with every select, by strategy name (empty: the service's defaults).
@@ -76,11 +79,21 @@ BEST = BASE.with_(
     metadata=True,
 )
 
+#: The best regime with what a difficulty-annotated dataset carries besides: each prompt's pass rate under
+#: the starting policy from 16 samples, and a prior that weighs it as the 16 samples it is.
+REFERENCE = BEST.with_(
+    name="reference",
+    about="as best, plus each prompt's pass rate from 16 samples of the starting policy (prior_strength 16)",
+    reference_samples=16,
+    dataset={"prior_strength": 16.0},
+)
+
 REGIMES: dict[str, Regime] = {
     r.name: r
     for r in (
         BASE,
         BEST,
+        REFERENCE,
         BASE.with_(name="smoke", about="the whole pipeline at a toy size (seconds)", pool_size=64, heldout_size=32,
                    batch_size=4, rollouts=4, steps=3, eval_every=1,
                    model=ModelSpec(hidden=32, layers=1, heads=2, ffn=64, pretrain_steps=20, pretrain_batch=16)),

@@ -53,6 +53,13 @@ def band(p0: float) -> str:
     return "hopeless" if p0 < HOPELESS else "solved" if p0 > SOLVED else "middle"
 
 
+def reference_rates(p0: np.ndarray, samples: int, seed: int) -> list[float]:
+    """Each prompt's pass rate as `samples` draws from the starting policy estimate it (successes /
+    samples): what a reference model's annotation gives, noisy where the exact p0 is not."""
+    rng = np.random.default_rng([seed, samples, 0x5EED])
+    return (rng.binomial(samples, np.clip(p0, 0.0, 1.0)) / samples).tolist()
+
+
 def draw_sets(
     regime: Regime, seed: int, model: Any, tokenizer: CharTokenizer
 ) -> tuple[list[Problem], list[Problem], np.ndarray, np.ndarray]:
@@ -233,6 +240,10 @@ def run_one(
         info = client.create_dataset(config.dataset, len(pool), rollouts_per_prompt=K, **regime.dataset)
         if regime.metadata:
             client.upload_metadata(config.dataset, group=task.groups())
+        if regime.reference_samples:
+            client.upload_metadata(
+                config.dataset, pass_rate=reference_rates(p0_pool, regime.reference_samples, seed)
+            )
         trainer = _trainer_class()(
             config,
             client=client,

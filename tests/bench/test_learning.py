@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import random
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -15,7 +16,7 @@ from hypothesis import strategies as st
 from bench import learning
 from bench.learner import policy, report
 from bench.learner.regimes import REGIMES, STRATEGIES
-from bench.learner.run import rollouts_to_reach, run_one
+from bench.learner.run import reference_rates, rollouts_to_reach, run_one
 from bench.learner.task import (
     BOS,
     EOS,
@@ -276,3 +277,16 @@ def test_dataset_names_follow_the_contract_whatever_the_regime_is_called() -> No
 
 def test_kinds_are_graded_by_digits() -> None:
     assert Kind("+", 1, 1) in KINDS and Kind("*", 3, 3) in KINDS and Kind("*", 4, 1) not in KINDS
+
+
+def test_reference_rates_are_a_binomial_estimate_of_the_starting_pass_rates() -> None:
+    p0 = np.concatenate([np.zeros(1000), np.ones(1000), np.full(20000, 0.3)])
+    rates = np.array(reference_rates(p0, 16, seed=3))
+    assert rates.shape == p0.shape
+    assert np.array_equal(rates * 16, np.round(rates * 16))  # successes out of 16 samples
+    assert (rates[:1000] == 0).all() and (rates[1000:2000] == 1).all()
+    middle = rates[2000:]
+    assert abs(middle.mean() - 0.3) < 0.01
+    assert abs(middle.var() - 0.3 * 0.7 / 16) < 0.002  # the noise of 16 samples, not an exact rate
+    assert reference_rates(p0, 16, seed=3) == rates.tolist()
+    assert reference_rates(p0, 16, seed=4) != rates.tolist()

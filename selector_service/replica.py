@@ -31,7 +31,7 @@ from selector_service.errors import NotFound, ServiceError, Unavailable
 from selector_service.memory import Admit, MemoryLedger, default_budget
 from selector_service.settings import Settings
 from selector_service.snapshot import iter_snapshot_chunks, load_snapshot_chunks
-from selector_service.state import DatasetSpec, DatasetState, LogGap, UnnumberedRecord
+from selector_service.state import DatasetSpec, DatasetState, LogGap
 from selector_service.store import LogEntry, LogView, SnapshotMissing, Store, StoreError, parse_id
 
 log = logging.getLogger("selector_service.engine")
@@ -136,10 +136,7 @@ class Replica:
                 raise NotFound(f"dataset {name!r} does not exist; create it with POST /datasets")
             gap = state is None or state.spec.uid != uid or _behind_a_trim(state, view)
             if state is not None and not gap and view.entries:
-                try:
-                    count, gap = await asyncio.to_thread(_apply_entries, state, view.entries)
-                except UnnumberedRecord as exc:
-                    raise Unavailable(str(exc)) from exc
+                count, gap = await asyncio.to_thread(_apply_entries, state, view.entries)
                 applied += count
             if gap or state is None:
                 reloads += 1

@@ -60,11 +60,6 @@ class LogGap(Exception):
     them (reload from the snapshot that covers them), or the log is not the one this state came from."""
 
 
-class UnnumberedRecord(Exception):
-    """A record without a sequence number follows numbered ones: a service process from before records
-    were numbered is appending to this log."""
-
-
 _DEFAULT = dataset_settings.DEFAULTS
 
 
@@ -248,17 +243,17 @@ class DatasetState:
     def apply_record(self, log_id: str, fields: Mapping[str, bytes | str] | Mapping[bytes, bytes]) -> None:
         """Applies one log entry (already known to be newer than `cursor`).
 
-        Raises LogGap, changing nothing, when the record's sequence number is not `seq + 1`. Records from
-        before records were numbered carry none; they are accepted only before the first numbered one.
+        Raises LogGap, changing nothing, when the record's sequence number is not `seq + 1`, and
+        ValueError, changing nothing, when it has none (every record of the key layout store.LAYOUT
+        carries one).
         """
         get = {(k.decode() if isinstance(k, bytes) else k): v for k, v in fields.items()}
-        number = int(get["n"]) if "n" in get else None
-        if number is None and self.seq:
-            raise UnnumberedRecord(
-                f"record {log_id} has no sequence number, after record number {self.seq}: a service "
-                "process of an older version is writing to this dataset; upgrade every replica"
+        if "n" not in get:
+            raise ValueError(
+                f"log record {log_id} has no sequence number: not a record this service's key layout holds"
             )
-        if number is not None and number != self.seq + 1:
+        number = int(get["n"])
+        if number != self.seq + 1:
             raise LogGap(f"record {log_id} is number {number}; this state applied up to {self.seq}")
         kind = get["k"].decode() if isinstance(get["k"], bytes) else get["k"]
         if kind not in tuple(RecordKind):
@@ -288,8 +283,7 @@ class DatasetState:
             self.apply_outcomes(ids, succ, trials, states, lag)
             self.results_by_lag[lag] = self.results_by_lag.get(lag, 0) + len(ids)
         self.cursor = log_id
-        if number is not None:
-            self.seq = number
+        self.seq = number
 
     def apply_outcomes(
         self, ids: np.ndarray, succ: np.ndarray, trials: np.ndarray, states: np.ndarray, lag: int = 0

@@ -95,17 +95,16 @@ class DatasetSpec:
         return dataset_settings.problems(self.public())
 
     def fingerprint(self) -> str:
-        """The user-visible spec as canonical JSON. Settings added after the first release are left out
-        at their default value, so a dataset created before they existed keeps its fingerprint."""
-        doc = self.public()
-        for setting in dataset_settings.SETTINGS:
-            if setting.later and doc.get(setting.name) == setting.default:
-                doc.pop(setting.name, None)
-        return json.dumps(doc, sort_keys=True)
+        """The user-visible spec, every setting, as canonical JSON."""
+        return json.dumps(self.public(), sort_keys=True)
 
     @classmethod
     def from_doc(cls, doc: dict[str, Any]) -> DatasetSpec:
-        """The spec of a stored document (a setting it lacks has its default)."""
+        """The spec of a stored document (the store's spec key, a snapshot header's spec), which holds
+        every setting: ValueError naming those it lacks (never a default in their place)."""
+        missing = [s.name for s in dataset_settings.SETTINGS if s.name not in doc]
+        if missing:
+            raise ValueError(f"the spec document lacks the settings {', '.join(missing)}")
         return cls(**dataset_settings.from_doc(doc), uid=doc.get("uid", ""))
 
     @classmethod

@@ -189,9 +189,9 @@ class Result:
 class DatasetInfo:
     """A dataset's spec and (when the service reports it) its running summary.
 
-    The spec's fields are contract.py's settings, in its order, required as
-    in the info body but for the later ones (their defaults are the settings'); they are written out
-    for type checkers (tests/trainer/test_client.py holds them to the settings)."""
+    The spec's fields are contract.py's settings, in its order, required as in the info body but for
+    those of contract.INFO_DEFAULTED (their defaults are the settings'); they are written out for type
+    checkers (tests/trainer/test_client.py holds them to the settings)."""
 
     name: str
     size: int

@@ -641,8 +641,8 @@ class _Base:
         )
 
     def _outcome(self, call: _Call[T], response: httpx.Response) -> T:
-        # Every answer of the service names its contract version; one from before versions were sent
-        # names none and speaks the first.
+        # Every answer of the service names its contract version; one that names none (a proxy's own
+        # answer, say) speaks the first.
         problem = contract.mismatch(contract.CONTRACT, response.headers.get(contract.CONTRACT_HEADER))
         if problem:
             raise ContractMismatch(

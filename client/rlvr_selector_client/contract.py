@@ -36,7 +36,7 @@ SERVICE_DISTRIBUTION = "rlvr-selector"
 
 def mismatch(client: str | int | None, service: str | int | None) -> str | None:
     """What to upgrade when the client and the service speak other contract versions, or None when they
-    speak the same one. A side that names no version (one from before versions were sent) speaks 1."""
+    speak the same one. A side that names no version (curl, a proxy's own answer) speaks 1."""
     try:
         mine, theirs = int(client or 1), int(service or 1)
     except ValueError:

@@ -264,8 +264,9 @@ class DatasetState:
             assert isinstance(payload, bytes), "a payload is packed bytes (pack_results, pack_metadata)"
             outcomes = unpack_results(payload) if kind == RecordKind.OBSERVE else None
             metadata = unpack_metadata(payload) if kind == RecordKind.METADATA else None
-        # A select's note (its strategy, batch size and request digest) on the record of its step.
-        note = StepHistory.parse_note(get["q"]) if kind == RecordKind.ADVANCE and get.get("q") else None
+        # A select's note (its strategy, batch size and request digest) on the record of its step: every
+        # advance carries one (store.py's _CLOSE).
+        note = StepHistory.parse_note(get.get("q", b"")) if kind == RecordKind.ADVANCE else None
         self.close_until(step)
         if note is not None:
             self.history.select(*note)

@@ -164,8 +164,6 @@ def run_schedule(seed: int, snapshot_every: float = 0.0) -> tuple[DatasetState, 
                 model.step.selected += batch
                 model.step.strategies[strategy] += 1
             step = model.open
-        if rng.random() < 0.2:
-            emit("a", step)  # a plain advance (an older replica's select)
         for _ in range(rng.randrange(0, 3)):  # observes: on time, or late when the dataset accepts it
             lag = rng.randrange(0, spec.max_lag + 1) if spec.max_lag and rng.random() < 0.4 else 0
             at = max(0, max(model.open, step) - lag)

@@ -77,7 +77,7 @@ def export_blob(name: str, n: int) -> bytes:
     """A dataset export (the /datasets/{name}/export format) holding `random_beliefs(n)`."""
     spec = DatasetSpec(name=name, size=n, hmm_decay=HMM_DECAY, uid="scale-import")
     state = DatasetState(spec, random_beliefs(n))
-    return serialize_snapshot(state.snapshot_header(), state.arrays.arrays())
+    return serialize_snapshot(state.snapshot_header(), state.snapshot_arrays())
 
 
 def service_figures(n: int, batch: int, replay_steps: int, redis_url: str | None) -> dict[str, Any]:

@@ -189,9 +189,9 @@ class Result:
 class DatasetInfo:
     """A dataset's spec and (when the service reports it) its running summary.
 
-    The spec's fields are contract.py's settings, in its order, required as
-    in the info body but for the later ones (their defaults are the settings'); they are written out
-    for type checkers (tests/trainer/test_client.py holds them to the settings)."""
+    The spec's fields are contract.py's settings, in its order, required as in the info body but for
+    those of contract.INFO_DEFAULTED (their defaults are the settings'); they are written out for type
+    checkers (tests/trainer/test_client.py holds them to the settings)."""
 
     name: str
     size: int
@@ -641,8 +641,8 @@ class _Base:
         )
 
     def _outcome(self, call: _Call[T], response: httpx.Response) -> T:
-        # Every answer of the service names its contract version; one from before versions were sent
-        # names none and speaks the first.
+        # Every answer of the service names its contract version; one that names none (a proxy's own
+        # answer, say) speaks the first.
         problem = contract.mismatch(contract.CONTRACT, response.headers.get(contract.CONTRACT_HEADER))
         if problem:
             raise ContractMismatch(

@@ -6,7 +6,7 @@
 - Names and their patterns: a dataset's name (`NAME`), a report's request id (`REQUEST_ID`).
 - Each dataset setting of POST /datasets (docs/api.md) with its default and description (`SETTINGS`).
   From them follow the client's create parameters and body (`create_body`) and the settings of its
-  DatasetInfo (`from_doc`); the service builds its create and info bodies, its stored spec and its checks
+  DatasetInfo (`from_doc`, `INFO_DEFAULTED`); the service builds its create and info bodies, its stored spec and its checks
   from the same declaration (selector_service/contract/dataset_settings.py).
 
 Standard library only: it is imported in trainers' environments, beside whatever they pin. The bounds
@@ -36,7 +36,7 @@ SERVICE_DISTRIBUTION = "rlvr-selector"
 
 def mismatch(client: str | int | None, service: str | int | None) -> str | None:
     """What to upgrade when the client and the service speak other contract versions, or None when they
-    speak the same one. A side that names no version (one from before versions were sent) speaks 1."""
+    speak the same one. A side that names no version (curl, a proxy's own answer) speaks 1."""
     try:
         mine, theirs = int(client or 1), int(service or 1)
     except ValueError:
@@ -99,9 +99,7 @@ class Setting:
     core/domain.py); `choices` make the create body's type a Literal of them. `stored` turns a request's,
     a stored document's or an answer's value into the spec's (`stored_type`). `check` names a function of
     core/domain.py that says what is wrong with a value (or None), used instead of the constraints'
-    own check. `later`: added after the first release, so a stored document or an answer may lack it (it
-    then has its default), the spec's fingerprint leaves it out at its default, and the client sends it
-    only when it differs from it. `rule`: a field of the same name of the service's core.coldstart.DatasetRules.
+    own check. `rule`: a field of the same name of the service's core.coldstart.DatasetRules.
     """
 
     name: str
@@ -113,7 +111,6 @@ class Setting:
     stored: Callable[[Any], Any] | None = None
     stored_type: Any = None
     check: str = ""
-    later: bool = False
     rule: bool = False
 
     @property
@@ -177,7 +174,6 @@ SETTINGS: tuple[Setting, ...] = (
         "Late observations: an observe for a step closed at most this many steps ago is applied "
         "(Beta at once, DPS pooled into the open step) and answered with its lag; 0 = strict (409).",
         {"ge": 0, "le": MAX_LAG},
-        later=True,
     ),
     Setting(
         "prior_strength",
@@ -186,7 +182,6 @@ SETTINGS: tuple[Setting, ...] = (
         "Cold start (docs/methods.md §6): weight, in rollouts, of a prompt's prior pass rate (its own "
         "from PUT /datasets/{name}/metadata, else its group's rate) in its Beta prior.",
         {"ge": 0, "le": "PRIOR_STRENGTH_MAX"},
-        later=True,
         rule=True,
     ),
     Setting(
@@ -196,7 +191,6 @@ SETTINGS: tuple[Setting, ...] = (
         "Cold start (docs/methods.md §6): the group rates' successes and trials are multiplied by this "
         "at every step close, in (0, 1].",
         {"gt": 0, "le": 1},
-        later=True,
         rule=True,
     ),
 )
@@ -205,26 +199,28 @@ SETTINGS: tuple[Setting, ...] = (
 DEFAULTS: dict[str, Any] = {s.name: s.stored_default() for s in SETTINGS if not s.required}
 #: The settings that are DatasetRules fields of the same name.
 RULES: tuple[str, ...] = tuple(s.name for s in SETTINGS if s.rule)
+#: The settings that the info body's schema (GET /datasets/{name}, /openapi.json) gives a default, the
+#: others it requires; the published schema of contract 1 says so, and changes only with the contract.
+INFO_DEFAULTED: tuple[str, ...] = ("max_lag", "prior_strength", "group_decay")
 
 
 # ---- the stored spec and the client's info -----------------------------------------------------------
 def from_doc(doc: Mapping[str, Any]) -> dict[str, Any]:
-    """The settings of a stored document or an answer, as the spec holds them; a setting the document
-    lacks (one added after it was written) has its default."""
+    """The settings of an answer (or a stored document), as the spec holds them; a setting that is not
+    required and that the document leaves out has its default, as in a create body."""
     return {s.name: s.to_stored(doc[s.name] if s.required else doc.get(s.name, s.default)) for s in SETTINGS}
 
 
 def create_body(arguments: Mapping[str, Any]) -> dict[str, Any]:
-    """POST /datasets's body from the client's create arguments (None = the default). A later setting
-    is sent only when it differs from its default, so that a body that does not use it also creates on
-    a service from before it; `defaults` only when given."""
+    """POST /datasets's body from the client's create arguments (None = the default): every setting,
+    but `defaults` only when given."""
     body: dict[str, Any] = {}
     for s in SETTINGS:
         value = arguments.get(s.name)
-        if value is None or (s.later and value == s.default):
+        if value is None:
             if s.required:
                 raise TypeError(f"create_dataset needs {s.name}")
-            if s.later or isinstance(s.default, dict):
+            if isinstance(s.default, dict):
                 continue
             value = s.default
         value = s.to_stored(value)

@@ -23,7 +23,7 @@ log = logging.getLogger("selector_service")
 class ContractVersion:
     """Names the contract's version (`contract.CONTRACT`) in a header of every answer, and refuses with
     400 a request whose header names another version, saying which package to upgrade. A request without
-    the header (curl, a generated client, a client from before versions were sent) is served."""
+    the header (curl, a generated client) is served."""
 
     _HEADER = contract.CONTRACT_HEADER.lower().encode()
     _VALUE = str(contract.CONTRACT).encode()

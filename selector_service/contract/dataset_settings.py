@@ -3,8 +3,8 @@
 
 From the declaration follow: the create and info bodies (`create_fields`, `info_fields`, built into
 schemas.DatasetCreate and DatasetInfo) and the stored spec (state.DatasetSpec's fields take their
-defaults from `DEFAULTS`, `from_doc` reads a stored document, one written before a later setting existed
-included, `from_request` a create body, `problems` checks one). The bounds that are the kernels'
+defaults from `DEFAULTS`, `from_doc` reads a stored document, `from_request` a create body, `problems`
+checks one). The bounds that are the kernels'
 numerically safe domain stay the service's: the declaration names them, and `resolved` reads them from
 core/domain.py when the service first builds its bodies or checks a spec.
 """
@@ -19,10 +19,20 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field
 
-from rlvr_selector_client.contract import DEFAULTS, NAME, REQUIRED, RULES, SETTINGS, Setting, from_doc
+from rlvr_selector_client.contract import (
+    DEFAULTS,
+    INFO_DEFAULTED,
+    NAME,
+    REQUIRED,
+    RULES,
+    SETTINGS,
+    Setting,
+    from_doc,
+)
 
 __all__ = [
     "DEFAULTS",
+    "INFO_DEFAULTED",
     "NAME",
     "REQUIRED",
     "RULES",
@@ -93,9 +103,9 @@ def create_fields() -> dict[str, Any]:
 
 
 def info_fields() -> dict[str, Any]:
-    """The info body's settings fields, in order: each required but the later ones (which older stored
-    specs lack: they answer their defaults)."""
-    return {s.name: (s.type, s.default if s.later else ...) for s in SETTINGS}
+    """The info body's settings fields, in order: each required but those of INFO_DEFAULTED, which the
+    schema gives their defaults (every answer holds every setting all the same)."""
+    return {s.name: (s.type, s.default if s.name in INFO_DEFAULTED else ...) for s in SETTINGS}
 
 
 def _problem(r: Resolved, value: Any) -> str | None:

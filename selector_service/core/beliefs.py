@@ -91,8 +91,8 @@ FIELDS: dict[str, tuple[np.dtype, tuple[int, ...]]] = {
     "streak": (np.dtype(np.int16), ()),
 }
 
-#: Per-prompt fields added with cold start (docs/methods.md §6, 7), and their value for a prompt nothing is known
-#: about; a snapshot written before them loads with these values (no metadata, no runs).
+#: Per-prompt fields of cold start (docs/methods.md §6, 7), and their value for a prompt nothing is known
+#: about (no metadata, no runs).
 METADATA_FIELDS: dict[str, float] = {"pass_rate": math.nan, "group": -1, "prior_p0": math.nan, "streak": 0}
 #: Saturation of the streak counter.
 STREAK_MAX = 32_767
@@ -113,9 +113,6 @@ OBSERVED_FIELDS: dict[str, tuple[np.dtype, tuple[int, ...]]] = {
 #: their loops vectorize over. Their shape and values, and so their snapshot bytes (row-major, as
 #: np.ascontiguousarray gives them), are the same as row-major arrays would have.
 COLUMN_FIELDS = ("obs_d", "obs_prior", "obs_prev")
-
-#: The arrays of the previous snapshot layout (every prompt's DPS state stored), still read.
-LEGACY_FIELDS = ("alpha", "beta", "hmm_d", "hmm_prior", "hmm_prev", "step_state", "last_state", "n_obs")
 
 #: A dataset's prompt ids fit the int32 slot map and id list.
 MAX_PROMPTS = 2**31 - 2
@@ -257,7 +254,7 @@ class BeliefArrays:
 
     def dense_hmm(self) -> dict[str, np.ndarray]:
         """The DPS state of every prompt in the dense layout: hmm_d f32[N, 9], hmm_prior, hmm_prev f32[N, 3],
-        step_state i8[N] (O(N) memory: for tests, tools and legacy exports, not for serving)."""
+        step_state i8[N] (O(N) memory: for tests and tools, not for serving)."""
         d, prior, prev, state = self.hmm_rows(np.arange(self.n))
         return {"hmm_d": d, "hmm_prior": prior, "hmm_prev": prev, "step_state": state}
 
@@ -291,17 +288,11 @@ class BeliefArrays:
     @staticmethod
     def check_layout(layout: dict[str, tuple[np.dtype, tuple[int, ...]]], n: int) -> None:
         """Checks the names, dtypes and shapes of a snapshot's arrays (as declared in its header) before
-        anything is allocated: FIELDS with n rows and OBSERVED_FIELDS with one row count m <= n, or the
-        legacy layout (every array n rows). Raises ValueError."""
+        anything is allocated: FIELDS with n rows and OBSERVED_FIELDS with one row count m <= n. Raises
+        ValueError."""
         names = set(layout)
-        if names == set(LEGACY_FIELDS):
-            if any(not shape or shape[0] != n for _, shape in layout.values()):
-                raise ValueError(f"snapshot arrays do not match the dataset size {n}")
-            return
         expected = set(FIELDS) | set(OBSERVED_FIELDS)
         missing, unknown = expected - names, names - expected
-        if missing == set(METADATA_FIELDS):  # written before cold start: loads without metadata
-            missing = set()
         if missing or unknown:
             raise ValueError(f"belief arrays: missing {sorted(missing)}, unknown {sorted(unknown)}")
         m = layout["obs_ids"][1][0] if layout["obs_ids"][1] else -1
@@ -323,16 +314,10 @@ class BeliefArrays:
         cls, arrays: dict[str, np.ndarray], d0: float = 1.0, shared: SharedState | None = None
     ) -> BeliefArrays:
         """Rebuilds beliefs from `arrays()` output (e.g. a snapshot) and the dataset's shared state
-        (default: a fresh one, Beta(1, 1) rules), or from the legacy layout (every prompt's DPS state;
-        converted: every prompt with a result gets a slot, in id order). Arrays without the metadata
-        fields (written before cold start) get them empty. Copies only arrays that are not already
-        contiguous (COLUMN_FIELDS column-major, the rest row-major), writable and of the right dtype.
-        Raises ValueError on a missing field, a wrong shape, or an observed set that does not match the
-        slot map."""
-        if set(arrays) == set(LEGACY_FIELDS):
-            return cls._from_legacy(arrays, d0, shared)
-        if not set(METADATA_FIELDS) & set(arrays) and "alpha" in arrays:
-            arrays = {**arrays, **_fresh_metadata(len(arrays["alpha"]))}
+        (default: a fresh one, Beta(1, 1) rules). Copies only arrays that are not already contiguous
+        (COLUMN_FIELDS column-major, the rest row-major), writable and of the right dtype. Raises
+        ValueError on a missing field, a wrong shape, or an observed set that does not match the slot
+        map."""
         missing = (set(FIELDS) | set(OBSERVED_FIELDS)) - set(arrays)
         unknown = set(arrays) - set(FIELDS) - set(OBSERVED_FIELDS)
         if missing or unknown:
@@ -358,46 +343,6 @@ class BeliefArrays:
         if top >= ba.shared.n_groups or int(ba.group.min()) < -1:
             raise ValueError(f"groups reach {top} but the shared state has {ba.shared.n_groups} groups")
         return ba
-
-    @classmethod
-    def _from_legacy(
-        cls, arrays: dict[str, np.ndarray], d0: float, shared: SharedState | None
-    ) -> BeliefArrays:
-        n = len(arrays["alpha"])
-        n_obs = np.asarray(arrays["n_obs"])
-        state = np.asarray(arrays["step_state"])
-        d = np.asarray(arrays["hmm_d"])
-        prior = np.asarray(arrays["hmm_prior"])
-        prev = np.asarray(arrays["hmm_prev"])
-        if any(a.shape[0] != n for a in (n_obs, state, d, prior, prev)):
-            raise ValueError(f"legacy belief arrays do not all have {n} rows")
-        # Every prompt that ever had a result; a prompt without one must still be at D0 and 1/3.
-        ids = np.flatnonzero((n_obs != 0) | (state != 0)).astype(np.int32)
-        untouched = np.ones(n, dtype=bool)
-        untouched[ids] = False
-        if untouched.any() and not (
-            np.all(d[untouched] == np.float32(d0))
-            and np.all(prior[untouched] == UNIFORM)
-            and np.all(prev[untouched] == UNIFORM)
-        ):
-            raise ValueError(
-                "legacy snapshot: a prompt without results has a DPS state other than D0 and 1/3"
-            )
-        slot = np.full(n, -1, dtype=np.int32)
-        slot[ids] = np.arange(ids.size, dtype=np.int32)
-        converted = {
-            "alpha": arrays["alpha"],
-            "beta": arrays["beta"],
-            "last_state": arrays["last_state"],
-            "n_obs": n_obs,
-            "hmm_slot": slot,
-            "obs_ids": ids,
-            "obs_d": d[ids],
-            "obs_prior": prior[ids],
-            "obs_prev": prev[ids],
-            "obs_state": state[ids],
-        }
-        return cls.from_arrays(converted, d0, shared)
 
     def _check_observed_set(self) -> None:
         """The kernels index by slot and id without bounds checks: slots and ids must be a bijection."""

@@ -432,8 +432,6 @@ class StepHistory:
     def check_layout(layout: Mapping[str, tuple[np.dtype, tuple[int, ...]]]) -> None:
         """Checks the history arrays a snapshot header declares (names without the prefix) before
         anything is allocated; ValueError."""
-        if not layout:
-            return
         expected = {**{k: v[0] for k, v in ROW_COLUMNS.items()}, STRATEGY_COLUMN: np.dtype(np.int64)}
         expected.update(ENTRY_COLUMNS)
         expected.update(OPEN_COLUMNS)
@@ -466,11 +464,8 @@ class StepHistory:
     ) -> StepHistory:
         """Rebuilds a history from `header()` and `arrays()` (names without the prefix), checking that
         every figure is one a history could hold for a dataset whose open step is `open_step`, which
-        has `n_groups` groups and the `bounds` the rest of the snapshot sets; ValueError otherwise. No header and no arrays (a snapshot written before
-        the history existed): an empty history."""
+        has `n_groups` groups and the `bounds` the rest of the snapshot sets; ValueError otherwise."""
         hist = cls()
-        if header is None and not arrays:
-            return hist
         if not isinstance(header, dict) or not isinstance(header.get("open"), dict):
             raise ValueError("the snapshot's history header is missing or malformed")
         cls.check_layout({k: (v.dtype, v.shape) for k, v in arrays.items()})

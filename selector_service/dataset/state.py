@@ -61,11 +61,6 @@ class LogGap(Exception):
     them (reload from the snapshot that covers them), or the log is not the one this state came from."""
 
 
-class UnnumberedRecord(Exception):
-    """A record without a sequence number follows numbered ones: a service process from before records
-    were numbered is appending to this log."""
-
-
 _DEFAULT = dataset_settings.DEFAULTS
 
 
@@ -101,17 +96,16 @@ class DatasetSpec:
         return dataset_settings.problems(self.public())
 
     def fingerprint(self) -> str:
-        """The user-visible spec as canonical JSON. Settings added after the first release are left out
-        at their default value, so a dataset created before they existed keeps its fingerprint."""
-        doc = self.public()
-        for setting in dataset_settings.SETTINGS:
-            if setting.later and doc.get(setting.name) == setting.default:
-                doc.pop(setting.name, None)
-        return json.dumps(doc, sort_keys=True)
+        """The user-visible spec, every setting, as canonical JSON."""
+        return json.dumps(self.public(), sort_keys=True)
 
     @classmethod
     def from_doc(cls, doc: dict[str, Any]) -> DatasetSpec:
-        """The spec of a stored document (a setting it lacks has its default)."""
+        """The spec of a stored document (the store's spec key, a snapshot header's spec), which holds
+        every setting: ValueError naming those it lacks (never a default in their place)."""
+        missing = [s.name for s in dataset_settings.SETTINGS if s.name not in doc]
+        if missing:
+            raise ValueError(f"the spec document lacks the settings {', '.join(missing)}")
         return cls(**dataset_settings.from_doc(doc), uid=doc.get("uid", ""))
 
     @classmethod
@@ -249,17 +243,17 @@ class DatasetState:
     def apply_record(self, log_id: str, fields: Mapping[str, bytes | str] | Mapping[bytes, bytes]) -> None:
         """Applies one log entry (already known to be newer than `cursor`).
 
-        Raises LogGap, changing nothing, when the record's sequence number is not `seq + 1`. Records from
-        before records were numbered carry none; they are accepted only before the first numbered one.
+        Raises LogGap, changing nothing, when the record's sequence number is not `seq + 1`, and
+        ValueError, changing nothing, when it has none (every record of the key layout store.LAYOUT
+        carries one).
         """
         get = {(k.decode() if isinstance(k, bytes) else k): v for k, v in fields.items()}
-        number = int(get["n"]) if "n" in get else None
-        if number is None and self.seq:
-            raise UnnumberedRecord(
-                f"record {log_id} has no sequence number, after record number {self.seq}: a service "
-                "process of an older version is writing to this dataset; upgrade every replica"
+        if "n" not in get:
+            raise ValueError(
+                f"log record {log_id} has no sequence number: not a record this service's key layout holds"
             )
-        if number is not None and number != self.seq + 1:
+        number = int(get["n"])
+        if number != self.seq + 1:
             raise LogGap(f"record {log_id} is number {number}; this state applied up to {self.seq}")
         kind = get["k"].decode() if isinstance(get["k"], bytes) else get["k"]
         if kind not in tuple(RecordKind):
@@ -271,8 +265,9 @@ class DatasetState:
             assert isinstance(payload, bytes), "a payload is packed bytes (pack_results, pack_metadata)"
             outcomes = unpack_results(payload) if kind == RecordKind.OBSERVE else None
             metadata = unpack_metadata(payload) if kind == RecordKind.METADATA else None
-        # A select's note (its strategy, batch size and request digest) on the record of its step.
-        note = StepHistory.parse_note(get["q"]) if kind == RecordKind.ADVANCE and get.get("q") else None
+        # A select's note (its strategy, batch size and request digest) on the record of its step: every
+        # advance carries one (store.py's _CLOSE).
+        note = StepHistory.parse_note(get.get("q", b"")) if kind == RecordKind.ADVANCE else None
         self.close_until(step)
         if note is not None:
             self.history.select(*note)
@@ -289,8 +284,7 @@ class DatasetState:
             self.apply_outcomes(ids, succ, trials, states, lag)
             self.results_by_lag[lag] = self.results_by_lag.get(lag, 0) + len(ids)
         self.cursor = log_id
-        if number is not None:
-            self.seq = number
+        self.seq = number
 
     def apply_outcomes(
         self, ids: np.ndarray, succ: np.ndarray, trials: np.ndarray, states: np.ndarray, lag: int = 0

@@ -214,7 +214,7 @@ def _packed_payload(spec: DatasetSpec, step: int, pr: PackedResults) -> tuple[by
 
 def with_evidence_step(digest: str, selected_step: int | None) -> str:
     """The digest of an observe body that also names its `selected_step` (none: the body's own digest,
-    as before the field existed, so that a retry of an older client's request is still a duplicate)."""
+    which a body without the field has)."""
     if selected_step is None:
         return digest
     h = hashlib.blake2b(digest_size=16)

@@ -27,7 +27,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import TypeVar
 
-from selector_service.dataset.state import DatasetSpec, DatasetState, LogGap, UnnumberedRecord
+from selector_service.dataset.state import DatasetSpec, DatasetState, LogGap
 from selector_service.errors import NotFound, ServiceError, Unavailable
 from selector_service.replication.memory import Admit, MemoryLedger, default_budget
 from selector_service.settings import Settings
@@ -136,10 +136,7 @@ class Replica:
                 raise NotFound(f"dataset {name!r} does not exist; create it with POST /datasets")
             gap = state is None or state.spec.uid != uid or _behind_a_trim(state, view)
             if state is not None and not gap and view.entries:
-                try:
-                    count, gap = await asyncio.to_thread(_apply_entries, state, view.entries)
-                except UnnumberedRecord as exc:
-                    raise Unavailable(str(exc)) from exc
+                count, gap = await asyncio.to_thread(_apply_entries, state, view.entries)
                 applied += count
             if gap or state is None:
                 reloads += 1
@@ -343,18 +340,12 @@ class Replica:
 
 def _behind_a_trim(state: DatasetState, view: LogView) -> bool:
     """Whether records after the state's cursor may be missing from `view`: the next record is not the
-    state's next number, the log holds records the state has not applied yet none follows its cursor,
-    or (records from before numbering) the log was trimmed past the cursor."""
+    state's next number, or the log holds records the state has not applied yet none follows its
+    cursor. (A record without a number is not a gap: applying it raises the error that names it.)"""
     if view.entries:
         number = view.entries[0][1].get("n")
-        if number is not None:
-            return int(number) != state.seq + 1
-    elif view.seq != state.seq:
-        return True
-    trim = view.meta.get("trim")
-    if not trim:
-        return False
-    return parse_id(state.cursor) < parse_id(trim)
+        return number is not None and int(number) != state.seq + 1
+    return view.seq != state.seq
 
 
 def _apply_entries(state: DatasetState, entries: list[LogEntry]) -> tuple[int, bool]:

@@ -3,9 +3,9 @@
 A snapshot is what the store keeps so that a restarted or new replica does not replay the whole log
 (store.py), and what GET /datasets/{name}/export hands to a user. Its layout:
 
-    magic "RLVRSNAP" | u32 header length | header JSON | header digest (version >= 3) | zstd body
+    magic "RLVRSNAP" | u32 header length | header JSON | header digest | zstd body
 
-The header holds the spec, the log position the beliefs reflect (cursor, seq), the counters, the shared
+The header holds the format's version (`SNAPSHOT_VERSION`), the spec, the log position the beliefs reflect (cursor, seq), the counters, the shared
 state's scalars and each array's name, dtype and shape; the body is the arrays' bytes, one after
 another, in one zstd frame with its content size and checksum. Decoding trusts nothing: the header is
 checked before anything is allocated, the body's declared size before anything is inflated.
@@ -35,12 +35,10 @@ from selector_service.dataset.history import HISTORY_PREFIX, LAG_LABELS, Bounds,
 from selector_service.dataset.state import SHARED_PREFIX, DatasetSpec, DatasetState
 
 SNAPSHOT_MAGIC = b"RLVRSNAP"
-#: 2: DPS state only for prompts ever observed (core/beliefs.py). 3: a digest of the header follows it.
-#: 4: the step history (history.py: header "history", arrays "history.*").
-#: Versions 1 to 3 (exports and snapshots of earlier releases) are still read, with an empty history;
-#: version 1, with every prompt's DPS state, is converted on load.
+#: The snapshot format's version, in every header. Version 4 is the first format (1 to 3 were never
+#: released, and are not read): a change bumps it and migrates, i.e. the reader goes on reading every
+#: released version before it. A header that names any other version is refused (`_header_version`).
 SNAPSHOT_VERSION = 4
-_READABLE_VERSIONS = (1, 2, 3, 4)
 _HEADER_DIGEST_BYTES = 16
 _MAX_HEADER_BYTES = 16 * 2**20  # a real header is a few hundred bytes
 _COMPRESS_FEED_BYTES = 4 * 2**20  # input slice handed to the compressor at a time
@@ -247,14 +245,15 @@ def _depth(doc: object) -> int:
 
 
 def _header_version(header: dict[str, Any]) -> int:
-    """The version a header names, read before anything else of it is trusted."""
+    """The version a header names, read before anything else of it is trusted: SNAPSHOT_VERSION, or a
+    ValueError that names both (never a guess at another layout)."""
     version = header.get("version")
-    if isinstance(version, bool) or version not in _READABLE_VERSIONS:
+    if isinstance(version, bool) or version != SNAPSHOT_VERSION:
         raise ValueError(
-            f"snapshot version {version!r} is not supported (this service reads versions "
-            f"{', '.join(map(str, _READABLE_VERSIONS))}; a newer service wrote it?)"
+            f"snapshot version {version!r} is not supported (this service reads version "
+            f"{SNAPSHOT_VERSION}; a newer service wrote it?)"
         )
-    return int(version)
+    return SNAPSHOT_VERSION
 
 
 def _parse_header(
@@ -282,8 +281,8 @@ def _parse_header(
     per_group = [shape for name, _, shape in layout if name.startswith(SHARED_PREFIX)]
     if any(len(shape) != 1 or not 0 <= shape[0] <= MAX_GROUPS for shape in per_group):
         raise ValueError(f"snapshot group arrays must be 1-d with at most {MAX_GROUPS} entries")
-    # Dense arrays have one row per prompt, the observed set's one row per observed prompt (or, in a
-    # version 1 snapshot, every array one row per prompt): checked before anything is allocated.
+    # Dense arrays have one row per prompt, the observed set's one row per observed prompt: checked
+    # before anything is allocated.
     BeliefArrays.check_layout(
         {name: (dt, shape) for name, dt, shape in layout if not name.startswith(_OTHER_PREFIXES)}, spec.size
     )
@@ -299,25 +298,18 @@ def _parse_header(
 
 
 def _beliefs_from(spec: DatasetSpec, header: dict[str, Any], arrays: dict[str, np.ndarray]) -> BeliefArrays:
-    """Per-prompt arrays and shared state from a snapshot. A snapshot from before metadata existed has
-    neither the metadata fields nor the shared state: they start empty (no pass rates, no groups), as
-    they were (BeliefArrays.from_arrays fills the fields)."""
-    rules = spec.rules()
+    """Per-prompt arrays and shared state (the header's "shared" and the "shared.*" arrays) from a
+    snapshot."""
     group_arrays = {k[len(SHARED_PREFIX) :]: v for k, v in arrays.items() if k.startswith(SHARED_PREFIX)}
     prompt_arrays = {k: v for k, v in arrays.items() if not k.startswith(_OTHER_PREFIXES)}
-    if "shared" in header:
-        shared = SharedState.from_parts(rules, header["shared"], group_arrays)
-    elif group_arrays:
-        raise ValueError("snapshot has group arrays but no shared state in its header")
-    else:
-        shared = SharedState(rules=rules)
+    shared = SharedState.from_parts(spec.rules(), header["shared"], group_arrays)
     return BeliefArrays.from_arrays(prompt_arrays, shared=shared)
 
 
-def _count(header: dict[str, Any], key: str, high: int, default: Any = None, field: str = "") -> int:
+def _count(header: dict[str, Any], key: str, high: int, field: str = "") -> int:
     """Header field `key` (named `field` in errors, default `key`) as an int in [0, high]; ValueError
     naming it otherwise (a float, a bool, a string or an out-of-range number is refused, never truncated)."""
-    value = header.get(key, default) if default is not None else header[key]
+    value = header[key]
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= high:
         raise ValueError(
             f"snapshot header field {field or repr(key)} = {value!r} is not an integer in [0, {high}]"
@@ -341,10 +333,9 @@ def _state_from(spec: DatasetSpec, header: dict[str, Any], arrays: dict[str, np.
         if not isinstance(cursor, str) or not _CURSOR.fullmatch(cursor):
             raise ValueError(f"snapshot header field 'cursor' = {cursor!r} is not a log position")
         state.cursor = cursor
-        # Snapshots from before records were numbered have no seq: they cover unnumbered records only.
-        state.seq = _count(header, "seq", _COUNTER_MAX, 0)
+        state.seq = _count(header, "seq", _COUNTER_MAX)
         state.results = _count(header, "results", _COUNTER_MAX)
-        lags = header.get("results_by_lag", {"0": state.results})
+        lags = header["results_by_lag"]
         if not isinstance(lags, dict):
             raise ValueError(f"snapshot header field 'results_by_lag' = {lags!r} is not an object")
         state.results_by_lag = {
@@ -387,12 +378,7 @@ def _state_from(spec: DatasetSpec, header: dict[str, Any], arrays: dict[str, np.
 
 
 def _history_from(header: dict[str, Any], arrays: dict[str, np.ndarray], state: DatasetState) -> StepHistory:
-    """The snapshot's step history; an empty one for a snapshot written before it existed, whose open
-    step's results so far count as on time (their lags were not kept)."""
-    if header["version"] < 4:
-        history = StepHistory()
-        history.late[0] = int(state.arrays.shared.step_counts[0])
-        return history
+    """The snapshot's step history (the header's "history" and the "history.*" arrays)."""
     parts = {k[len(HISTORY_PREFIX) :]: v for k, v in arrays.items() if k.startswith(HISTORY_PREFIX)}
     counts = state.arrays.shared.step_counts
     bounds = Bounds(
@@ -405,7 +391,7 @@ def _history_from(header: dict[str, Any], arrays: dict[str, np.ndarray], state: 
         open_rollouts=float(counts[4]),
     )
     return StepHistory.from_parts(
-        header.get("history"), parts, state.open_step, state.arrays.shared.n_groups, bounds
+        header["history"], parts, state.open_step, state.arrays.shared.n_groups, bounds
     )
 
 
@@ -487,10 +473,10 @@ def load_snapshot_chunks(
         raise ValueError(f"snapshot header claims {hlen} bytes; at most {_MAX_HEADER_BYTES} are accepted")
     head = source.read_exact(hlen, "header")
     header = _header_json(head)
-    if _header_version(header) >= 3:  # versions 1 and 2 carry no header digest
-        digest = source.read_exact(_HEADER_DIGEST_BYTES, "header digest")
-        if digest != _header_digest(SNAPSHOT_MAGIC + raw_len + head):
-            raise ValueError("snapshot header is corrupt (its digest does not match)")
+    _header_version(header)
+    digest = source.read_exact(_HEADER_DIGEST_BYTES, "header digest")
+    if digest != _header_digest(SNAPSHOT_MAGIC + raw_len + head):
+        raise ValueError("snapshot header is corrupt (its digest does not match)")
     spec, header, layout, expected = _parse_header(header, max_prompts)
     if admit is not None:
         admit(spec, layout)

@@ -3,7 +3,8 @@
 This module knows Redis and bytes, not math. All keys of one dataset share the hash tag ``{name}``, so a
 Redis Cluster keeps a dataset on one shard and every Lua script touches keys of one slot only.
 
-Keys (``P`` = settings.key_prefix, ``v1`` = layout version, ``N`` = dataset name, ``U`` = dataset uid):
+Keys (``P`` = settings.key_prefix, ``v1`` = the key layout's version `LAYOUT`, ``N`` = dataset name,
+``U`` = dataset uid):
 
     P:v1:datasets            set of dataset names (the registry; the only key outside a dataset's slot)
     P:v1:{N}:spec            JSON spec of the dataset, including its uid (a new uid each creation)
@@ -12,9 +13,10 @@ Keys (``P`` = settings.key_prefix, ``v1`` = layout version, ``N`` = dataset name
                              snap_covered (last log id it includes), snap_seq (its sequence number),
                              snap_chunks, snap_step
     P:v1:{N}:log             stream: one entry per accepted write, in the order every replica applies them
-    P:v1:{N}:rid:U:<id>      request id -> "<log id> <body digest> <lag>" (expires after request_id_ttl_s)
-    P:v1:{rid:<id>}          request id -> "<dataset name> <uid>" of the dataset incarnation it was first
-                             used for (expires likewise; a bare name was written before uids were); in a
+    P:v1:{N}:rid:U:<id>      request id -> "<log id> <body digest> <lag> <call token>" (expires after
+                             request_id_ttl_s)
+    P:v1:{rid:<id>}          request id -> "<dataset name> <uid> <call token>": the dataset incarnation it
+                             was first used for and the call that claimed it (expires likewise); in a
                              slot of its own, so it is claimed in a step of its own (see `claim_request`)
     P:v1:{N}:snap:<sid>:<i>  chunk i of snapshot sid
     P:v1:{N}:snaplock        who is writing a snapshot now (expires unless its writer renews it)
@@ -67,173 +69,213 @@ from selector_service.errors import DatasetGone, Unavailable
 
 #: A dataset name, matched whole (`fullmatch`: `$` would also let a final newline through).
 NAME_RE = re.compile(dataset_settings.NAME)
+#: The key layout's version, in every key (above): the keys, the values they hold and the log records'
+#: fields. Version 1 is the first layout; a change bumps it and migrates (the new code reads the keys of
+#: the layout before it). Keys of another layout are never read as this one's: a value this layout
+#: cannot hold (a request id binding or claim of another shape, a log record without a number) is
+#: refused with an error that says so.
 LAYOUT = "v1"
 
-# KEYS: 1 meta, 2 log, 3 rid key, 4 closing.  ARGV: 1 uid, 2 step, 3 request id, 4 payload, 5 rid ttl (s),
-# 6 max step gap, 7 body digest, 8 max lag, 9 call token, 10 selected step ('' = none).  Returns {status,
-# log id or "", open step, lag, log length}; status: ok | dup (same id, same body: applied before) |
-# conflict (same id, other body) | closed | ahead | gone | busy (a select is closing a step: nothing
-# applied, send it again shortly).
+# Every script names its KEYS and ARGV in locals at its top, one per line (as arq's scripts do), and its
+# body uses only those names.
+
+# Appends an observe record atomically with its request id. Returns {status, log id or "", open step,
+# lag, log length}; status: ok | dup (same id, same body: applied before) | conflict (same id, other
+# body) | closed | ahead | gone | busy (a select is closing a step: nothing applied, send it again
+# shortly).
 # The request id is bound to "<log id> <digest> <lag> <call token>": the token names the engine's call
 # that applied it, so the client library resending that same call (a lost reply) is answered ok, with
-# what the first applied, not dup (a binding written before tokens has none).
+# what the first applied, not dup.
 # A step s < open step c is accepted as late evidence when c - s <= max lag (docs/methods.md §3.1); the answer
 # and the remembered request id carry its lag, so a retry answers what the first call answered.
 # With a selected step e (<= s), a step closed more than max lag ago is filed at the open step (the record's
 # step is c, its field 'e' names e) instead of refused; the lag then counts from e (c - e), here and when
 # the record is applied (DatasetState.apply_record). Without it nothing changes.
 _OBSERVE = """
-local uid = redis.call('HGET', KEYS[1], 'uid')
-if uid ~= ARGV[1] then return {'gone', '', '-1', '0'} end
-local seen = redis.call('GET', KEYS[3])
-local open = tonumber(redis.call('HGET', KEYS[1], 'open_step') or '0')
+local meta_key = KEYS[1]
+local log_key = KEYS[2]
+local rid_key = KEYS[3]
+local closing_key = KEYS[4]
+local uid = ARGV[1]
+local step_arg = ARGV[2]
+local request_id = ARGV[3]
+local payload = ARGV[4]
+local rid_ttl_s = ARGV[5]
+local max_step_gap = ARGV[6]
+local digest = ARGV[7]
+local max_lag = ARGV[8]
+local call_token = ARGV[9]
+local selected_arg = ARGV[10]  -- the selected step, '' = none
+if redis.call('HGET', meta_key, 'uid') ~= uid then return {'gone', '', '-1', '0'} end
+local seen = redis.call('GET', rid_key)
+local open = tonumber(redis.call('HGET', meta_key, 'open_step') or '0')
 if seen then
-  local lid, digest, lag, token = string.match(seen, '^(%S+) (%S+) (%S+) ?(%S*)$')
-  if not lid then return {'dup', seen, tostring(open), '0'} end
-  if digest ~= ARGV[7] then return {'conflict', lid, tostring(open), lag} end
-  if token ~= '' and token == ARGV[9] then
-    return {'ok', lid, tostring(open), lag, tostring(redis.call('XLEN', KEYS[2]))}
+  local lid, seen_digest, lag, token = string.match(seen, '^(%S+) (%S+) (%S+) (%S+)$')
+  if not lid then
+    return redis.error_reply('request id binding ' .. seen .. ' is not one this key layout holds')
+  end
+  if seen_digest ~= digest then return {'conflict', lid, tostring(open), lag} end
+  if token == call_token then
+    return {'ok', lid, tostring(open), lag, tostring(redis.call('XLEN', log_key))}
   end
   return {'dup', lid, tostring(open), lag}
 end
-if KEYS[4] and redis.call('EXISTS', KEYS[4]) == 1 then return {'busy', '', tostring(open), '0'} end
-local step = tonumber(ARGV[2])
+if redis.call('EXISTS', closing_key) == 1 then return {'busy', '', tostring(open), '0'} end
+local step = tonumber(step_arg)
 local selected = nil
-if ARGV[10] and ARGV[10] ~= '' then selected = tonumber(ARGV[10]) end
-if step < open - tonumber(ARGV[8]) then
+if selected_arg ~= '' then selected = tonumber(selected_arg) end
+if step < open - tonumber(max_lag) then
   if not selected then return {'closed', '', tostring(open), '0'} end
   step = open
 end
-if step - open > tonumber(ARGV[6]) then return {'ahead', '', tostring(open), '0'} end
-local n = redis.call('HINCRBY', KEYS[1], 'seq', 1)
+if step - open > tonumber(max_step_gap) then return {'ahead', '', tostring(open), '0'} end
+local n = redis.call('HINCRBY', meta_key, 'seq', 1)
 local id
 if selected then
-  id = redis.call('XADD', KEYS[2], '*', 'n', n, 'k', 'o', 's', tostring(step), 'r', ARGV[3], 'p', ARGV[4],
-                  'e', ARGV[10])
+  id = redis.call('XADD', log_key, '*', 'n', n, 'k', 'o', 's', tostring(step), 'r', request_id, 'p', payload,
+                  'e', selected_arg)
 else
-  id = redis.call('XADD', KEYS[2], '*', 'n', n, 'k', 'o', 's', ARGV[2], 'r', ARGV[3], 'p', ARGV[4])
+  id = redis.call('XADD', log_key, '*', 'n', n, 'k', 'o', 's', step_arg, 'r', request_id, 'p', payload)
 end
 if step > open then
-  redis.call('HSET', KEYS[1], 'open_step', tostring(step))
+  redis.call('HSET', meta_key, 'open_step', tostring(step))
   open = step
 end
 local lag = tostring(open - (selected or step))
-local bound = id .. ' ' .. ARGV[7] .. ' ' .. lag
-if ARGV[9] and ARGV[9] ~= '' then bound = bound .. ' ' .. ARGV[9] end
-redis.call('SET', KEYS[3], bound, 'EX', tonumber(ARGV[5]))
-return {'ok', id, tostring(open), lag, tostring(redis.call('XLEN', KEYS[2]))}
+redis.call('SET', rid_key, id .. ' ' .. digest .. ' ' .. lag .. ' ' .. call_token, 'EX', tonumber(rid_ttl_s))
+return {'ok', id, tostring(open), lag, tostring(redis.call('XLEN', log_key))}
 """
 
-# KEYS: 1 claim key.  ARGV: 1 "<dataset name> <uid>", 2 ttl (s), 3 call token.  Returns the incarnation
-# the request id belongs to ("<name> <uid>" or, written before uids, "<name>") and '1' when this call
-# claimed it: stored as "<name> <uid> <token>", so a resend of the same call (a lost reply) still
-# answers '1'.
+# Claims a request id for an incarnation. Returns the incarnation the request id belongs to
+# ("<name> <uid>") and '1' when this call claimed it: stored as "<name> <uid> <token>", so a resend of
+# the same call (a lost reply) still answers '1'.
 _CLAIM = """
-local cur = redis.call('GET', KEYS[1])
+local claim_key = KEYS[1]
+local owner = ARGV[1]  -- "<dataset name> <uid>"
+local ttl_s = ARGV[2]
+local call_token = ARGV[3]
+local cur = redis.call('GET', claim_key)
 if cur then
-  local owner, token = string.match(cur, '^(%S+ %S+) (%S+)$')
-  if owner then
-    if token == ARGV[3] then return {owner, '1'} end
-    return {owner, '0'}
+  local cur_owner, token = string.match(cur, '^(%S+ %S+) (%S+)$')
+  if not cur_owner then
+    return redis.error_reply('request id claim ' .. cur .. ' is not one this key layout holds')
   end
-  return {cur, '0'}
+  if token == call_token then return {cur_owner, '1'} end
+  return {cur_owner, '0'}
 end
-redis.call('SET', KEYS[1], ARGV[1] .. ' ' .. ARGV[3], 'EX', tonumber(ARGV[2]))
-return {ARGV[1], '1'}
+redis.call('SET', claim_key, owner .. ' ' .. call_token, 'EX', tonumber(ttl_s))
+return {owner, '1'}
 """
 
-# KEYS: 1 claim.  ARGV: 1 "<dataset name> <uid>".  Deletes the claim while it still names that incarnation
-# (with its call token, or without one: written before tokens).
+# Deletes the claim while it still names that incarnation (whichever call token claimed it); 1 or 0.
 _RELEASE = """
-local cur = redis.call('GET', KEYS[1])
-if cur == ARGV[1] or string.match(cur or '', '^(%S+ %S+) %S+$') == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
+local claim_key = KEYS[1]
+local owner = ARGV[1]  -- "<dataset name> <uid>"
+local cur = redis.call('GET', claim_key)
+if cur and string.match(cur, '^(%S+ %S+) %S+$') == owner then
+  return redis.call('DEL', claim_key)
 end
 return 0
 """
 
-# KEYS: 1 meta, 2 log, 3 closing.  ARGV: 1 uid, 2 payload, 3 call token.  Appends a metadata record
-# (docs/methods.md §6: pass rates and groups of a range of prompts) at the open step, numbered like every
-# other record. The meta hash remembers the token of the last call that appended one (`meta_by`), so a
-# resend of that call (a lost reply) answers ok with the same log id and appends nothing.
+# Appends a metadata record (docs/methods.md §6: pass rates and groups of a range of prompts) at the open
+# step, numbered like every other record. The meta hash remembers the token of the last call that
+# appended one (`meta_by`), so a resend of that call (a lost reply) answers ok with the same log id and
+# appends nothing.
 # Returns {status, log id or "", open step}; status: ok | gone | busy (a select is closing a step).
 _METADATA = """
-local uid = redis.call('HGET', KEYS[1], 'uid')
-if uid ~= ARGV[1] then return {'gone', '', '-1'} end
-local open = redis.call('HGET', KEYS[1], 'open_step') or '0'
-local by = redis.call('HGET', KEYS[1], 'meta_by')
-if by and ARGV[3] and ARGV[3] ~= '' then
+local meta_key = KEYS[1]
+local log_key = KEYS[2]
+local closing_key = KEYS[3]
+local uid = ARGV[1]
+local payload = ARGV[2]
+local call_token = ARGV[3]
+if redis.call('HGET', meta_key, 'uid') ~= uid then return {'gone', '', '-1'} end
+local open = redis.call('HGET', meta_key, 'open_step') or '0'
+local by = redis.call('HGET', meta_key, 'meta_by')
+if by then
   local token, lid = string.match(by, '^(%S+) (%S+)$')
-  if token == ARGV[3] then return {'ok', lid, open} end
+  if token == call_token then return {'ok', lid, open} end
 end
-if KEYS[3] and redis.call('EXISTS', KEYS[3]) == 1 then return {'busy', '', open} end
-local n = redis.call('HINCRBY', KEYS[1], 'seq', 1)
-local id = redis.call('XADD', KEYS[2], '*', 'n', n, 'k', 'm', 's', open, 'p', ARGV[2])
-if ARGV[3] and ARGV[3] ~= '' then redis.call('HSET', KEYS[1], 'meta_by', ARGV[3] .. ' ' .. id) end
+if redis.call('EXISTS', closing_key) == 1 then return {'busy', '', open} end
+local n = redis.call('HINCRBY', meta_key, 'seq', 1)
+local id = redis.call('XADD', log_key, '*', 'n', n, 'k', 'm', 's', open, 'p', payload)
+redis.call('HSET', meta_key, 'meta_by', call_token .. ' ' .. id)
 return {'ok', id, open}
 """
 
-# KEYS: 1 meta, 2 log, 3 closing.  ARGV: 1 uid, 2 step, 3 max step gap, 4 select note, 5 the seq the
-# caller's state applied up to, 6 its open step, 7 the caller's close token.  The conditional commit of a
-# select (engine.Engine.select): it appends the select's record (opening `step`, or a note at the open
-# step) only when the log is still exactly what the caller applied (same uid, seq and open step), since
-# the caller already closed the step and chose its batch from that state. A resend of a commit that was
-# applied (its reply lost) finds its token in `closed_by` and answers ok with the same log id. Releases
-# the closing reservation when the caller's token holds it.
+# The conditional commit of a select (engine.Engine.select): it appends the select's record (opening
+# the step, or a note at the open step) only when the log is still exactly what the caller applied (same
+# uid, seq and open step), since the caller already closed the step and chose its batch from that state.
+# A resend of a commit that was applied (its reply lost) finds its token in `closed_by` and answers ok
+# with the same log id. Releases the closing reservation when the caller's token holds it.
 # Returns {status, log id or "", open step}; status: ok | moved (the log grew: nothing appended) |
 # behind | ahead | gone.
 _CLOSE = """
-local uid = redis.call('HGET', KEYS[1], 'uid')
-if uid ~= ARGV[1] then return {'gone', '', '-1'} end
-local open = tonumber(redis.call('HGET', KEYS[1], 'open_step') or '0')
-local seq = redis.call('HGET', KEYS[1], 'seq') or '0'
-if seq ~= ARGV[5] or open ~= tonumber(ARGV[6]) then
-  local by = redis.call('HGET', KEYS[1], 'closed_by')
+local meta_key = KEYS[1]
+local log_key = KEYS[2]
+local closing_key = KEYS[3]
+local uid = ARGV[1]
+local step_arg = ARGV[2]
+local max_step_gap = ARGV[3]
+local note = ARGV[4]  -- the select's note for the step history
+local applied_seq = ARGV[5]  -- the seq the caller's state applied up to
+local applied_open = ARGV[6]  -- its open step
+local close_token = ARGV[7]
+if redis.call('HGET', meta_key, 'uid') ~= uid then return {'gone', '', '-1'} end
+local open = tonumber(redis.call('HGET', meta_key, 'open_step') or '0')
+local seq = redis.call('HGET', meta_key, 'seq') or '0'
+if seq ~= applied_seq or open ~= tonumber(applied_open) then
+  local by = redis.call('HGET', meta_key, 'closed_by')
   if by then
     local token, id = string.match(by, '^(%S+) (%S+)$')
-    if token == ARGV[7] then
-      if redis.call('GET', KEYS[3]) == ARGV[7] then redis.call('DEL', KEYS[3]) end
+    if token == close_token then
+      if redis.call('GET', closing_key) == close_token then redis.call('DEL', closing_key) end
       return {'ok', id, tostring(open)}
     end
   end
   return {'moved', '', tostring(open)}
 end
-local step = tonumber(ARGV[2])
+local step = tonumber(step_arg)
 if step < open then return {'behind', '', tostring(open)} end
-if step - open > tonumber(ARGV[3]) then return {'ahead', '', tostring(open)} end
-local n = redis.call('HINCRBY', KEYS[1], 'seq', 1)
-local id = redis.call('XADD', KEYS[2], '*', 'n', n, 'k', 'a', 's', ARGV[2], 'q', ARGV[4])
-if step > open then redis.call('HSET', KEYS[1], 'open_step', ARGV[2]) end
-redis.call('HSET', KEYS[1], 'closed_by', ARGV[7] .. ' ' .. id)
-if redis.call('GET', KEYS[3]) == ARGV[7] then redis.call('DEL', KEYS[3]) end
+if step - open > tonumber(max_step_gap) then return {'ahead', '', tostring(open)} end
+local n = redis.call('HINCRBY', meta_key, 'seq', 1)
+local id = redis.call('XADD', log_key, '*', 'n', n, 'k', 'a', 's', step_arg, 'q', note)
+if step > open then redis.call('HSET', meta_key, 'open_step', step_arg) end
+redis.call('HSET', meta_key, 'closed_by', close_token .. ' ' .. id)
+if redis.call('GET', closing_key) == close_token then redis.call('DEL', closing_key) end
 return {'ok', id, tostring(math.max(step, open))}
 """
 
-# KEYS: 1 closing.  ARGV: 1 token.  Releases the closing reservation while `token` holds it.
+# Releases the closing reservation while `token` holds it; 1 or 0.
 _UNRESERVE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+local closing_key = KEYS[1]
+local token = ARGV[1]
+if redis.call('GET', closing_key) == token then return redis.call('DEL', closing_key) end
 return 0
 """
 
-# KEYS: 1 spec, 2 meta.  ARGV: 1 spec JSON, 2 uid, 3 spec fingerprint (JSON of the user-visible fields).
 # Returns {'created'|'exists'|'conflict', stored spec JSON}. The uid is new for each call, so a resend of
 # the call that created the dataset (a lost reply) answers 'created' again.
 _CREATE = """
-local cur = redis.call('GET', KEYS[1])
+local spec_key = KEYS[1]
+local meta_key = KEYS[2]
+local spec_json = ARGV[1]
+local uid = ARGV[2]
+local fingerprint = ARGV[3]  -- JSON of the user-visible fields
+local cur = redis.call('GET', spec_key)
 if cur then
   local ok, decoded = pcall(cjson.decode, cur)
-  if ok and decoded['uid'] == ARGV[2] then return {'created', cur} end  -- this call, resent
-  if ok and decoded['fingerprint'] == ARGV[3] then return {'exists', cur} end
+  if ok and decoded['uid'] == uid then return {'created', cur} end  -- this call, resent
+  if ok and decoded['fingerprint'] == fingerprint then return {'exists', cur} end
   return {'conflict', cur}
 end
-redis.call('SET', KEYS[1], ARGV[1])
-redis.call('DEL', KEYS[2])
-redis.call('HSET', KEYS[2], 'uid', ARGV[2], 'open_step', '0', 'seq', '0')
-return {'created', ARGV[1]}
+redis.call('SET', spec_key, spec_json)
+redis.call('DEL', meta_key)
+redis.call('HSET', meta_key, 'uid', uid, 'open_step', '0', 'seq', '0')
+return {'created', spec_json}
 """
 
-# KEYS: 1 meta, 2 log, 3 snaplock, 4 snapw.  ARGV: 1 uid, 2 snapshot id, 3 covered log id, 4 chunk
-# count, 5 open step it covers, 6 trim (0/1), 7 sequence number of the covered record, 8 lock owner.
 # Makes a fully written snapshot current and trims the log below what it covers.
 # Returns {status, ids of snapshots whose chunks the caller deletes...}; status: ok; gone (dataset
 # deleted); lost (the writer no longer holds the snapshot lock); stale (a newer snapshot is current, or
@@ -243,75 +285,106 @@ return {'created', ARGV[1]}
 # snapshot joins them there, and each stays in snapw until the caller has deleted its chunks (a caller
 # that dies first leaves them to the next commit). A resent commit of the current snapshot is ok.
 _COMMIT_SNAPSHOT = """
+local meta_key = KEYS[1]
+local log_key = KEYS[2]
+local snaplock_key = KEYS[3]
+local snapw_key = KEYS[4]
+local uid = ARGV[1]
+local snap_id = ARGV[2]
+local covered_id = ARGV[3]
+local chunk_count = ARGV[4]
+local open_step = ARGV[5]  -- the open step it covers
+local trim = ARGV[6]  -- '1': trim the log below covered_id
+local covered_seq = ARGV[7]  -- the sequence number of the covered record
+local owner = ARGV[8]  -- the snapshot lock's owner
 local function older(a, b)
   local am, as = string.match(a, '^(%d+)-(%d+)$')
   local bm, bs = string.match(b, '^(%d+)-(%d+)$')
   am, as, bm, bs = tonumber(am), tonumber(as), tonumber(bm), tonumber(bs)
   return am < bm or (am == bm and as < bs)
 end
-redis.call('SREM', KEYS[4], ARGV[2])
-local uid = redis.call('HGET', KEYS[1], 'uid')
-if uid ~= ARGV[1] then return {'gone'} end
-if redis.call('HGET', KEYS[1], 'snap') == ARGV[2] then return {'ok', unpack(redis.call('SMEMBERS', KEYS[4]))} end
-if redis.call('GET', KEYS[3]) ~= ARGV[8] then return {'lost'} end
-local cur = redis.call('HGET', KEYS[1], 'snap_covered')
-if cur and not older(cur, ARGV[3]) then return {'stale'} end
-local at = redis.call('XRANGE', KEYS[2], ARGV[3], ARGV[3])
+redis.call('SREM', snapw_key, snap_id)
+if redis.call('HGET', meta_key, 'uid') ~= uid then return {'gone'} end
+if redis.call('HGET', meta_key, 'snap') == snap_id then
+  return {'ok', unpack(redis.call('SMEMBERS', snapw_key))}
+end
+if redis.call('GET', snaplock_key) ~= owner then return {'lost'} end
+local cur = redis.call('HGET', meta_key, 'snap_covered')
+if cur and not older(cur, covered_id) then return {'stale'} end
+local at = redis.call('XRANGE', log_key, covered_id, covered_id)
 if #at == 0 then return {'stale'} end
 local fields = at[1][2]
 for i = 1, #fields, 2 do
-  if fields[i] == 'n' and fields[i + 1] ~= ARGV[7] then return {'mismatch'} end
+  if fields[i] == 'n' and fields[i + 1] ~= covered_seq then return {'mismatch'} end
 end
-local old = redis.call('HGET', KEYS[1], 'snap')
-if old then redis.call('SADD', KEYS[4], old) end
-redis.call('HSET', KEYS[1], 'snap', ARGV[2], 'snap_covered', ARGV[3], 'snap_chunks', ARGV[4],
-           'snap_step', ARGV[5], 'snap_seq', ARGV[7])
-if ARGV[6] == '1' then
-  redis.call('XTRIM', KEYS[2], 'MINID', ARGV[3])
-  redis.call('HSET', KEYS[1], 'trim', ARGV[3])
+local replaced = redis.call('HGET', meta_key, 'snap')
+if replaced then redis.call('SADD', snapw_key, replaced) end
+redis.call('HSET', meta_key, 'snap', snap_id, 'snap_covered', covered_id, 'snap_chunks', chunk_count,
+           'snap_step', open_step, 'snap_seq', covered_seq)
+if trim == '1' then
+  redis.call('XTRIM', log_key, 'MINID', covered_id)
+  redis.call('HSET', meta_key, 'trim', covered_id)
 end
-return {'ok', unpack(redis.call('SMEMBERS', KEYS[4]))}
+return {'ok', unpack(redis.call('SMEMBERS', snapw_key))}
 """
 
-# KEYS: 1 lock.  ARGV: 1 owner, 2 ttl (ms).  Takes the lock (SET NX PX) for `owner`; 1 when `owner` holds
-# it afterwards (a resend of the call that took it answers 1 again), else 0.
+# Takes the lock (SET NX PX) for `owner`; 1 when `owner` holds it afterwards (a resend of the call that
+# took it answers 1 again), else 0.
 _TAKE_LOCK = """
-local cur = redis.call('GET', KEYS[1])
-if cur == ARGV[1] then return 1 end
+local lock_key = KEYS[1]
+local owner = ARGV[1]
+local ttl_ms = ARGV[2]
+local cur = redis.call('GET', lock_key)
+if cur == owner then return 1 end
 if cur then return 0 end
-redis.call('SET', KEYS[1], ARGV[1], 'PX', tonumber(ARGV[2]))
+redis.call('SET', lock_key, owner, 'PX', tonumber(ttl_ms))
 return 1
 """
 
-# KEYS: 1 snaplock.  ARGV: 1 owner, 2 ttl (ms).  Extends the lock when `owner` still holds it; 1 or 0.
+# Extends the lock when `owner` still holds it; 1 or 0.
 _RENEW_LOCK = """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[2]))
+local lock_key = KEYS[1]
+local owner = ARGV[1]
+local ttl_ms = ARGV[2]
+if redis.call('GET', lock_key) ~= owner then return 0 end
+redis.call('PEXPIRE', lock_key, tonumber(ttl_ms))
 return 1
 """
 
-# KEYS: 1 meta, 2 log.  ARGV: 1 first id to read ('-' or '(<cursor>'), 2 count.  The meta hash, the log
-# length and up to `count` records from the first id, in one atomic step: the records are exactly those
-# the meta hash (seq, trim, snap) describes, with no snapshot commit or trim in between.
+# The meta hash, the log length and up to `count` records from the first id, in one atomic step: the
+# records are exactly those the meta hash (seq, trim, snap) describes, with no snapshot commit or trim in
+# between.
 _READ = """
-local meta = redis.call('HGETALL', KEYS[1])
-local len = redis.call('XLEN', KEYS[2])
-local entries = redis.call('XRANGE', KEYS[2], ARGV[1], '+', 'COUNT', tonumber(ARGV[2]))
+local meta_key = KEYS[1]
+local log_key = KEYS[2]
+local first_id = ARGV[1]  -- '-' or '(<cursor>'
+local count = ARGV[2]
+local meta = redis.call('HGETALL', meta_key)
+local len = redis.call('XLEN', log_key)
+local entries = redis.call('XRANGE', log_key, first_id, '+', 'COUNT', tonumber(count))
 return {meta, len, entries}
 """
 
-# KEYS: 1 spec, 2 meta, 3 log.  ARGV: 1 spec JSON, 2 uid, 3 snapshot id, 4 covered id, 5 chunk count,
-# 6 open step.  Creates a dataset whose beliefs start from an imported snapshot (chunks already written).
+# Creates a dataset whose beliefs start from an imported snapshot (chunks already written).
 # Returns 'created' or 'exists' (the name is taken; nothing changed).
 _IMPORT = """
-if redis.call('EXISTS', KEYS[1]) == 1 then
-  if redis.call('HGET', KEYS[2], 'uid') == ARGV[2] then return 'created' end  -- a resent import
+local spec_key = KEYS[1]
+local meta_key = KEYS[2]
+local log_key = KEYS[3]
+local spec_json = ARGV[1]
+local uid = ARGV[2]
+local snap_id = ARGV[3]
+local covered_id = ARGV[4]
+local chunk_count = ARGV[5]
+local open_step = ARGV[6]
+if redis.call('EXISTS', spec_key) == 1 then
+  if redis.call('HGET', meta_key, 'uid') == uid then return 'created' end  -- a resent import
   return 'exists'
 end
-redis.call('SET', KEYS[1], ARGV[1])
-redis.call('DEL', KEYS[2], KEYS[3])
-redis.call('HSET', KEYS[2], 'uid', ARGV[2], 'open_step', ARGV[6], 'seq', '0', 'snap', ARGV[3],
-           'snap_covered', ARGV[4], 'snap_chunks', ARGV[5], 'snap_step', ARGV[6], 'snap_seq', '0')
+redis.call('SET', spec_key, spec_json)
+redis.call('DEL', meta_key, log_key)
+redis.call('HSET', meta_key, 'uid', uid, 'open_step', open_step, 'seq', '0', 'snap', snap_id,
+           'snap_covered', covered_id, 'snap_chunks', chunk_count, 'snap_step', open_step, 'snap_seq', '0')
 return 'created'
 """
 
@@ -396,8 +469,7 @@ class LogView:
 
     @property
     def seq(self) -> int:
-        """Sequence number of the last record appended to the log (0: none, or a log from before records
-        were numbered)."""
+        """Sequence number of the last record appended to the log (0: none)."""
         return int(self.meta.get("seq", 0))
 
 
@@ -679,8 +751,7 @@ class Store:
     async def claim_request(self, name: str, uid: str, request_id: str) -> tuple[str, str, bool]:
         """Claims `request_id` for incarnation `uid` of dataset `name`; returns the dataset name and uid it
         belongs to (`name`, `uid` unless it was first used for another dataset or an earlier incarnation
-        of this one, within the request id TTL; the uid is "" for a claim written before uids were) and
-        whether this call made the claim.
+        of this one, within the request id TTL) and whether this call made the claim.
 
         Its own step, not part of the observe script: the claim lives outside the dataset's hash slot
         (a Redis Cluster script may only touch one slot). Claiming first is safe in every interleaving:

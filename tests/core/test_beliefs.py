@@ -118,34 +118,6 @@ def test_from_arrays_refuses_an_observed_set_that_does_not_match_the_slot_map():
             BeliefArrays.from_arrays(_corrupt(good, name, value))
 
 
-def test_the_legacy_dense_layout_is_converted():
-    """Snapshots of the previous layout held every prompt's DPS state: every prompt with a result gets a
-    slot (in id order) and the never-observed ones stay implicit; a legacy state that contradicts that is
-    refused."""
-    ba = BeliefArrays.new(50)
-    rng = np.random.default_rng(3)
-    for _ in range(3):
-        apply_results(ba, *random_results(rng, 50, 12), 0.7, 1.0, 1.0)
-        close_step(ba, 0.7)
-    apply_results(ba, *random_results(rng, 50, 5), 0.7, 1.0, 1.0)  # an open step with pooled states
-    legacy = {
-        "alpha": ba.alpha,
-        "beta": ba.beta,
-        "last_state": ba.last_state,
-        "n_obs": ba.n_obs,
-        **ba.dense_hmm(),
-    }
-    back = BeliefArrays.from_arrays(legacy)
-    assert back.observed == ba.observed
-    assert back.obs_ids[: back.observed].tolist() == sorted(ba.obs_ids[: ba.observed].tolist())
-    for name, arr in back.dense_hmm().items():
-        np.testing.assert_array_equal(arr, legacy[name], err_msg=name)
-    legacy["hmm_prior"] = legacy["hmm_prior"].copy()
-    legacy["hmm_prior"][np.flatnonzero(ba.n_obs == 0)[0]] = [0.2, 0.5, 0.3]
-    with pytest.raises(ValueError, match="without results"):
-        BeliefArrays.from_arrays(legacy)
-
-
 @pytest.mark.parametrize("lam", [1.0, 0.7, 0.5, 0.0])
 @pytest.mark.parametrize("fractional", [False, True])
 def test_apply_results_matches_the_sequential_twin(lam, fractional):

@@ -333,7 +333,7 @@ def test_service_refuses_the_reported_priors(http, dsname, prior):
 def test_service_refuses_an_import_with_an_out_of_domain_prior(http, dsname):
     spec = DatasetSpec(name="old", size=10, beta_prior=(1e308, 1e308), uid="u")
     state = DatasetState(spec, BeliefArrays.new(10))
-    blob = serialize_snapshot(state.snapshot_header(), state.arrays.arrays())
+    blob = serialize_snapshot(state.snapshot_header(), state.snapshot_arrays())
     r = http.post(f"/datasets/{dsname}/import", content=blob)
     assert r.status_code == 422 and "beta_prior" in r.json()["detail"], r.text
 

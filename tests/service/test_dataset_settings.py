@@ -1,10 +1,12 @@
 """The dataset settings' one declaration (selector_service/contract/dataset_settings.py) and what follows from it:
-the bodies' fields, the stored spec, its defaults for older documents, and the kernels' rule defaults."""
+the bodies' fields, the stored spec and its fingerprint, and the kernels' rule defaults."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
+import uuid
 
 import pytest
 from pydantic import ValidationError
@@ -28,26 +30,45 @@ def test_the_bodies_and_the_spec_have_every_setting_in_order() -> None:
     assert DatasetSpec.from_request(request) == spec
 
 
-def test_a_document_from_before_the_later_settings_reads_with_their_defaults() -> None:
-    first = {"name": "d", "size": 3, "rollouts_per_prompt": 4, "success_threshold": -0.0}
-    first |= {
-        "beta_prior": [1, 2],
-        "beta_decay": 1,
-        "hmm_decay": 0.5,
-        "reward_mode": "binary",
-        "defaults": {},
-    }
-    spec = DatasetSpec.from_doc(first)
-    later = [s.name for s in dataset_settings.SETTINGS if s.later]
-    assert later == ["max_lag", "prior_strength", "group_decay"]
-    assert {name: getattr(spec, name) for name in later} == {
-        name: dataset_settings.DEFAULTS[name] for name in later
-    }
-    assert (spec.success_threshold, spec.beta_prior) == (0.0, (1.0, 2.0))
-    # ... and keeps the fingerprint it had: the later settings at their defaults are left out of it.
-    assert set(spec.public()) - {"max_lag", "prior_strength", "group_decay"} == set(first)
-    assert '"group_decay"' not in spec.fingerprint()
-    assert '"group_decay": 0.5' in dataclasses.replace(spec, group_decay=0.5).fingerprint()
+def test_a_stored_document_holds_every_setting_and_the_fingerprint_all_of_them() -> None:
+    spec = DatasetSpec(name="d", size=3, beta_prior=(1.0, 2.0), hmm_decay=0.5)
+    doc = dict(spec.public(), uid="u")
+    assert DatasetSpec.from_doc(doc) == dataclasses.replace(spec, uid="u")
+    lacking = {k: v for k, v in doc.items() if k not in ("max_lag", "group_decay")}
+    with pytest.raises(ValueError, match="lacks the settings max_lag, group_decay"):
+        DatasetSpec.from_doc(lacking)
+    assert set(json.loads(spec.fingerprint())) == set(NAMES)
+    assert spec.fingerprint() != dataclasses.replace(spec, group_decay=0.5).fingerprint()
+
+
+def test_a_spec_stored_with_a_fingerprint_without_its_defaults_is_created_again(redis_url) -> None:
+    """Code before every setting was in the fingerprint stored one without the settings at their
+    defaults: creating the same spec again answers 200 (exists), another spec still 409."""
+    from selector_service.errors import Conflict
+    from selector_service.replication.engine import Engine
+    from selector_service.settings import Settings
+    from selector_service.storage.store import Store, connect
+
+    async def run() -> None:
+        prefix = f"fp{uuid.uuid4().hex[:8]}"
+        client = await connect(redis_url, 5.0)
+        engine = Engine(Store(client, prefix, 3600), Settings(redis_url=redis_url, key_prefix=prefix))
+        try:
+            spec = DatasetSpec(name="d", size=3)
+            short = json.loads(spec.fingerprint())
+            for name in ("max_lag", "prior_strength", "group_decay"):
+                short.pop(name)
+            await engine.store.create_dataset("d", spec.public(), json.dumps(short, sort_keys=True))
+            created, stored = await engine.create_dataset(spec)
+            assert not created and stored.public() == spec.public()
+            with pytest.raises(Conflict):
+                await engine.create_dataset(dataclasses.replace(spec, group_decay=0.5))
+        finally:
+            await engine.store.delete_dataset("d")
+            await engine.close()
+            await client.aclose()
+
+    asyncio.run(run())
 
 
 def test_the_rule_settings_default_to_the_kernels_own_defaults() -> None:

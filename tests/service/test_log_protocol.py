@@ -1,5 +1,5 @@
 """The replica protocol's rules one by one, on the real Redis: numbered records, gaps, snapshots that
-are not the prefix they claim, logs from before records were numbered."""
+are not the prefix they claim."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 
 from selector_service.dataset.state import DatasetSpec, DatasetState, LogGap, pack_results
-from selector_service.errors import Unavailable
 from selector_service.replication.engine import Engine
 from selector_service.settings import Settings
 from selector_service.storage.store import Store, StoreError, connect
@@ -44,6 +43,9 @@ def test_records_are_numbered_and_a_state_refuses_a_gap():
     with pytest.raises(LogGap):
         state.apply_record("3-0", {"n": b"3", "k": b"o", "s": b"0", "p": payload})
     assert (state.seq, state.results, state.cursor) == (1, 1, "1-0")  # the refused record changed nothing
+    with pytest.raises(ValueError, match="no sequence number"):  # no record of this layout lacks one
+        state.apply_record("4-0", {"k": b"o", "s": b"0", "p": payload})
+    assert (state.seq, state.results, state.cursor) == (1, 1, "1-0")
 
 
 def test_a_replica_behind_a_trim_loads_the_snapshot_instead_of_skipping(redis_url):
@@ -97,36 +99,6 @@ def test_a_snapshot_that_is_not_the_prefix_it_claims_is_never_committed(redis_ur
                 await store.write_snapshot("m", spec.uid, last_id, 2, 0, chunks(), "me", 30_000)
             assert "snap" not in await store.read_meta("m")
             assert (await store.read_log("m", "", 10)).length == 3  # nothing trimmed
-        finally:
-            await _close([(engine, client)])
-
-    asyncio.run(run())
-
-
-def test_a_log_from_before_numbering_is_read_and_continued(redis_url):
-    """Records without a number (written by the previous version) come first; new ones are numbered
-    from 1 after them and both are applied."""
-
-    async def run():
-        ((engine, client),) = await _engines(redis_url, 1)
-        store = engine.store
-        try:
-            await engine.create_dataset(DatasetSpec(name="old", size=4))
-            await client.hdel(store.keys.meta("old"), "seq")
-            for i in range(3):
-                payload = pack_results(np.array([i]), np.array([1.0]), np.array([2.0]), np.array([2]))
-                await client.xadd(store.keys.log("old"), {"k": "o", "s": "0", "r": f"old{i}", "p": payload})
-            await engine.observe("old", step=0, request_id="new0", results=[_result(3)])
-            ((fresh, fclient),) = await _engines(redis_url, 1, prefix=engine.settings.key_prefix)
-            got = await fresh.read("old", lambda st: (st.results, st.seq))
-            assert got == (4, 1)
-            # an unnumbered record after numbered ones: an old process still writing; a clear 503
-            payload = pack_results(np.array([0]), np.array([1.0]), np.array([2.0]), np.array([2]))
-            await client.xadd(store.keys.log("old"), {"k": "o", "s": "0", "r": "late-old", "p": payload})
-            with pytest.raises(Unavailable, match="older version"):
-                await fresh.read("old", lambda st: None)
-            await fresh.close()
-            await fclient.aclose()
         finally:
             await _close([(engine, client)])
 

@@ -173,7 +173,7 @@ def test_bad_raw_uploads_are_422_and_apply_nothing(http, dsname, field, content,
     assert http.put("/datasets/nope-missing/metadata", json={"pass_rate": [0.5]}).status_code == 404
 
 
-def test_spec_fields_are_checked_and_keep_old_fingerprints(http, dsname):
+def test_spec_fields_are_checked_and_their_defaults_are_the_same_spec(http, dsname):
     assert http.post("/datasets", json={"name": dsname, "size": 5, "prior_strength": -1}).status_code == 422
     assert http.post("/datasets", json={"name": dsname, "size": 5, "group_decay": 0}).status_code == 422
     assert http.post("/datasets", json={"name": dsname, "size": 5, "prior_strength": 2e6}).status_code == 422

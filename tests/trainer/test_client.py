@@ -205,14 +205,16 @@ def test_dataset_lifecycle(client) -> None:
 
 def test_create_parameters_are_the_dataset_settings() -> None:
     """DatasetInfo's spec fields and both clients' create_dataset parameters are the dataset settings,
-    in order, with the service's defaults; a later setting at its default stays out of the create body
-    (so that a service from before it accepts it)."""
+    in order, with the service's defaults; the create body holds every setting but `defaults` (only when
+    given)."""
     names = [s.name for s in contract.SETTINGS]
     info_fields = dataclasses.fields(DatasetInfo)[: len(names)]
     assert [f.name for f in info_fields] == names
     for f in info_fields:
         setting = next(s for s in contract.SETTINGS if s.name == f.name)
-        assert f.default == (contract.DEFAULTS[f.name] if setting.later else dataclasses.MISSING)
+        assert f.default == (
+            contract.DEFAULTS[f.name] if setting.name in contract.INFO_DEFAULTED else dataclasses.MISSING
+        )
     for method in (SelectorClient.create_dataset, AsyncSelectorClient.create_dataset):
         params = list(inspect.signature(method).parameters.values())[1:]
         assert [p.name for p in params] == names
@@ -229,6 +231,9 @@ def test_create_parameters_are_the_dataset_settings() -> None:
         "beta_decay": 1.0,
         "hmm_decay": 0.7,
         "reward_mode": "binary",
+        "max_lag": 0,
+        "prior_strength": 2.0,
+        "group_decay": 0.9,
     }
     assert contract.create_body({"name": "d", "size": 3, "group_decay": 0.5, "max_lag": 2}) == {
         **body,

@@ -65,6 +65,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
 from selector_service.contract import dataset_settings
+from selector_service.dataset.state import RecordKind
 from selector_service.errors import DatasetGone, Unavailable
 
 #: A dataset name, matched whole (`fullmatch`: `$` would also let a final newline through).
@@ -79,6 +80,7 @@ LAYOUT = "v1"
 # Every script names its KEYS and ARGV in locals at its top, one per line (as arq's scripts do), and its
 # body uses only those names.
 
+
 # Appends an observe record atomically with its request id. Returns {status, log id or "", open step,
 # lag, log length}; status: ok | dup (same id, same body: applied before) | conflict (same id, other
 # body) | closed | ahead | gone | busy (a select is closing a step: nothing applied, send it again
@@ -91,6 +93,15 @@ LAYOUT = "v1"
 # With a selected step e (<= s), a step closed more than max lag ago is filed at the open step (the record's
 # step is c, its field 'e' names e) instead of refused; the lag then counts from e (c - e), here and when
 # the record is applied (DatasetState.apply_record). Without it nothing changes.
+def _kinds(script: str) -> str:
+    """`script` with each ``<<NAME>>`` replaced by RecordKind.NAME's letter, so the log's record kinds are
+    spelled once (state.RecordKind) for the scripts that append records and the state that applies them."""
+    for kind in RecordKind:
+        script = script.replace(f"<<{kind.name}>>", kind.value)
+    assert "<<" not in script, "a script names a record kind RecordKind lacks"
+    return script
+
+
 _OBSERVE = """
 local meta_key = KEYS[1]
 local log_key = KEYS[2]
@@ -132,10 +143,10 @@ if step - open > tonumber(max_step_gap) then return {'ahead', '', tostring(open)
 local n = redis.call('HINCRBY', meta_key, 'seq', 1)
 local id
 if selected then
-  id = redis.call('XADD', log_key, '*', 'n', n, 'k', 'o', 's', tostring(step), 'r', request_id, 'p', payload,
+  id = redis.call('XADD', log_key, '*', 'n', n, 'k', '<<OBSERVE>>', 's', tostring(step), 'r', request_id, 'p', payload,
                   'e', selected_arg)
 else
-  id = redis.call('XADD', log_key, '*', 'n', n, 'k', 'o', 's', step_arg, 'r', request_id, 'p', payload)
+  id = redis.call('XADD', log_key, '*', 'n', n, 'k', '<<OBSERVE>>', 's', step_arg, 'r', request_id, 'p', payload)
 end
 if step > open then
   redis.call('HSET', meta_key, 'open_step', tostring(step))
@@ -199,7 +210,7 @@ if by then
 end
 if redis.call('EXISTS', closing_key) == 1 then return {'busy', '', open} end
 local n = redis.call('HINCRBY', meta_key, 'seq', 1)
-local id = redis.call('XADD', log_key, '*', 'n', n, 'k', 'm', 's', open, 'p', payload)
+local id = redis.call('XADD', log_key, '*', 'n', n, 'k', '<<METADATA>>', 's', open, 'p', payload)
 redis.call('HSET', meta_key, 'meta_by', call_token .. ' ' .. id)
 return {'ok', id, open}
 """
@@ -240,7 +251,7 @@ local step = tonumber(step_arg)
 if step < open then return {'behind', '', tostring(open)} end
 if step - open > tonumber(max_step_gap) then return {'ahead', '', tostring(open)} end
 local n = redis.call('HINCRBY', meta_key, 'seq', 1)
-local id = redis.call('XADD', log_key, '*', 'n', n, 'k', 'a', 's', step_arg, 'q', note)
+local id = redis.call('XADD', log_key, '*', 'n', n, 'k', '<<ADVANCE>>', 's', step_arg, 'q', note)
 if step > open then redis.call('HSET', meta_key, 'open_step', step_arg) end
 redis.call('HSET', meta_key, 'closed_by', close_token .. ' ' .. id)
 if redis.call('GET', closing_key) == close_token then redis.call('DEL', closing_key) end
@@ -616,8 +627,8 @@ class Store:
         self.keys = Keys(prefix)
         self.rid_ttl = request_id_ttl_s
         self.max_step_gap = max_step_gap
-        self._observe = client.register_script(_OBSERVE)
-        self._metadata = client.register_script(_METADATA)
+        self._observe = client.register_script(_kinds(_OBSERVE))
+        self._metadata = client.register_script(_kinds(_METADATA))
         self._create = client.register_script(_CREATE)
         self._commit = client.register_script(_COMMIT_SNAPSHOT)
         self._import = client.register_script(_IMPORT)
@@ -625,7 +636,7 @@ class Store:
         self._renew = client.register_script(_RENEW_LOCK)
         self._claim = client.register_script(_CLAIM)
         self._release = client.register_script(_RELEASE)
-        self._close = client.register_script(_CLOSE)
+        self._close = client.register_script(_kinds(_CLOSE))
         self._take_lock = client.register_script(_TAKE_LOCK)
         self._unreserve = client.register_script(_UNRESERVE)
 

@@ -6,8 +6,8 @@
 - Names and their patterns: a dataset's name (`NAME`), a report's request id (`REQUEST_ID`).
 - Each dataset setting of POST /datasets (docs/api.md) with its default and description (`SETTINGS`).
   From them follow the client's create parameters and body (`create_body`) and the settings of its
-  DatasetInfo (`from_doc`, `INFO_DEFAULTED`); the service builds its create and info bodies, its stored spec and its checks
-  from the same declaration (selector_service/contract/dataset_settings.py).
+  DatasetInfo (`from_doc`, `INFO_DEFAULTED`); the service builds its create and info bodies, its stored
+  spec and its checks from the same declaration (selector_service/contract/dataset_settings.py).
 
 Standard library only: it is imported in trainers' environments, beside whatever they pin. The bounds
 that are the service's numerically safe domain are named here, not given: a constraint given as a

@@ -133,10 +133,6 @@ class Engine:
                         raise self.replica.memory.out_of_memory(spec.name, "create") from None
                 status, doc = await self.store.create_dataset(spec.name, spec.public(), spec.fingerprint())
                 stored = DatasetSpec.from_doc(doc)
-                if status is CreateStatus.CONFLICT and stored.fingerprint() == spec.fingerprint():
-                    # The stored spec decides, not the fingerprint stored beside it: one written by
-                    # code whose fingerprint left settings at their defaults out names the same spec.
-                    status = CreateStatus.EXISTS
                 if status is CreateStatus.CONFLICT:
                     raise Conflict(
                         f"dataset {spec.name!r} already exists with a different spec "

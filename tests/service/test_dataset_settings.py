@@ -3,10 +3,8 @@ the bodies' fields, the stored spec and its fingerprint, and the kernels' rule d
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
-import uuid
 
 import pytest
 from pydantic import ValidationError
@@ -39,36 +37,6 @@ def test_a_stored_document_holds_every_setting_and_the_fingerprint_all_of_them()
         DatasetSpec.from_doc(lacking)
     assert set(json.loads(spec.fingerprint())) == set(NAMES)
     assert spec.fingerprint() != dataclasses.replace(spec, group_decay=0.5).fingerprint()
-
-
-def test_a_spec_stored_with_a_fingerprint_without_its_defaults_is_created_again(redis_url) -> None:
-    """Code before every setting was in the fingerprint stored one without the settings at their
-    defaults: creating the same spec again answers 200 (exists), another spec still 409."""
-    from selector_service.errors import Conflict
-    from selector_service.replication.engine import Engine
-    from selector_service.settings import Settings
-    from selector_service.storage.store import Store, connect
-
-    async def run() -> None:
-        prefix = f"fp{uuid.uuid4().hex[:8]}"
-        client = await connect(redis_url, 5.0)
-        engine = Engine(Store(client, prefix, 3600), Settings(redis_url=redis_url, key_prefix=prefix))
-        try:
-            spec = DatasetSpec(name="d", size=3)
-            short = json.loads(spec.fingerprint())
-            for name in ("max_lag", "prior_strength", "group_decay"):
-                short.pop(name)
-            await engine.store.create_dataset("d", spec.public(), json.dumps(short, sort_keys=True))
-            created, stored = await engine.create_dataset(spec)
-            assert not created and stored.public() == spec.public()
-            with pytest.raises(Conflict):
-                await engine.create_dataset(dataclasses.replace(spec, group_decay=0.5))
-        finally:
-            await engine.store.delete_dataset("d")
-            await engine.close()
-            await client.aclose()
-
-    asyncio.run(run())
 
 
 def test_the_rule_settings_default_to_the_kernels_own_defaults() -> None:

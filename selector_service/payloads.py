@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -82,83 +81,12 @@ def outcome_payload(spec: DatasetSpec, step: int, results: Sequence[Any]) -> tup
     the digest of the request body (dataset, step and results exactly as sent: rewards, or successes
     and trials) that a request id is bound to.
 
-    A result is any object with the attributes `prompt_id`, `rewards`, `successes`, `trials` (the API's
-    validated models; reading attributes avoids re-serializing thousands of rewards per request).
+    `results` are the fast twin's PackedResults (schemas.decode_observe), or objects with the attributes
+    `prompt_id`, `rewards`, `successes`, `trials` (the contract's validated models), packed the same way
+    first: every body is checked by the one set of array checks below, so both parsers' bodies are
+    refused in the same words.
     """
-    if isinstance(results, PackedResults):
-        return _packed_payload(spec, step, results)
-    n = len(results)
-    if n == 0:
-        raise InvalidRequest("results is empty: send at least one result")
-    ids = np.empty(n, dtype=np.int64)
-    succ = np.empty(n, dtype=np.float64)
-    trials = np.empty(n, dtype=np.float64)
-    states = np.empty(n, dtype=np.int8)
-    reward_rows: list[int] = []
-    flat: list[float] = []
-    offsets = [0]
-    count_rows: list[int] = []
-    for i, r in enumerate(results):
-        pid = r.prompt_id
-        if not 0 <= pid < spec.size:
-            raise InvalidRequest(
-                f"results[{i}].prompt_id {pid} is out of range: ids must be in 0..{spec.size - 1}"
-            )
-        ids[i] = pid
-        rewards = r.rewards
-        if rewards is not None:
-            if r.successes is not None or r.trials is not None:
-                raise InvalidRequest(f"results[{i}]: send either rewards or successes + trials, not both")
-            if len(rewards) == 0:
-                raise InvalidRequest(f"results[{i}].rewards is empty: send one reward per rollout")
-            reward_rows.append(i)
-            flat.extend(rewards)
-            offsets.append(len(flat))
-            continue
-        s, t = r.successes, r.trials
-        if s is None or t is None:
-            raise InvalidRequest(f"results[{i}]: send rewards, or both successes and trials")
-        if not (math.isfinite(s) and math.isfinite(t)):
-            raise InvalidRequest(f"results[{i}]: successes and trials must be finite")
-        if t < 1 or t != int(t):
-            raise InvalidRequest(f"results[{i}].trials is {t}: it must be a whole number >= 1")
-        if s < 0:
-            raise InvalidRequest(f"results[{i}].successes is {s}: it must be >= 0")
-        if s > t:
-            raise InvalidRequest(f"results[{i}]: successes ({s}) > trials ({t})")
-        if spec.reward_mode == "binary" and s != int(s):
-            raise InvalidRequest(
-                f"results[{i}].successes is {s}: a binary-mode dataset counts whole successes "
-                "(create the dataset with reward_mode 'fractional' for fractional rewards)"
-            )
-        succ[i], trials[i] = s, t
-        count_rows.append(i)
-    values = np.asarray(flat, dtype=np.float64)
-    if not np.isfinite(values).all():
-        bad = int(np.flatnonzero(~np.isfinite(values))[0])
-        row = reward_rows[int(np.searchsorted(offsets, bad, side="right")) - 1]
-        raise InvalidRequest(f"results[{row}].rewards contains {values[bad]}: rewards must be finite numbers")
-    if reward_rows:
-        rows = np.asarray(reward_rows, dtype=np.int64)
-        rs, rt, rst = outcomes_from_flat(
-            values,
-            np.asarray(offsets, dtype=np.int64),
-            spec.reward_mode,
-            spec.success_threshold,
-        )
-        succ[rows], trials[rows], states[rows] = rs, rt, rst
-    if count_rows:
-        rows = np.asarray(count_rows, dtype=np.int64)
-        states[rows] = outcomes_from_counts(succ[rows], trials[rows])
-    return pack_results(ids, succ, trials, states), _body_digest(
-        spec.name, step, ids, values, offsets, reward_rows, succ, trials, count_rows
-    )
-
-
-def _packed_payload(spec: DatasetSpec, step: int, pr: PackedResults) -> tuple[bytes, str]:
-    """outcome_payload of results decoded as arrays (schemas.PackedResults): the same checks in the
-    same order (the first row with a problem is named, with the first problem of that row, in the words
-    of the loop above), the same payload and the same digest, in a few array passes."""
+    pr = results if isinstance(results, PackedResults) else PackedResults.of(results)
     n = len(pr)
     if n == 0:
         raise InvalidRequest("results is empty: send at least one result")
@@ -166,6 +94,8 @@ def _packed_payload(spec: DatasetSpec, step: int, pr: PackedResults) -> tuple[by
     lengths = np.diff(pr.offsets)
     has_s, has_t = ~np.isnan(s), ~np.isnan(t)
     counts = ~has_r
+    # The checks, in the order a row's problems are named: the first row with a problem is refused, with
+    # the first problem of that row.
     with np.errstate(invalid="ignore"):
         s_, t_ = np.nan_to_num(s), np.nan_to_num(t, nan=1.0)
         checks = (
@@ -229,11 +159,11 @@ def _body_digest(
     step: int,
     ids: np.ndarray,
     values: np.ndarray,
-    offsets: np.ndarray | list[int],
-    reward_rows: np.ndarray | list[int],
+    offsets: np.ndarray,
+    reward_rows: np.ndarray,
     succ: np.ndarray,
     trials: np.ndarray,
-    count_rows: np.ndarray | list[int],
+    count_rows: np.ndarray,
 ) -> str:
     """blake2b of an observe body in a canonical binary form: each part length-prefixed, numbers as
     little-endian int64/float64 (so 1 and 1.0 are the same reward, as they are the same number in JSON)."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 import gc
 import math
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Annotated, Any, Literal, NamedTuple
 
 import msgspec
@@ -499,6 +499,14 @@ class PackedResults:
         self.ids, self.has_rewards, self.offsets = ids, has_rewards, offsets
         self.values, self.successes, self.trials = values, successes, trials
 
+    @classmethod
+    def of(cls, results: Sequence[Any]) -> PackedResults:
+        """The results of a body the contract's models decoded (or any objects with their attributes),
+        packed as the fast twin packs its own."""
+        packer = _Packer(len(results))
+        packer.add(results)
+        return packer.done()
+
     def __len__(self) -> int:
         return int(self.ids.size)
 
@@ -525,7 +533,7 @@ class _Packer:
         self.values: list[np.ndarray] = []
         self.at = 0
 
-    def add(self, batch: list[FastResult]) -> None:
+    def add(self, batch: Sequence[Any]) -> None:
         lo, flat = self.at, []
         nan = math.nan
         ids, has, lengths, succ, trials = [], [], [], [], []

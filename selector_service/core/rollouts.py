@@ -62,6 +62,8 @@ import numba
 import numpy as np
 import numpy.typing as npt
 
+from rlvr_selector_client.contract import DEFAULT_ROLLOUT_POLICY, ROLLOUT_POLICIES, rollout_problems
+
 from .domain import K_MAX
 from .rng import Stream
 
@@ -84,7 +86,7 @@ __all__ = [
     "vip_objective",
 ]
 
-#: The policies, in the order /strategies lists them, with what each maximises.
+#: What each policy of the contract's ROLLOUT_POLICIES maximises, in their order.
 ROLLOUT_POLICY_HELP: dict[str, str] = {
     "posterior": "each prompt's probability that its group is mixed, E[1 - p^n - (1-p)^n] under its Beta "
     "belief (cold prior for a never-observed prompt): greedy on the exact marginal gains",
@@ -93,8 +95,6 @@ ROLLOUT_POLICY_HELP: dict[str, str] = {
     "[1e-6, 1 - 1e-6]); every prompt gets 2 before any gets 3 when the budget allows",
     "uniform": "budget // batch_size each; the remainder to prompts drawn by the seeded generator",
 }
-ROLLOUT_POLICIES = tuple(ROLLOUT_POLICY_HELP)
-DEFAULT_ROLLOUT_POLICY = "posterior"
 #: The values `posterior` can maximise: the mixed-group probability (the default) or Knapsack RL's value.
 POSTERIOR_VALUES = ("mixed", "knapsack")
 #: Most gains one allocation holds (B * min(max - min, budget - B * min) float64: 32 MiB).
@@ -145,25 +145,23 @@ def check_rollouts(
     budget = _whole("budget", budget)
     lo = _whole("min", min_rollouts)
     hi = K_MAX if max_rollouts is None else _whole("max", max_rollouts)
-    if policy not in _CODES:
+    if policy not in ROLLOUT_POLICIES:
         raise RolloutError(f"unknown rollout policy {policy!r}; choose one of {', '.join(ROLLOUT_POLICIES)}")
     if batch_size < 1:
         raise RolloutError(f"batch_size must be >= 1, got {batch_size}")
-    if lo < 1:
-        raise RolloutError(f"rollouts.min is {lo}: every prompt needs at least 1 rollout (min >= 1)")
-    if hi > K_MAX:
-        raise RolloutError(f"rollouts.max is {hi}: it must be at most the K limit {K_MAX}")
-    if lo > hi:
-        raise RolloutError(f"rollouts.min ({lo}) is above rollouts.max ({hi}): lower min or raise max")
-    if budget < batch_size * lo:
+    broken = rollout_problems(budget, lo, hi, batch_size, limit=K_MAX)
+    if broken:
         raise RolloutError(
-            f"rollouts.budget {budget} is below batch_size x min = {batch_size} x {lo} = {batch_size * lo}: "
-            f"raise the budget to at least {batch_size * lo}, or lower min or batch_size"
-        )
-    if budget > batch_size * hi:
-        raise RolloutError(
-            f"rollouts.budget {budget} is above batch_size x max = {batch_size} x {hi} = {batch_size * hi}: "
-            f"lower the budget to at most {batch_size * hi}, or raise max (at most {K_MAX}) or batch_size"
+            {
+                "min": f"rollouts.min is {lo}: every prompt needs at least 1 rollout (min >= 1)",
+                "limit": f"rollouts.max is {hi}: it must be at most the K limit {K_MAX}",
+                "order": f"rollouts.min ({lo}) is above rollouts.max ({hi}): lower min or raise max",
+                "below": f"rollouts.budget {budget} is below batch_size x min = {batch_size} x {lo} = "
+                f"{batch_size * lo}: raise the budget to at least {batch_size * lo}, or lower min or batch_size",
+                "above": f"rollouts.budget {budget} is above batch_size x max = {batch_size} x {hi} = "
+                f"{batch_size * hi}: lower the budget to at most {batch_size * hi}, or raise max (at most "
+                f"{K_MAX}) or batch_size",
+            }[broken[0]]
         )
     request = RolloutRequest(budget, lo, hi, policy)
     levels = request.levels(batch_size)

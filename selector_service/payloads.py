@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -19,7 +20,8 @@ from selector_service.core import strategies
 from selector_service.core.outcomes import outcomes_from_counts, outcomes_from_flat
 from selector_service.core.rollouts import RolloutError, RolloutRequest, check_rollouts
 from selector_service.errors import InvalidRequest
-from selector_service.schemas import PackedResults
+from selector_service.history import select_note
+from selector_service.schemas import PackedResults, RolloutBudget
 from selector_service.state import DatasetSpec, pack_results
 
 
@@ -30,40 +32,62 @@ def resolve_params(spec: DatasetSpec, strategy: str, params: dict[str, Any]) -> 
         raise InvalidRequest(
             f"unknown strategy {strategy!r}; choose one of {', '.join(sorted(strategies.STRATEGIES))}"
         )
-    merged = dict(spec.defaults.get(strategy, {}))
-    merged.update(params)
     try:
-        strategies.check_dataset_params(strategy, params, spec.defaults)
-        return strategies.validate_params(strategy, merged)
+        return strategies.resolve_params(strategy, params, spec.defaults)
     except strategies.ParamError as exc:
         raise InvalidRequest(str(exc)) from exc
 
 
-def select_digest(strategy: str, params: dict[str, Any], seed: int, batch_size: int) -> str:
-    """Names a select request in the step history: requests that give the same batch share it."""
-    doc = json.dumps([strategy, params, seed, batch_size], sort_keys=True, default=str)
-    return hashlib.blake2b(doc.encode(), digest_size=12).hexdigest()
+@dataclass(frozen=True)
+class SelectPlan:
+    """A select checked against one incarnation of its dataset (`uid`): the step it closes every step
+    below, the batch it chooses (strategy, its resolved parameters, seed) and the rollouts it shares out
+    over it. `note` names it in the step's history (a request that gives the same batch shares it).
+
+    Built by `plan_select` where the select enters the engine; the engine and the state run it without
+    checking it again. It holds only for its incarnation: a select retried on a recreated dataset is
+    planned again from the new spec."""
+
+    name: str
+    uid: str
+    step: int
+    batch_size: int
+    strategy: str
+    params: dict[str, Any]
+    seed: int
+    rollouts: RolloutRequest | None
+    note: str
 
 
-def rollout_request(batch_size: int, rollouts: Any) -> RolloutRequest | None:
-    """The checked rollout budget of a select (None without one): the API's RolloutBudget (budget, min,
-    max, policy) or a core RolloutRequest, checked against batch_size (InvalidRequest naming the fix)."""
-    if rollouts is None:
-        return None
-    if isinstance(rollouts, RolloutRequest):
-        fields = (rollouts.budget, rollouts.min_rollouts, rollouts.max_rollouts, rollouts.policy)
-    else:
-        fields = (rollouts.budget, rollouts.min, rollouts.max, rollouts.policy)
-    try:
-        return check_rollouts(batch_size, *fields)
-    except RolloutError as exc:
-        raise InvalidRequest(f"{exc}; nothing was applied") from None
-
-
-def check_batch_size(name: str, batch_size: int, spec: DatasetSpec) -> None:
-    """InvalidRequest when a select asks for more prompts than dataset `name` has."""
+def plan_select(
+    spec: DatasetSpec,
+    *,
+    step: int,
+    batch_size: int,
+    strategy: str,
+    params: dict[str, Any],
+    seed: int,
+    rollouts: RolloutBudget | None,
+) -> SelectPlan:
+    """The select of the request's fields against `spec`, every check that the spec decides done
+    (InvalidRequest naming the fix): the batch size against the dataset's size first (a budget's bounds
+    follow from it), then the rollout budget, then the parameters."""
     if batch_size > spec.size:
-        raise InvalidRequest(f"batch_size {batch_size} is larger than dataset {name!r} ({spec.size} prompts)")
+        raise InvalidRequest(
+            f"batch_size {batch_size} is larger than dataset {spec.name!r} ({spec.size} prompts)"
+        )
+    request = None
+    if rollouts is not None:
+        try:
+            request = check_rollouts(batch_size, rollouts.budget, rollouts.min, rollouts.max, rollouts.policy)
+        except RolloutError as exc:
+            raise InvalidRequest(f"{exc}; nothing was applied") from None
+    merged = resolve_params(spec, strategy, params)
+    digest = hashlib.blake2b(
+        json.dumps([strategy, merged, seed, batch_size], sort_keys=True, default=str).encode(), digest_size=12
+    ).hexdigest()
+    note = select_note(strategy, batch_size, digest)
+    return SelectPlan(spec.name, spec.uid, step, batch_size, strategy, merged, seed, request, note)
 
 
 def check_ids(ids: np.ndarray, size: int) -> None:

@@ -44,8 +44,9 @@ class SelectPlan:
     below, the batch it chooses (strategy, its resolved parameters, seed) and the rollouts it shares out
     over it. `note` names it in the step's history (a request that gives the same batch shares it).
 
-    Built by `plan_select` where the select enters the engine; the engine and the state run it without
-    checking it again. It holds only for its incarnation: a select retried on a recreated dataset is
+    Built by `plan_select` where the select enters the engine, which runs it without checking the
+    request again: what is left to check is the caught-up state (the step's reach, what the strategy
+    needs of the beliefs). It holds only for its incarnation: a select retried on a recreated dataset is
     planned again from the new spec."""
 
     name: str

@@ -14,6 +14,10 @@ import math
 from dataclasses import MISSING, Field, dataclass, field, fields
 from typing import Any
 
+# How the service shares a step's rollout budget over its prompts (docs/api.md, "Select with a rollout
+# budget"), and the rule of its bounds: the contract's.
+from rlvr_selector_client.contract import DEFAULT_ROLLOUT_POLICY, ROLLOUT_POLICIES, rollout_problems
+
 __all__ = [
     "GROUP_WEIGHTS",
     "LOSS_NORMS",
@@ -35,8 +39,6 @@ OLD_LOGPROBS = ("sampler", "recompute")
 GROUP_WEIGHTS = ("prompt", "rollout")
 # What the summed per-token loss of a batch is divided by (trainer_client.grpo, "Aggregation").
 LOSS_NORMS = ("token", "active_token", "sequence")
-# How the service shares a step's rollout budget over its prompts (docs/api.md, "Select with a rollout budget").
-ROLLOUT_POLICIES = ("posterior", "knapsack", "variance", "uniform")
 # The strategies the trainer runs itself (trainer_client.train.TRAINER_STRATEGIES): they screen prompts with
 # fixed group sizes of their own and never ask the service for a selection.
 _SELF_SCREENING = ("dynamic_sampling", "speed_rl")
@@ -278,7 +280,7 @@ class TrainConfig:
         },
     )
     rollout_policy: str = field(
-        default="posterior",
+        default=DEFAULT_ROLLOUT_POLICY,
         metadata={
             "help": "with --rollout-budget: how the service shares it out (docs/methods.md §8)",
             "choices": ROLLOUT_POLICIES,
@@ -389,21 +391,20 @@ class TrainConfig:
                 f"--strategy {self.strategy} runs in the trainer and screens its own prompts with fixed group "
                 "sizes, so it cannot take a budget: drop --rollout-budget or choose a service strategy"
             )
-        if low < 1:
-            problems.append(f"{name('rollouts_min')} must be >= 1 (got {low})")
-        if high is not None and high < max(low, 1):
-            problems.append(f"{name('rollouts_max')} {high} is below {name('rollouts_min')} {low}")
-        if budget < self.batch_size * max(low, 1):
-            problems.append(
+        words = {
+            "min": lambda: f"{name('rollouts_min')} must be >= 1 (got {low})",
+            "order": lambda: f"{name('rollouts_max')} {high} is below {name('rollouts_min')} {low}",
+            "below": lambda: (
                 f"{name('rollout_budget')} {budget} cannot give each of the {self.batch_size} prompts "
                 f"{name('rollouts_min')} {low}: raise it to at least {self.batch_size * max(low, 1)} or lower "
                 f"{name('batch_size')} / {name('rollouts_min')}"
-            )
-        elif high is not None and budget > self.batch_size * high:
-            problems.append(
+            ),
+            "above": lambda: (
                 f"{name('rollout_budget')} {budget} exceeds {self.batch_size} prompts x {name('rollouts_max')} "
                 f"{high}: lower it to at most {self.batch_size * high} or raise {name('rollouts_max')}"
-            )
+            ),
+        }
+        problems.extend(words[p]() for p in rollout_problems(budget, low, high, self.batch_size))
         if self.rollout_policy not in ROLLOUT_POLICIES:
             problems.append(
                 f"{name('rollout_policy')} must be one of {', '.join(ROLLOUT_POLICIES)} "

@@ -257,7 +257,7 @@ class RolloutBudget:
     budget: int
     min: int = 1
     max: int | None = None
-    policy: str = "posterior"
+    policy: str = contract.DEFAULT_ROLLOUT_POLICY
 
     def to_json(self) -> dict[str, Any]:
         body: dict[str, Any] = {"budget": int(self.budget), "min": int(self.min), "policy": self.policy}

@@ -4,6 +4,8 @@
   service answers with its own, and each refuses the other's when they differ, saying which package to
   upgrade (`mismatch`).
 - Names and their patterns: a dataset's name (`NAME`), a report's request id (`REQUEST_ID`).
+- A select's rollout budget: its policies and the bounds of its counts (`rollout_problems`), which the
+  service, the trainer's options and the integrations' options check.
 - Each dataset setting of POST /datasets (docs/api.md) with its default and description (`SETTINGS`).
   From them follow the client's create parameters and body (`create_body`) and the settings of its
   DatasetInfo (`from_doc`, `INFO_DEFAULTED`); the service builds its create and info bodies, its stored
@@ -66,6 +68,43 @@ REQUEST_ID = r"[^\x00-\x1f\x7f]+"
 REQUEST_ID_MAX = 128
 #: The most steps late an observation may be accepted (max_lag).
 MAX_LAG = 1000
+
+
+#: The policies a select's rollout budget may name (docs/methods.md §8), in the order /strategies lists
+#: them, and the one a budget without a policy gets.
+ROLLOUT_POLICIES = ("posterior", "knapsack", "variance", "uniform")
+DEFAULT_ROLLOUT_POLICY = "posterior"
+
+
+def rollout_problems(
+    budget: int,
+    min_rollouts: int,
+    max_rollouts: int | None,
+    batch_size: int | None = None,
+    limit: int | None = None,
+) -> tuple[str, ...]:
+    """Which bounds of a rollout budget are broken, in the order they are named: "min" (min_rollouts
+    < 1), "limit" (max_rollouts above `limit`), "order" (max_rollouts below min_rollouts), and, for a
+    batch of `batch_size` prompts, "below" (budget < batch_size x min_rollouts) or else "above"
+    (budget > batch_size x max_rollouts). max_rollouts None bounds nothing.
+
+    The rule of the service's check, the trainer's options and the integrations' options, which each
+    word its own problems: the others are compared with min_rollouts at least 1, so that a bad min is
+    named once."""
+    low = max(min_rollouts, 1)
+    broken = []
+    if min_rollouts < 1:
+        broken.append("min")
+    if limit is not None and max_rollouts is not None and max_rollouts > limit:
+        broken.append("limit")
+    if max_rollouts is not None and max_rollouts < low:
+        broken.append("order")
+    if batch_size is not None:
+        if budget < batch_size * low:
+            broken.append("below")
+        elif max_rollouts is not None and budget > batch_size * max_rollouts:
+            broken.append("above")
+    return tuple(broken)
 
 
 class _Required:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import gc
 import math
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Annotated, Any, Literal, NamedTuple
 
 import msgspec
@@ -38,15 +38,23 @@ def _strategies_doc() -> str:
     return "; ".join(parts)
 
 
+# The bounds of the fields that ObserveRequest and its fast twin (msgspec structs, below) both check,
+# declared once: pydantic's Field and msgspec's Meta take them by the same names.
+_STEP_BOUNDS: dict[str, Any] = {"ge": 0, "le": 10**12}
+_PROMPT_ID_BOUNDS: dict[str, Any] = {"ge": 0, "le": 2**62}
+_REQUEST_ID_BOUNDS: dict[str, Any] = {"min_length": 1, "max_length": contract.REQUEST_ID_MAX}
+_REWARDS_BOUNDS: dict[str, Any] = {"max_length": 65536}
+_SUCCESSES_BOUNDS: dict[str, Any] = {"ge": 0}
+_TRIALS_BOUNDS: dict[str, Any] = {"ge": 1, "le": TRIALS_MAX}
+
 DatasetName = Annotated[str, Field(pattern=f"^{dataset_settings.NAME}$", description=dataset_settings.NAME)]
-Step = Annotated[int, Field(ge=0, le=10**12, description="Training step (>= 0).")]
+Step = Annotated[int, Field(**_STEP_BOUNDS, description="Training step (>= 0).")]
 Seed = Annotated[int, Field(ge=0, le=2**63 - 1, description="Seed of the selection's randomness.")]
-PromptId = Annotated[int, Field(ge=0, le=2**62)]
+PromptId = Annotated[int, Field(**_PROMPT_ID_BOUNDS)]
 RequestId = Annotated[
     str,
     Field(
-        min_length=1,
-        max_length=contract.REQUEST_ID_MAX,
+        **_REQUEST_ID_BOUNDS,
         pattern=f"^{contract.REQUEST_ID}$",
         description=f"1..{contract.REQUEST_ID_MAX} printable chars",
     ),
@@ -142,9 +150,13 @@ class SelectResponse(BaseModel):
 
 class Result(_Request):
     prompt_id: PromptId
-    rewards: list[float] | None = Field(None, max_length=65536, description="One reward per rollout.")
-    successes: float | None = Field(None, ge=0, description="With trials, instead of rewards.")
-    trials: int | None = Field(None, ge=1, le=TRIALS_MAX)
+    rewards: Annotated[list[float], Field(**_REWARDS_BOUNDS)] | None = Field(
+        None, description="One reward per rollout."
+    )
+    successes: Annotated[float, Field(**_SUCCESSES_BOUNDS)] | None = Field(
+        None, description="With trials, instead of rewards."
+    )
+    trials: Annotated[int, Field(**_TRIALS_BOUNDS)] | None = None
 
 
 class ObserveRequest(_Request):
@@ -152,10 +164,8 @@ class ObserveRequest(_Request):
     step: Step
     request_id: RequestId
     results: list[Result] = Field(min_length=1)
-    selected_step: int | None = Field(
+    selected_step: Annotated[int, Field(**_STEP_BOUNDS)] | None = Field(
         None,
-        ge=0,
-        le=10**12,
         description="The step the results' prompts were selected at (<= step), their evidence time: with "
         "it, a step closed more than max_lag steps ago is not refused but filed at the open step, its lag "
         "counted from selected_step (an extension of the contract; docs/api.md section 4).",
@@ -353,16 +363,15 @@ class Health(BaseModel):
 # msgspec matches with Python's `re`, whose `$` also matches before a final newline: `\Z` ends the text, as
 # `$` does in pydantic's (Rust) patterns above.
 _NAME = msgspec.Meta(pattern=f"^{dataset_settings.NAME}\\Z")
-_REQUEST_ID = msgspec.Meta(
-    min_length=1, max_length=contract.REQUEST_ID_MAX, pattern=f"^{contract.REQUEST_ID}\\Z"
-)
+_REQUEST_ID = msgspec.Meta(**_REQUEST_ID_BOUNDS, pattern=f"^{contract.REQUEST_ID}\\Z")
+_STEP = msgspec.Meta(**_STEP_BOUNDS)
 
 
 class FastResult(msgspec.Struct, forbid_unknown_fields=True, gc=False):
-    prompt_id: Annotated[int, msgspec.Meta(ge=0, le=2**62)]
-    rewards: Annotated[list[float], msgspec.Meta(max_length=65536)] | None = None
-    successes: Annotated[float, msgspec.Meta(ge=0)] | None = None
-    trials: Annotated[int, msgspec.Meta(ge=1, le=TRIALS_MAX)] | None = None
+    prompt_id: Annotated[int, msgspec.Meta(**_PROMPT_ID_BOUNDS)]
+    rewards: Annotated[list[float], msgspec.Meta(**_REWARDS_BOUNDS)] | None = None
+    successes: Annotated[float, msgspec.Meta(**_SUCCESSES_BOUNDS)] | None = None
+    trials: Annotated[int, msgspec.Meta(**_TRIALS_BOUNDS)] | None = None
 
 
 class FastObserve(msgspec.Struct, gc=False):
@@ -379,10 +388,10 @@ class _ObserveHead(msgspec.Struct, forbid_unknown_fields=True, gc=False):
     """The observe body with its results left as raw JSON (its syntax checked, nothing decoded)."""
 
     dataset: Annotated[str, _NAME]
-    step: Annotated[int, msgspec.Meta(ge=0, le=10**12)]
+    step: Annotated[int, _STEP]
     request_id: Annotated[str, _REQUEST_ID]
     results: msgspec.Raw
-    selected_step: Annotated[int, msgspec.Meta(ge=0, le=10**12)] | None = None
+    selected_step: Annotated[int, _STEP] | None = None
 
 
 class _ObserveWhole(msgspec.Struct, forbid_unknown_fields=True, gc=False):
@@ -390,10 +399,10 @@ class _ObserveWhole(msgspec.Struct, forbid_unknown_fields=True, gc=False):
     a non-empty array (the batches never see such a body)."""
 
     dataset: Annotated[str, _NAME]
-    step: Annotated[int, msgspec.Meta(ge=0, le=10**12)]
+    step: Annotated[int, _STEP]
     request_id: Annotated[str, _REQUEST_ID]
     results: Annotated[list[FastResult], msgspec.Meta(min_length=1)]
-    selected_step: Annotated[int, msgspec.Meta(ge=0, le=10**12)] | None = None
+    selected_step: Annotated[int, _STEP] | None = None
 
 
 _HEAD_DECODER = msgspec.json.Decoder(_ObserveHead)
@@ -509,6 +518,14 @@ class PackedResults:
         self.ids, self.has_rewards, self.offsets = ids, has_rewards, offsets
         self.values, self.successes, self.trials = values, successes, trials
 
+    @classmethod
+    def of(cls, results: Sequence[Any]) -> PackedResults:
+        """The results of a body the contract's models decoded (or any objects with their attributes),
+        packed as the fast twin packs its own."""
+        packer = _Packer(len(results))
+        packer.add(results)
+        return packer.done()
+
     def __len__(self) -> int:
         return int(self.ids.size)
 
@@ -535,7 +552,7 @@ class _Packer:
         self.values: list[np.ndarray] = []
         self.at = 0
 
-    def add(self, batch: list[FastResult]) -> None:
+    def add(self, batch: Sequence[Any]) -> None:
         lo, flat = self.at, []
         nan = math.nan
         ids, has, lengths, succ, trials = [], [], [], [], []

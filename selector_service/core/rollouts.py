@@ -44,8 +44,9 @@ The API (everything below takes and returns numpy arrays, one entry per selected
 
     check_rollouts(batch_size, budget, min_rollouts=1, max_rollouts=None, policy="posterior")
         -> RolloutRequest, or RolloutError naming the fix
+    RolloutRequest.allocate(alpha, beta, ids, *, rng, value="mixed") -> int64 counts (checked already)
     allocate_rollouts(alpha, beta, ids, *, budget, min_rollouts, max_rollouts, policy, rng, value="mixed")
-        -> int64 counts
+        -> int64 counts: check_rollouts, then allocate
     gain_table(alpha, beta, *, min_rollouts, levels, policy, value="mixed") -> float64[B, levels]
     allocate_gains(gains, *, budget, min_rollouts, tie_keys, ids) -> int64 counts
     mixed_probability(alpha, beta, n)      E[1 - p^n - q^n] under Beta(alpha, beta), exact
@@ -61,6 +62,8 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 import numpy.typing as npt
+
+from rlvr_selector_client.contract import DEFAULT_ROLLOUT_POLICY, ROLLOUT_POLICIES, rollout_problems
 
 from .domain import K_MAX
 from .rng import Stream
@@ -84,7 +87,7 @@ __all__ = [
     "vip_objective",
 ]
 
-#: The policies, in the order /strategies lists them, with what each maximises.
+#: What each policy of the contract's ROLLOUT_POLICIES maximises, in their order.
 ROLLOUT_POLICY_HELP: dict[str, str] = {
     "posterior": "each prompt's probability that its group is mixed, E[1 - p^n - (1-p)^n] under its Beta "
     "belief (cold prior for a never-observed prompt): greedy on the exact marginal gains",
@@ -93,8 +96,6 @@ ROLLOUT_POLICY_HELP: dict[str, str] = {
     "[1e-6, 1 - 1e-6]); every prompt gets 2 before any gets 3 when the budget allows",
     "uniform": "budget // batch_size each; the remainder to prompts drawn by the seeded generator",
 }
-ROLLOUT_POLICIES = tuple(ROLLOUT_POLICY_HELP)
-DEFAULT_ROLLOUT_POLICY = "posterior"
 #: The values `posterior` can maximise: the mixed-group probability (the default) or Knapsack RL's value.
 POSTERIOR_VALUES = ("mixed", "knapsack")
 #: Most gains one allocation holds (B * min(max - min, budget - B * min) float64: 32 MiB).
@@ -125,6 +126,47 @@ class RolloutRequest:
         """Columns of the gain table: the steps above min_rollouts that one prompt can take."""
         return min(self.max_rollouts - self.min_rollouts, self.budget - batch_size * self.min_rollouts)
 
+    def allocate(
+        self, alpha: np.ndarray, beta: np.ndarray, ids: np.ndarray, *, rng: Stream, value: str = "mixed"
+    ) -> np.ndarray:
+        """Rollouts per prompt (int64[B], in the order of `ids`) of a batch of the size this request was
+        checked for (check_rollouts), from the prompts' Beta beliefs (alpha[i], beta[i]). `rng` seeds
+        the tie keys (`rng.bits_at(ids)`; the service passes stream(dataset, step, seed, "rollouts")).
+        `value` chooses what `posterior` maximises: "mixed" (the probability of a mixed group) or
+        "knapsack" (the posterior expectation of Knapsack RL's value)."""
+        alpha, beta = _beta_arrays(alpha, beta)
+        ids = np.ascontiguousarray(ids, dtype=np.int64)
+        if ids.shape != alpha.shape:
+            raise ValueError("ids must have one entry per prompt (alpha's length)")
+        if not isinstance(rng, Stream):
+            raise TypeError("rng must be a core.rng.Stream, e.g. stream(dataset, step, seed, 'rollouts')")
+        if ids.size and int(ids.min()) < 0:
+            raise ValueError("ids must be >= 0")
+        value_code = _value_code(value)
+        tie_keys = rng.bits_at(ids)
+        if self.policy == "uniform":
+            return _uniform_counts(ids.size, self.budget, tie_keys, ids)
+        levels = self.levels(ids.size)
+        if levels == 0:  # min == max, or the budget is batch x min: every prompt gets min
+            return np.full(ids.size, self.min_rollouts, dtype=np.int64)
+        if self.budget == ids.size * self.max_rollouts:
+            return np.full(ids.size, self.max_rollouts, dtype=np.int64)
+        gains = np.empty((ids.size, levels), dtype=np.float64)
+        _gains_kernel(
+            alpha,
+            beta,
+            self.min_rollouts,
+            levels,
+            _CODES[self.policy],
+            value_code,
+            VIP_GAMMA,
+            VIP_CLIP,
+            gains,
+        )
+        return allocate_gains(
+            gains, budget=self.budget, min_rollouts=self.min_rollouts, tie_keys=tie_keys, ids=ids
+        )
+
 
 def _whole(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int | np.integer):
@@ -145,25 +187,23 @@ def check_rollouts(
     budget = _whole("budget", budget)
     lo = _whole("min", min_rollouts)
     hi = K_MAX if max_rollouts is None else _whole("max", max_rollouts)
-    if policy not in _CODES:
+    if policy not in ROLLOUT_POLICIES:
         raise RolloutError(f"unknown rollout policy {policy!r}; choose one of {', '.join(ROLLOUT_POLICIES)}")
     if batch_size < 1:
         raise RolloutError(f"batch_size must be >= 1, got {batch_size}")
-    if lo < 1:
-        raise RolloutError(f"rollouts.min is {lo}: every prompt needs at least 1 rollout (min >= 1)")
-    if hi > K_MAX:
-        raise RolloutError(f"rollouts.max is {hi}: it must be at most the K limit {K_MAX}")
-    if lo > hi:
-        raise RolloutError(f"rollouts.min ({lo}) is above rollouts.max ({hi}): lower min or raise max")
-    if budget < batch_size * lo:
+    broken = rollout_problems(budget, lo, hi, batch_size, limit=K_MAX)
+    if broken:
         raise RolloutError(
-            f"rollouts.budget {budget} is below batch_size x min = {batch_size} x {lo} = {batch_size * lo}: "
-            f"raise the budget to at least {batch_size * lo}, or lower min or batch_size"
-        )
-    if budget > batch_size * hi:
-        raise RolloutError(
-            f"rollouts.budget {budget} is above batch_size x max = {batch_size} x {hi} = {batch_size * hi}: "
-            f"lower the budget to at most {batch_size * hi}, or raise max (at most {K_MAX}) or batch_size"
+            {
+                "min": f"rollouts.min is {lo}: every prompt needs at least 1 rollout (min >= 1)",
+                "limit": f"rollouts.max is {hi}: it must be at most the K limit {K_MAX}",
+                "order": f"rollouts.min ({lo}) is above rollouts.max ({hi}): lower min or raise max",
+                "below": f"rollouts.budget {budget} is below batch_size x min = {batch_size} x {lo} = "
+                f"{batch_size * lo}: raise the budget to at least {batch_size * lo}, or lower min or batch_size",
+                "above": f"rollouts.budget {budget} is above batch_size x max = {batch_size} x {hi} = "
+                f"{batch_size * hi}: lower the budget to at most {batch_size * hi}, or raise max (at most "
+                f"{K_MAX}) or batch_size",
+            }[broken[0]]
         )
     request = RolloutRequest(budget, lo, hi, policy)
     levels = request.levels(batch_size)
@@ -475,43 +515,10 @@ def allocate_rollouts(
 ) -> np.ndarray:
     """Rollouts per prompt (int64[B], in the order of `ids`) for B prompts with Beta beliefs (alpha[i],
     beta[i]) and prompt ids `ids` (distinct in a select; any int64 here), under `budget` rollouts in all,
-    each in [min_rollouts, max_rollouts], by `policy` (module docstring). `rng` seeds the tie keys
-    (`rng.bits_at(ids)`; the service passes stream(dataset, step, seed, "rollouts")). `value` chooses
-    what `posterior` maximises: "mixed" (the probability of a mixed group) or "knapsack" (the posterior
-    expectation of Knapsack RL's value). Raises RolloutError on a request check_rollouts refuses."""
-    alpha, beta = _beta_arrays(alpha, beta)
-    ids = np.ascontiguousarray(ids, dtype=np.int64)
-    if ids.shape != alpha.shape:
-        raise ValueError("ids must have one entry per prompt (alpha's length)")
-    if not isinstance(rng, Stream):
-        raise TypeError("rng must be a core.rng.Stream, e.g. stream(dataset, step, seed, 'rollouts')")
-    if ids.size and int(ids.min()) < 0:
-        raise ValueError("ids must be >= 0")
-    request = check_rollouts(ids.size, budget, min_rollouts, max_rollouts, policy)
-    value_code = _value_code(value)
-    tie_keys = rng.bits_at(ids)
-    if policy == "uniform":
-        return _uniform_counts(ids.size, request.budget, tie_keys, ids)
-    levels = request.levels(ids.size)
-    if levels == 0:  # min == max, or the budget is batch x min: every prompt gets min
-        return np.full(ids.size, request.min_rollouts, dtype=np.int64)
-    if request.budget == ids.size * request.max_rollouts:
-        return np.full(ids.size, request.max_rollouts, dtype=np.int64)
-    gains = np.empty((ids.size, levels), dtype=np.float64)
-    _gains_kernel(
-        alpha,
-        beta,
-        request.min_rollouts,
-        levels,
-        _CODES[policy],
-        value_code,
-        VIP_GAMMA,
-        VIP_CLIP,
-        gains,
-    )
-    return allocate_gains(
-        gains, budget=request.budget, min_rollouts=request.min_rollouts, tie_keys=tie_keys, ids=ids
-    )
+    each in [min_rollouts, max_rollouts], by `policy` (module docstring): RolloutRequest.allocate of the
+    request check_rollouts makes of them (RolloutError when it refuses it)."""
+    request = check_rollouts(np.size(ids), budget, min_rollouts, max_rollouts, policy)
+    return request.allocate(alpha, beta, ids, rng=rng, value=value)
 
 
 # ---------------------------------------------------------------- the values themselves

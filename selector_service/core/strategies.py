@@ -2,7 +2,7 @@
 
 A strategy is one StrategySpec entry of STRATEGIES: its parameters, how it scores or walks, how it picks a
 batch from a pool, what it requires of a dataset, whether its scores may be cached. `select`, `score`,
-the service's score cache (state.py), its checks before a select (engine.py, payloads.resolve_params)
+the service's score cache (state.py), its checks before a select (payloads.plan_select)
 and /strategies read the entry; nothing branches on a strategy's name.
 
 | strategy            | score (larger is better)          | candidates                       | params (default) |
@@ -24,7 +24,7 @@ never-observed prompt's Beta as its cold prior (docs/methods.md §6, coldstart.b
 
 Parameters marked "the dataset's" shape state that the dataset updates at every step close (SEC's Q,
 AdaRFT's T), so they are fixed per dataset: set them in the dataset's `defaults`; a select that names
-another value is refused (`check_dataset_params`). `dataset_rules` turns a dataset's defaults into the
+another value is refused (`resolve_params`). `dataset_rules` turns a dataset's defaults into the
 DatasetRules its beliefs are created with.
 
 `select` and `score` are pure functions of their arguments: every random choice comes from the
@@ -74,8 +74,8 @@ __all__ = [
     "Param",
     "ParamError",
     "StrategySpec",
-    "check_dataset_params",
     "dataset_rules",
+    "resolve_params",
     "score",
     "select",
     "validate_params",
@@ -573,21 +573,24 @@ def dataset_rules(defaults: dict[str, dict[str, Any]] | None) -> dict[str, float
     return out
 
 
-def check_dataset_params(
+def resolve_params(
     strategy: str, params: dict[str, Any] | None, defaults: dict[str, dict[str, Any]] | None
-) -> None:
-    """Raises ParamError when `params` names a dataset-level parameter (above) with a value other than
-    the dataset's (from its `defaults`, else the registry default)."""
-    spec = _spec(strategy)
-    given = validate_params(strategy, params)
-    fixed = validate_params(strategy, (defaults or {}).get(strategy, {}))
-    for name, param in spec.params.items():
-        if param.dataset_level and name in (params or {}) and given[name] != fixed[name]:
+) -> dict[str, Any]:
+    """The checked parameters a select by `strategy` runs with: the dataset's `defaults` for it, then
+    `params` (validate_params). Raises ParamError also when `params` names a dataset-level parameter
+    (above) with a value other than the dataset's (from its `defaults`, else the registry default)."""
+    fixed = (defaults or {}).get(strategy, {})
+    given = params or {}
+    merged = validate_params(strategy, {**fixed, **given})
+    dataset = validate_params(strategy, fixed)
+    for name, param in _spec(strategy).params.items():
+        if param.dataset_level and name in given and merged[name] != dataset[name]:
             raise ParamError(
-                f"{strategy} parameter {name} = {given[name]:g} differs from the dataset's {fixed[name]:g}: "
+                f"{strategy} parameter {name} = {merged[name]:g} differs from the dataset's {dataset[name]:g}: "
                 f"it shapes state the dataset updates at every step close, so it is fixed per dataset; "
-                f"create the dataset with defaults {{{strategy!r}: {{{name!r}: {given[name]:g}}}}} to use it"
+                f"create the dataset with defaults {{{strategy!r}: {{{name!r}: {merged[name]:g}}}}} to use it"
             )
+    return merged
 
 
 def select(

@@ -32,7 +32,7 @@ from selector_service.core.beliefs import BeliefArrays, apply_results
 from selector_service.core.coldstart import DatasetRules, apply_metadata, prior_arrays
 from selector_service.core.dps import CloseStats
 from selector_service.core.rng import stream
-from selector_service.core.rollouts import RolloutRequest, allocate_rollouts
+from selector_service.core.rollouts import RolloutRequest
 from selector_service.core.select import TiedScores, retie, tie_index
 from selector_service.core.step_close import close_open_step
 from selector_service.dataset.history import LAG_LABELS, StepHistory
@@ -369,15 +369,8 @@ class DatasetState:
         Beta belief now (the cold prior for a never-observed one), with the ties of the stream
         (dataset, open step, seed, "rollouts"): docs/methods.md §8."""
         alpha, beta, _ = prior_arrays(self.arrays, ids)
-        return allocate_rollouts(
-            alpha,
-            beta,
-            ids,
-            budget=request.budget,
-            min_rollouts=request.min_rollouts,
-            max_rollouts=request.max_rollouts,
-            policy=request.policy,
-            rng=stream(self.spec.name, self.open_step, seed, "rollouts"),
+        return request.allocate(
+            alpha, beta, ids, rng=stream(self.spec.name, self.open_step, seed, "rollouts")
         )
 
     def score(

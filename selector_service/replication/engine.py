@@ -19,11 +19,10 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from selector_service.contract.schemas import Belief, DatasetCreate
+from selector_service.contract.schemas import Belief, DatasetCreate, RolloutBudget
 from selector_service.core import strategies
 from selector_service.core.coldstart import check_metadata
 from selector_service.core.coldstart import prior_arrays as cold_betas
-from selector_service.dataset.history import select_note
 from selector_service.dataset.state import DatasetSpec, DatasetState, RecordKind, pack_metadata
 from selector_service.errors import (
     Conflict,
@@ -35,12 +34,11 @@ from selector_service.errors import (
 )
 from selector_service.replication import backup
 from selector_service.replication.payloads import (
-    check_batch_size,
+    SelectPlan,
     check_ids,
     outcome_payload,
+    plan_select,
     resolve_params,
-    rollout_request,
-    select_digest,
     with_evidence_step,
 )
 from selector_service.replication.replica import Replica, SyncStats
@@ -51,7 +49,7 @@ T = TypeVar("T")
 #: What a select answers: prompt ids, their scores (None for a walk), the step, rollouts per prompt.
 SelectAnswer = tuple[np.ndarray, np.ndarray | None, int, np.ndarray | None]
 INLINE_RESULTS = 4096
-# A select's close (Engine._close_and_run) holds the dataset's closing reservation for at most this long
+# A select's close (Engine._close_and_select) holds the dataset's closing reservation for at most this long
 # (observe and metadata writes wait meanwhile), and commits it at most this many times when the log keeps
 # moving between its catch-up and its commit.
 CLOSE_RESERVATION_MS = 5_000
@@ -256,53 +254,40 @@ class Engine:
         strategy: str,
         params: dict[str, Any],
         seed: int,
-        rollouts: Any = None,
+        rollouts: RolloutBudget | None = None,
     ) -> SelectAnswer:
         """(prompt ids, scores or None, the step, rollouts per prompt or None). `rollouts`: a rollout
-        budget (the API's RolloutBudget, or a core RolloutRequest), checked before anything moves; the
-        counts come from the state the batch was chosen from (docs/methods.md §8)."""
+        budget, whose counts come from the state the batch was chosen from (docs/methods.md §8).
+
+        The request is planned against the spec (payloads.plan_select) before anything moves; a retry
+        on a recreated dataset (`_with_spec`) plans it again against the new spec, so every check that
+        the spec decides holds for the incarnation the plan runs on (`_close_and_select` refuses any
+        other)."""
 
         async def attempt(spec: DatasetSpec) -> SelectAnswer:
-            check_batch_size(name, batch_size, spec)  # first: a budget's bounds follow from batch_size
-            budget = rollout_request(batch_size, rollouts)
-            merged = self.resolve_params(spec, strategy, params)
-            note = select_note(strategy, batch_size, select_digest(strategy, merged, seed, batch_size))
-
-            def check(state: DatasetState) -> None:  # on the caught-up state, before anything moves
-                problem = strategies.STRATEGIES[strategy].unmet(state.arrays, batch_size, name)
-                if problem is not None:
-                    raise InvalidRequest(problem)
-
-            def run(state: DatasetState) -> SelectAnswer:
-                try:
-                    ids, scores = state.select(strategy, merged, batch_size, seed)
-                except strategies.ParamError as exc:
-                    raise InvalidRequest(str(exc)) from None
-                counts = None if budget is None else state.rollout_counts(ids, budget, seed)
-                return ids, scores, state.open_step, counts
-
-            await self._refuse_out_of_reach(name, spec, step)
+            plan = plan_select(
+                spec,
+                step=step,
+                batch_size=batch_size,
+                strategy=strategy,
+                params=params,
+                seed=seed,
+                rollouts=rollouts,
+            )
+            await self._refuse_out_of_reach(plan)
             async with self.replica.lock(name):  # the in-memory close is seen by no one until committed
-                return await self._close_and_run(name, spec, step, note, check, run)
+                return await self._close_and_select(plan)
 
         return await self._with_spec(name, attempt)
 
-    async def _close_and_run(
-        self,
-        name: str,
-        spec: DatasetSpec,
-        step: int,
-        note: str,
-        check: Callable[[DatasetState], None],
-        run: Callable[[DatasetState], T],
-    ) -> T:
+    async def _close_and_select(self, plan: SelectPlan) -> SelectAnswer:
         """A select's step close and its answer, atomic with each other: a select that fails (any
         exception, a 4xx or a 5xx) leaves the dataset as it was, in the store and in every process.
         Caller holds the dataset lock.
 
         The order is: catch up with the log, apply the select's own record (the close of every step
-        below `step`, or a note at the open step) to the state IN MEMORY, choose the batch (`run`), and
-        only then commit that record to the store with a conditional script (`Store.commit_close`: only
+        below the plan's step, or a note at the open step) to the state IN MEMORY, choose the batch
+        (`_run_plan`), and only then commit that record to the store with a conditional script (`Store.commit_close`: only
         if the log still ends at the record this state applied, with the same uid and open step). So the
         store never holds the close of a select that did not answer, and the answer is computed from
         exactly the state every replica reaches by applying the committed log. On any failure after the
@@ -318,30 +303,33 @@ class Engine:
         on every select, where this costs one more round trip (the reservation) and, on failure only, a
         rebuild.
         """
+        name, step, note = plan.name, plan.step, plan.note
         token = uuid.uuid4().hex
         reserved = await self._reserve_close(name, token)
         renewing = asyncio.ensure_future(self._renew_close(name, token))
         try:
             for _ in range(CLOSE_ATTEMPTS):
                 state = await self.sync(name)
-                if state.spec.uid != spec.uid:
-                    raise DatasetGone(name)  # another incarnation: _with_spec looks at the stored spec
+                if state.spec.uid != plan.uid:
+                    raise DatasetGone(name)  # another incarnation: _with_spec plans it again
                 if step < state.open_step:
                     raise Conflict(
                         f"step {step} of dataset {name!r} is closed; the open step is {state.open_step}"
                     )
                 if step - state.open_step > self.settings.max_step_gap:
                     raise self._too_far_ahead(name, step, state.open_step)
-                check(state)
+                problem = strategies.STRATEGIES[plan.strategy].unmet(state.arrays, plan.batch_size, name)
+                if problem is not None:  # on the caught-up state, before anything moves
+                    raise InvalidRequest(problem)
                 if step == state.open_step and state.history.counted(note):
                     # The same request (strategy, parameters, seed, batch size) was already counted at
                     # the open step (a retry, or every rank asking for the step): nothing to close and
                     # nothing new for the history, so no record; the answer is the same either way.
-                    return await asyncio.to_thread(run, state)
+                    return await asyncio.to_thread(_run_plan, state, plan)
                 seq, open_step = state.seq, state.open_step
                 try:
-                    answer = await asyncio.to_thread(_close_in_memory_and_run, state, step, note, run)
-                    res = await self.store.commit_close(name, spec.uid, step, note, seq, open_step, token)
+                    answer = await asyncio.to_thread(_close_in_memory_and_run, state, plan)
+                    res = await self.store.commit_close(name, plan.uid, step, note, seq, open_step, token)
                 except BaseException:
                     self.replica.discard(name, state)
                     raise
@@ -369,19 +357,20 @@ class Engine:
                 with contextlib.suppress(Unavailable, OSError):
                     await self.store.release_close(name, token)
 
-    async def _refuse_out_of_reach(self, name: str, spec: DatasetSpec, step: int) -> None:
+    async def _refuse_out_of_reach(self, plan: SelectPlan) -> None:
         """Refuses a select step that the close would refuse (closed: 409; further ahead than
         max_step_gap: 422) from the store's open step alone, before the dataset lock, the closing
         reservation or a load: a replica that does not hold the dataset would otherwise load all of it
         to refuse a step of 10**12. The open step only grows, so a held state's open step is a lower
         bound: a step within the gap of it needs no round trip; anything else reads the meta hash (one
         HGETALL). What this lets through is checked again against the caught-up state."""
+        name, step = plan.name, plan.step
         held = self.replica.states.get(name)
         reach = self.settings.max_step_gap
-        if held is not None and held.spec.uid == spec.uid and 0 <= step - held.open_step <= reach:
+        if held is not None and held.spec.uid == plan.uid and 0 <= step - held.open_step <= reach:
             return
         meta = await self.store.read_meta(name)
-        if meta.get("uid") != spec.uid:  # gone or another incarnation: the usual path says which
+        if meta.get("uid") != plan.uid:  # gone or another incarnation: the usual path says which
             return
         open_step = int(meta.get("open_step", "0"))
         if step < open_step:
@@ -626,13 +615,22 @@ async def _backing_off(seconds: float) -> AsyncIterator[None]:
         pause = min(pause * 2, 0.02 if now - start < CLOSE_RESERVATION_MS / 1000 else 0.1)
 
 
-def _close_in_memory_and_run(
-    state: DatasetState, step: int, note: str, run: Callable[[DatasetState], T]
-) -> T:
-    """Applies a select's record (what `Store.commit_close` appends: number seq + 1, an advance to
-    `step` carrying the note) to the state, then `run(state)`. Called with the dataset lock held; the
-    caller discards the state if anything fails or the commit does not happen."""
+def _close_in_memory_and_run(state: DatasetState, plan: SelectPlan) -> SelectAnswer:
+    """Applies a select's record (what `Store.commit_close` appends: number seq + 1, an advance to the
+    plan's step carrying its note) to the state, then runs the plan. Called with the dataset lock held;
+    the caller discards the state if anything fails or the commit does not happen."""
     state.apply_record(
-        PENDING_CURSOR, {"n": str(state.seq + 1), "k": RecordKind.ADVANCE, "s": str(step), "q": note}
+        PENDING_CURSOR,
+        {"n": str(state.seq + 1), "k": RecordKind.ADVANCE, "s": str(plan.step), "q": plan.note},
     )
-    return run(state)
+    return _run_plan(state, plan)
+
+
+def _run_plan(state: DatasetState, plan: SelectPlan) -> SelectAnswer:
+    """The answer of a select planned for this state's incarnation, at its open step."""
+    try:
+        ids, scores = state.select(plan.strategy, plan.params, plan.batch_size, plan.seed)
+    except strategies.ParamError as exc:  # a walk that cannot fill the batch (WalkError) says why
+        raise InvalidRequest(str(exc)) from None
+    counts = None if plan.rollouts is None else state.rollout_counts(ids, plan.rollouts, plan.seed)
+    return ids, scores, state.open_step, counts

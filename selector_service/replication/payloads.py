@@ -10,16 +10,17 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from selector_service.contract.schemas import PackedResults
+from selector_service.contract.schemas import PackedResults, RolloutBudget
 from selector_service.core import strategies
 from selector_service.core.outcomes import outcomes_from_counts, outcomes_from_flat
 from selector_service.core.rollouts import RolloutError, RolloutRequest, check_rollouts
+from selector_service.dataset.history import select_note
 from selector_service.dataset.state import DatasetSpec, pack_results
 from selector_service.errors import InvalidRequest
 
@@ -31,40 +32,63 @@ def resolve_params(spec: DatasetSpec, strategy: str, params: dict[str, Any]) -> 
         raise InvalidRequest(
             f"unknown strategy {strategy!r}; choose one of {', '.join(sorted(strategies.STRATEGIES))}"
         )
-    merged = dict(spec.defaults.get(strategy, {}))
-    merged.update(params)
     try:
-        strategies.check_dataset_params(strategy, params, spec.defaults)
-        return strategies.validate_params(strategy, merged)
+        return strategies.resolve_params(strategy, params, spec.defaults)
     except strategies.ParamError as exc:
         raise InvalidRequest(str(exc)) from exc
 
 
-def select_digest(strategy: str, params: dict[str, Any], seed: int, batch_size: int) -> str:
-    """Names a select request in the step history: requests that give the same batch share it."""
-    doc = json.dumps([strategy, params, seed, batch_size], sort_keys=True, default=str)
-    return hashlib.blake2b(doc.encode(), digest_size=12).hexdigest()
+@dataclass(frozen=True)
+class SelectPlan:
+    """A select checked against one incarnation of its dataset (`uid`): the step it closes every step
+    below, the batch it chooses (strategy, its resolved parameters, seed) and the rollouts it shares out
+    over it. `note` names it in the step's history (a request that gives the same batch shares it).
+
+    Built by `plan_select` where the select enters the engine, which runs it without checking the
+    request again: what is left to check is the caught-up state (the step's reach, what the strategy
+    needs of the beliefs). It holds only for its incarnation: a select retried on a recreated dataset is
+    planned again from the new spec."""
+
+    name: str
+    uid: str
+    step: int
+    batch_size: int
+    strategy: str
+    params: dict[str, Any]
+    seed: int
+    rollouts: RolloutRequest | None
+    note: str
 
 
-def rollout_request(batch_size: int, rollouts: Any) -> RolloutRequest | None:
-    """The checked rollout budget of a select (None without one): the API's RolloutBudget (budget, min,
-    max, policy) or a core RolloutRequest, checked against batch_size (InvalidRequest naming the fix)."""
-    if rollouts is None:
-        return None
-    if isinstance(rollouts, RolloutRequest):
-        fields = (rollouts.budget, rollouts.min_rollouts, rollouts.max_rollouts, rollouts.policy)
-    else:
-        fields = (rollouts.budget, rollouts.min, rollouts.max, rollouts.policy)
-    try:
-        return check_rollouts(batch_size, *fields)
-    except RolloutError as exc:
-        raise InvalidRequest(f"{exc}; nothing was applied") from None
-
-
-def check_batch_size(name: str, batch_size: int, spec: DatasetSpec) -> None:
-    """InvalidRequest when a select asks for more prompts than dataset `name` has."""
+def plan_select(
+    spec: DatasetSpec,
+    *,
+    step: int,
+    batch_size: int,
+    strategy: str,
+    params: dict[str, Any],
+    seed: int,
+    rollouts: RolloutBudget | None,
+) -> SelectPlan:
+    """The select of the request's fields against `spec`, every check that the spec decides done
+    (InvalidRequest naming the fix): the batch size against the dataset's size first (a budget's bounds
+    follow from it), then the rollout budget, then the parameters."""
     if batch_size > spec.size:
-        raise InvalidRequest(f"batch_size {batch_size} is larger than dataset {name!r} ({spec.size} prompts)")
+        raise InvalidRequest(
+            f"batch_size {batch_size} is larger than dataset {spec.name!r} ({spec.size} prompts)"
+        )
+    request = None
+    if rollouts is not None:
+        try:
+            request = check_rollouts(batch_size, rollouts.budget, rollouts.min, rollouts.max, rollouts.policy)
+        except RolloutError as exc:
+            raise InvalidRequest(f"{exc}; nothing was applied") from None
+    merged = resolve_params(spec, strategy, params)
+    digest = hashlib.blake2b(
+        json.dumps([strategy, merged, seed, batch_size], sort_keys=True, default=str).encode(), digest_size=12
+    ).hexdigest()
+    note = select_note(strategy, batch_size, digest)
+    return SelectPlan(spec.name, spec.uid, step, batch_size, strategy, merged, seed, request, note)
 
 
 def check_ids(ids: np.ndarray, size: int) -> None:
@@ -82,83 +106,12 @@ def outcome_payload(spec: DatasetSpec, step: int, results: Sequence[Any]) -> tup
     the digest of the request body (dataset, step and results exactly as sent: rewards, or successes
     and trials) that a request id is bound to.
 
-    A result is any object with the attributes `prompt_id`, `rewards`, `successes`, `trials` (the API's
-    validated models; reading attributes avoids re-serializing thousands of rewards per request).
+    `results` are the fast twin's PackedResults (schemas.decode_observe), or objects with the attributes
+    `prompt_id`, `rewards`, `successes`, `trials` (the contract's validated models), packed the same way
+    first: every body is checked by the one set of array checks below, so both parsers' bodies are
+    refused in the same words.
     """
-    if isinstance(results, PackedResults):
-        return _packed_payload(spec, step, results)
-    n = len(results)
-    if n == 0:
-        raise InvalidRequest("results is empty: send at least one result")
-    ids = np.empty(n, dtype=np.int64)
-    succ = np.empty(n, dtype=np.float64)
-    trials = np.empty(n, dtype=np.float64)
-    states = np.empty(n, dtype=np.int8)
-    reward_rows: list[int] = []
-    flat: list[float] = []
-    offsets = [0]
-    count_rows: list[int] = []
-    for i, r in enumerate(results):
-        pid = r.prompt_id
-        if not 0 <= pid < spec.size:
-            raise InvalidRequest(
-                f"results[{i}].prompt_id {pid} is out of range: ids must be in 0..{spec.size - 1}"
-            )
-        ids[i] = pid
-        rewards = r.rewards
-        if rewards is not None:
-            if r.successes is not None or r.trials is not None:
-                raise InvalidRequest(f"results[{i}]: send either rewards or successes + trials, not both")
-            if len(rewards) == 0:
-                raise InvalidRequest(f"results[{i}].rewards is empty: send one reward per rollout")
-            reward_rows.append(i)
-            flat.extend(rewards)
-            offsets.append(len(flat))
-            continue
-        s, t = r.successes, r.trials
-        if s is None or t is None:
-            raise InvalidRequest(f"results[{i}]: send rewards, or both successes and trials")
-        if not (math.isfinite(s) and math.isfinite(t)):
-            raise InvalidRequest(f"results[{i}]: successes and trials must be finite")
-        if t < 1 or t != int(t):
-            raise InvalidRequest(f"results[{i}].trials is {t}: it must be a whole number >= 1")
-        if s < 0:
-            raise InvalidRequest(f"results[{i}].successes is {s}: it must be >= 0")
-        if s > t:
-            raise InvalidRequest(f"results[{i}]: successes ({s}) > trials ({t})")
-        if spec.reward_mode == "binary" and s != int(s):
-            raise InvalidRequest(
-                f"results[{i}].successes is {s}: a binary-mode dataset counts whole successes "
-                "(create the dataset with reward_mode 'fractional' for fractional rewards)"
-            )
-        succ[i], trials[i] = s, t
-        count_rows.append(i)
-    values = np.asarray(flat, dtype=np.float64)
-    if not np.isfinite(values).all():
-        bad = int(np.flatnonzero(~np.isfinite(values))[0])
-        row = reward_rows[int(np.searchsorted(offsets, bad, side="right")) - 1]
-        raise InvalidRequest(f"results[{row}].rewards contains {values[bad]}: rewards must be finite numbers")
-    if reward_rows:
-        rows = np.asarray(reward_rows, dtype=np.int64)
-        rs, rt, rst = outcomes_from_flat(
-            values,
-            np.asarray(offsets, dtype=np.int64),
-            spec.reward_mode,
-            spec.success_threshold,
-        )
-        succ[rows], trials[rows], states[rows] = rs, rt, rst
-    if count_rows:
-        rows = np.asarray(count_rows, dtype=np.int64)
-        states[rows] = outcomes_from_counts(succ[rows], trials[rows])
-    return pack_results(ids, succ, trials, states), _body_digest(
-        spec.name, step, ids, values, offsets, reward_rows, succ, trials, count_rows
-    )
-
-
-def _packed_payload(spec: DatasetSpec, step: int, pr: PackedResults) -> tuple[bytes, str]:
-    """outcome_payload of results decoded as arrays (schemas.PackedResults): the same checks in the
-    same order (the first row with a problem is named, with the first problem of that row, in the words
-    of the loop above), the same payload and the same digest, in a few array passes."""
+    pr = results if isinstance(results, PackedResults) else PackedResults.of(results)
     n = len(pr)
     if n == 0:
         raise InvalidRequest("results is empty: send at least one result")
@@ -166,6 +119,8 @@ def _packed_payload(spec: DatasetSpec, step: int, pr: PackedResults) -> tuple[by
     lengths = np.diff(pr.offsets)
     has_s, has_t = ~np.isnan(s), ~np.isnan(t)
     counts = ~has_r
+    # The checks, in the order a row's problems are named: the first row with a problem is refused, with
+    # the first problem of that row.
     with np.errstate(invalid="ignore"):
         s_, t_ = np.nan_to_num(s), np.nan_to_num(t, nan=1.0)
         checks = (
@@ -229,11 +184,11 @@ def _body_digest(
     step: int,
     ids: np.ndarray,
     values: np.ndarray,
-    offsets: np.ndarray | list[int],
-    reward_rows: np.ndarray | list[int],
+    offsets: np.ndarray,
+    reward_rows: np.ndarray,
     succ: np.ndarray,
     trials: np.ndarray,
-    count_rows: np.ndarray | list[int],
+    count_rows: np.ndarray,
 ) -> str:
     """blake2b of an observe body in a canonical binary form: each part length-prefixed, numbers as
     little-endian int64/float64 (so 1 and 1.0 are the same reward, as they are the same number in JSON)."""

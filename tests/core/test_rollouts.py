@@ -15,6 +15,7 @@ from selector_service.core.domain import K_MAX
 from selector_service.core.rng import stream
 from selector_service.core.rollouts import (
     ROLLOUT_POLICIES,
+    ROLLOUT_POLICY_HELP,
     TABLE_MAX,
     RolloutError,
     allocate_gains,
@@ -286,6 +287,10 @@ def test_what_the_policies_do_with_easy_hard_and_unknown_prompts():
 def test_check_request_names_the_fix(args, message):
     with pytest.raises(RolloutError, match=message.replace("(", r"\(").replace(")", r"\)")):
         check_rollouts(*args)
+
+
+def test_every_policy_of_the_contract_is_described_in_its_order():
+    assert tuple(ROLLOUT_POLICY_HELP) == ROLLOUT_POLICIES
 
 
 def test_check_request_fills_the_k_limit_and_lets_uniform_skip_the_table():

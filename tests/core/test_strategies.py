@@ -23,7 +23,7 @@ from selector_service.core.coldstart import apply_metadata, beta_for
 from selector_service.core.rng import stream
 from selector_service.core.scores import thompson_scores
 from selector_service.core.select import mopps_threshold_select
-from selector_service.core.strategies import check_dataset_params, dataset_rules
+from selector_service.core.strategies import dataset_rules, resolve_params
 
 ALL = sorted(STRATEGIES)
 SCORED = [s for s in ALL if STRATEGIES[s].scored]
@@ -97,12 +97,12 @@ def test_dataset_level_params_come_from_the_dataset_defaults():
         "adarft_alpha": 2.0,
         "adarft_beta": 0.5,
     }
-    check_dataset_params("sec", {"lr": 0.4, "tau": 0.1}, defaults)  # the dataset's lr; tau is per call
-    check_dataset_params("adarft", {"alpha": 2}, defaults)
+    resolve_params("sec", {"lr": 0.4, "tau": 0.1}, defaults)  # the dataset's lr; tau is per call
+    resolve_params("adarft", {"alpha": 2}, defaults)
     with pytest.raises(ParamError, match=r"lr = 0.5 differs from the dataset's 0.4.*defaults"):
-        check_dataset_params("sec", {"lr": 0.5}, defaults)
+        resolve_params("sec", {"lr": 0.5}, defaults)
     with pytest.raises(ParamError, match="eta = 50 differs from the dataset's 30"):
-        check_dataset_params("adarft", {"eta": 50}, defaults)
+        resolve_params("adarft", {"eta": 50}, defaults)
     with pytest.raises(ParamError, match="lr must lie in"):
         dataset_rules({"sec": {"lr": 0}})
 

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import redis.asyncio as aioredis
 
-from selector_service.core.rollouts import RolloutRequest
+from selector_service.contract.schemas import RolloutBudget
 from selector_service.dataset.state import DatasetSpec, DatasetState
 from selector_service.errors import Conflict, InvalidRequest
 from selector_service.replication import engine as engine_mod
@@ -81,7 +81,7 @@ async def answer(eng: Engine, name: str, step: int) -> tuple:
         strategy="insight",
         params={},
         seed=5,
-        rollouts=RolloutRequest(budget=40, min_rollouts=2, max_rollouts=8, policy="posterior"),
+        rollouts=RolloutBudget(budget=40, min=2, max=8, policy="posterior"),
     )
     hist = await eng.history(name, 0, 100)
     return ids.tolist(), scores.tolist() if scores is not None else None, at, counts.tolist(), hist

@@ -34,6 +34,7 @@ from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, NamedTuple
 
+from rlvr_selector_client import contract
 from rlvr_selector_client.client import NotFound, Result, RolloutBudget, Selection, SelectorClient, first_step
 from rlvr_selector_client.contract import DEFAULTS as DATASET_DEFAULTS
 
@@ -104,7 +105,7 @@ class SelectorOptions:
     rollout_budget: int | None = None
     rollout_min: int = 1
     rollout_max: int | None = None
-    rollout_policy: str = "posterior"
+    rollout_policy: str = contract.DEFAULT_ROLLOUT_POLICY
 
     def __post_init__(self) -> None:
         if not self.dataset:
@@ -117,9 +118,10 @@ class SelectorOptions:
             self.rollout_budget = int(self.rollout_budget)
             self.rollout_min = int(self.rollout_min)
             self.rollout_max = None if self.rollout_max is None else int(self.rollout_max)
-            if self.rollout_budget < 1 or self.rollout_min < 1:
+            broken = contract.rollout_problems(self.rollout_budget, self.rollout_min, self.rollout_max)
+            if self.rollout_budget < 1 or "min" in broken:
                 raise ValueError("rollout_budget and rollout_min must be positive integers")
-            if self.rollout_max is not None and self.rollout_max < self.rollout_min:
+            if "order" in broken:
                 raise ValueError(f"rollout_max={self.rollout_max} is below rollout_min={self.rollout_min}")
 
     def rollouts(self) -> RolloutBudget | None:

@@ -28,6 +28,11 @@ from rlvr_selector_client.contract import DEFAULTS as DATASET_DEFAULTS
 from trainer_client.config import GRPOConfig, TrainConfig, default_of
 
 EXIT_OK, EXIT_CONFIG, EXIT_SERVICE, EXIT_MODEL, EXIT_INTERRUPTED = 0, 2, 3, 4, 130
+
+#: The prior strength the trainer gives a dataset whose prompts carry reference pass rates: such rates
+#: are usually measured from 8-64 samples, and 16 measured +0.4 points held-out where the service's
+#: default of 2 lost 1.8 (bench/learning.py --regime reference, docs/strategies.md).
+REFERENCE_PRIOR_STRENGTH = 16.0
 DEFAULT_URL = "http://127.0.0.1:8000"
 
 
@@ -142,6 +147,15 @@ def _parser() -> argparse.ArgumentParser:
         flag = "--" + setting.replace("_", "-")
         data.add_argument(flag, type=float, default=DATASET_DEFAULTS[setting], help=help_)
     data.add_argument(
+        "--prior-strength",
+        type=float,
+        default=None,
+        help="weight, in rollouts, of a prompt's uploaded pass rate in its cold prior (dataset spec, "
+        f"docs/methods.md §6); default: {REFERENCE_PRIOR_STRENGTH:g} when the task's records carry pass "
+        f"rates (as many samples as a reference rate is usually measured from), else the service's "
+        f"{DATASET_DEFAULTS['prior_strength']:g}",
+    )
+    data.add_argument(
         "--no-metadata",
         action="store_true",
         help="do not upload the task's prompt groups (tiers) and pass rates (JSONL fields) to the service",
@@ -249,20 +263,39 @@ def _check_strategy(client: SelectorClient, strategy: str, params: dict[str, Any
         )
 
 
-def _ensure_dataset(client: SelectorClient, args: argparse.Namespace, size: int) -> DatasetInfo:
+def prior_strength(args: argparse.Namespace, task: Any) -> float | None:
+    """The dataset's prior_strength: the option's, else REFERENCE_PRIOR_STRENGTH when pass rates will be
+    uploaded, else None (the service's default). At the service's default of 2, a prompt a reference
+    model never solved gets a prior mean of 0.25, where INSIGHT's weight is high, and INSIGHT picks the
+    hopeless prompts (docs/strategies.md, "A reference pass rate per prompt")."""
+    if args.prior_strength is not None:
+        return float(args.prior_strength)
+    if args.no_metadata:
+        return None
+    from trainer_client.metadata import task_metadata
+
+    try:
+        has_rates = task_metadata(task).pass_rate is not None
+    except ValueError:
+        return None  # the upload names the bad record
+    return REFERENCE_PRIOR_STRENGTH if has_rates else None
+
+
+def _ensure_dataset(client: SelectorClient, args: argparse.Namespace, task: Any) -> DatasetInfo:
     try:
         client.create_dataset(
             args.dataset,
-            size,
+            len(task.problems),
             rollouts_per_prompt=args.rollouts,
             success_threshold=args.success_threshold,
             beta_decay=args.beta_decay,
             hmm_decay=args.hmm_decay,
+            prior_strength=prior_strength(args, task),
         )
     except Conflict as exc:
         raise _CliError(
             f"dataset {args.dataset!r} already exists in the service with a different spec ({exc.detail}); "
-            "choose another --dataset name, or match its --num-prompts/--rollouts/decays",
+            "choose another --dataset name, or match its --num-prompts/--rollouts/decays/--prior-strength",
             EXIT_SERVICE,
         ) from None
     return client.get_dataset(args.dataset)
@@ -318,7 +351,7 @@ def _train(args: argparse.Namespace) -> int:
             raise _CliError(str(exc), EXIT_CONFIG) from None
         if config.strategy not in TRAINER_STRATEGIES:
             _check_strategy(client, config.strategy, config.strategy_params)
-        info = _ensure_dataset(client, args, len(task.problems))
+        info = _ensure_dataset(client, args, task)
         if not args.no_metadata:
             _upload_metadata(client, info.name, task)
         if config.strategy not in TRAINER_STRATEGIES:

@@ -77,3 +77,26 @@ def test_reasoning_gym_levels_are_the_groups():
     task = load_task("rg:chain_sum:0-2", num_prompts=9, seed=0)
     assert task_metadata(task).group == [p.group for p in task.problems]
     assert set(task_metadata(task).group) == {0, 1, 2}
+
+
+@pytest.mark.parametrize(
+    ("records", "option", "no_metadata", "expected"),
+    [
+        ([{"pass_rate": 0.25}, {}], None, False, 16.0),  # reference rates: weighed as 16 samples
+        ([{"group": 1}, {}], None, False, None),  # groups only: the service's default
+        ([{"pass_rate": 0.25}, {}], 4.0, False, 4.0),  # the option wins
+        ([{"pass_rate": 0.25}, {}], None, True, None),  # nothing uploaded: the service's default
+        ([{"pass_rate": 7}, {}], None, False, None),  # a bad rate: the upload names it, not this
+    ],
+)
+def test_the_trainer_weighs_uploaded_pass_rates_as_a_reference_measurement(
+    tmp_path, records, option, no_metadata, expected
+):
+    from types import SimpleNamespace
+
+    from trainer_client.cli import REFERENCE_PRIOR_STRENGTH, prior_strength
+
+    assert REFERENCE_PRIOR_STRENGTH == 16.0
+    task = load_task("jsonl", num_prompts=2, seed=0, data=_jsonl(tmp_path, records))
+    args = SimpleNamespace(prior_strength=option, no_metadata=no_metadata)
+    assert prior_strength(args, task) == expected

@@ -74,6 +74,7 @@ __all__ = [
     "Param",
     "ParamError",
     "StrategySpec",
+    "batch_size_problem",
     "dataset_rules",
     "resolve_params",
     "score",
@@ -593,6 +594,18 @@ def resolve_params(
     return merged
 
 
+def batch_size_problem(batch_size: Any, n: int, dataset: str | None = None) -> str | None:
+    """What is wrong with `batch_size` for a dataset of `n` prompts (an integer in [1, n]), or None: the
+    one rule, for `select` and for the service's plan of a select (which names the `dataset`)."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int | np.integer) or batch_size < 1:
+        return f"batch_size must be an integer in [1, {n}] (the dataset size), got {batch_size!r}"
+    if batch_size > n:
+        if dataset is not None:
+            return f"batch_size {batch_size} is larger than dataset {dataset!r} ({n} prompts)"
+        return f"batch_size must be an integer in [1, {n}] (the dataset size), got {batch_size!r}"
+    return None
+
+
 def select(
     ba: BeliefArrays,
     *,
@@ -615,12 +628,9 @@ def select(
     spec = _spec(strategy)
     params = validate_params(strategy, params)
     n = ba.n
-    if (
-        isinstance(batch_size, bool)
-        or not isinstance(batch_size, int | np.integer)
-        or not 1 <= batch_size <= n
-    ):
-        raise ParamError(f"batch_size must be an integer in [1, {n}] (the dataset size), got {batch_size!r}")
+    problem = batch_size_problem(batch_size, n)
+    if problem is not None:
+        raise ParamError(problem)
     batch_size = int(batch_size)
     ctx = Context(step, seed, key, dataset_k)
     if spec.walk is not None:

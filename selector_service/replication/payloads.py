@@ -73,10 +73,9 @@ def plan_select(
     """The select of the request's fields against `spec`, every check that the spec decides done
     (InvalidRequest naming the fix): the batch size against the dataset's size first (a budget's bounds
     follow from it), then the rollout budget, then the parameters."""
-    if batch_size > spec.size:
-        raise InvalidRequest(
-            f"batch_size {batch_size} is larger than dataset {spec.name!r} ({spec.size} prompts)"
-        )
+    problem = strategies.batch_size_problem(batch_size, spec.size, spec.name)
+    if problem is not None:
+        raise InvalidRequest(problem)
     request = None
     if rollouts is not None:
         try:

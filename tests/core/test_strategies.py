@@ -303,3 +303,22 @@ def test_select_does_not_modify_beliefs(beliefs):
     after = beliefs.arrays()
     for name, arr in before.arrays().items():
         np.testing.assert_array_equal(after[name], arr, err_msg=name)
+
+
+@pytest.mark.parametrize(
+    ("batch_size", "dataset", "problem"),
+    [
+        (1, None, None),
+        (5, "d", None),
+        (np.int64(5), None, None),
+        (0, None, "batch_size must be an integer in [1, 5] (the dataset size), got 0"),
+        (True, None, "batch_size must be an integer in [1, 5] (the dataset size), got True"),
+        (2.0, None, "batch_size must be an integer in [1, 5] (the dataset size), got 2.0"),
+        (6, None, "batch_size must be an integer in [1, 5] (the dataset size), got 6"),
+        (6, "d", "batch_size 6 is larger than dataset 'd' (5 prompts)"),
+    ],
+)
+def test_the_batch_size_rule_is_one_function_for_the_core_and_the_service(batch_size, dataset, problem):
+    from selector_service.core.strategies import batch_size_problem
+
+    assert batch_size_problem(batch_size, 5, dataset) == problem

@@ -78,7 +78,16 @@ NAME_RE = re.compile(dataset_settings.NAME)
 LAYOUT = "v1"
 
 # Every script names its KEYS and ARGV in locals at its top, one per line (as arq's scripts do), and its
-# body uses only those names.
+# body uses only those names. A script that appends a record writes its kind as ``<<NAME>>``.
+
+
+def _kinds(script: str) -> str:
+    """`script` with each ``<<NAME>>`` replaced by RecordKind.NAME's letter, so the log's record kinds are
+    spelled once (state.RecordKind) for the scripts that append records and the state that applies them."""
+    for kind in RecordKind:
+        script = script.replace(f"<<{kind.name}>>", kind.value)
+    assert "<<" not in script, "a script names a record kind RecordKind lacks"
+    return script
 
 
 # Appends an observe record atomically with its request id. Returns {status, log id or "", open step,
@@ -93,15 +102,6 @@ LAYOUT = "v1"
 # With a selected step e (<= s), a step closed more than max lag ago is filed at the open step (the record's
 # step is c, its field 'e' names e) instead of refused; the lag then counts from e (c - e), here and when
 # the record is applied (DatasetState.apply_record). Without it nothing changes.
-def _kinds(script: str) -> str:
-    """`script` with each ``<<NAME>>`` replaced by RecordKind.NAME's letter, so the log's record kinds are
-    spelled once (state.RecordKind) for the scripts that append records and the state that applies them."""
-    for kind in RecordKind:
-        script = script.replace(f"<<{kind.name}>>", kind.value)
-    assert "<<" not in script, "a script names a record kind RecordKind lacks"
-    return script
-
-
 _OBSERVE = """
 local meta_key = KEYS[1]
 local log_key = KEYS[2]

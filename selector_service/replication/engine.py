@@ -287,10 +287,11 @@ class Engine:
 
         The order is: catch up with the log, apply the select's own record (the close of every step
         below the plan's step, or a note at the open step) to the state IN MEMORY, choose the batch
-        (`_run_plan`), and only then commit that record to the store with a conditional script (`Store.commit_close`: only
-        if the log still ends at the record this state applied, with the same uid and open step). So the
-        store never holds the close of a select that did not answer, and the answer is computed from
-        exactly the state every replica reaches by applying the committed log. On any failure after the
+        (`_run_plan`), and only then commit that record to the store with a conditional script
+        (`Store.commit_close`: only if the log still ends at the record this state applied, with the
+        same uid and open step). So the store never holds the close of a select that did not answer,
+        and the answer is computed from exactly the state every replica reaches by applying the
+        committed log. On any failure after the
         in-memory close, or when the log moved meanwhile, this process's state is discarded: the next
         catch-up rebuilds it from the store (snapshot + log), so memory never runs ahead of the log; a
         moved log is retried (CLOSE_ATTEMPTS). While the close is in flight the dataset's closing

@@ -21,11 +21,14 @@ import types
 import warnings
 from dataclasses import MISSING, fields
 from pathlib import Path
-from typing import Any, Union, get_args, get_origin, get_type_hints
+from typing import TYPE_CHECKING, Any, Union, get_args, get_origin, get_type_hints
 
 from rlvr_selector_client.client import Conflict, DatasetInfo, NotFound, SelectorClient, SelectorError
 from rlvr_selector_client.contract import DEFAULTS as DATASET_DEFAULTS
 from trainer_client.config import GRPOConfig, TrainConfig, default_of
+
+if TYPE_CHECKING:
+    from trainer_client.metadata import TaskMetadata
 
 EXIT_OK, EXIT_CONFIG, EXIT_SERVICE, EXIT_MODEL, EXIT_INTERRUPTED = 0, 2, 3, 4, 130
 
@@ -263,34 +266,43 @@ def _check_strategy(client: SelectorClient, strategy: str, params: dict[str, Any
         )
 
 
-def prior_strength(args: argparse.Namespace, task: Any) -> float | None:
-    """The dataset's prior_strength: the option's, else REFERENCE_PRIOR_STRENGTH when pass rates will be
-    uploaded, else None (the service's default). At the service's default of 2, a prompt a reference
-    model never solved gets a prior mean of 0.25, where INSIGHT's weight is high, and INSIGHT picks the
-    hopeless prompts (docs/strategies.md, "A reference pass rate per prompt")."""
-    if args.prior_strength is not None:
-        return float(args.prior_strength)
+def _task_metadata(args: argparse.Namespace, task: Any) -> TaskMetadata | None:
+    """What the task knows about its prompts (groups, pass rates), read once; None with --no-metadata.
+    A bad record refuses the run before the dataset is created."""
     if args.no_metadata:
         return None
     from trainer_client.metadata import task_metadata
 
     try:
-        has_rates = task_metadata(task).pass_rate is not None
-    except ValueError:
-        return None  # the upload names the bad record
-    return REFERENCE_PRIOR_STRENGTH if has_rates else None
+        return task_metadata(task)
+    except ValueError as exc:
+        raise _CliError(str(exc), EXIT_CONFIG) from None
 
 
-def _ensure_dataset(client: SelectorClient, args: argparse.Namespace, task: Any) -> DatasetInfo:
+def prior_strength(option: float | None, metadata: TaskMetadata | None) -> float | None:
+    """The dataset's prior_strength: the option's, else REFERENCE_PRIOR_STRENGTH when pass rates will be
+    uploaded, else None (the service's default). At the service's default of 2, a prompt a reference
+    model never solved gets a prior mean of 0.25, where INSIGHT's weight is high, and INSIGHT picks the
+    hopeless prompts (docs/strategies.md, "A reference pass rate per prompt")."""
+    if option is not None:
+        return float(option)
+    if metadata is not None and metadata.pass_rate is not None:
+        return REFERENCE_PRIOR_STRENGTH
+    return None
+
+
+def _ensure_dataset(
+    client: SelectorClient, args: argparse.Namespace, size: int, metadata: TaskMetadata | None
+) -> DatasetInfo:
     try:
         client.create_dataset(
             args.dataset,
-            len(task.problems),
+            size,
             rollouts_per_prompt=args.rollouts,
             success_threshold=args.success_threshold,
             beta_decay=args.beta_decay,
             hmm_decay=args.hmm_decay,
-            prior_strength=prior_strength(args, task),
+            prior_strength=prior_strength(args.prior_strength, metadata),
         )
     except Conflict as exc:
         raise _CliError(
@@ -301,12 +313,12 @@ def _ensure_dataset(client: SelectorClient, args: argparse.Namespace, task: Any)
     return client.get_dataset(args.dataset)
 
 
-def _upload_metadata(client: SelectorClient, dataset: str, task: Any) -> None:
+def _upload_metadata(client: SelectorClient, dataset: str, metadata: TaskMetadata) -> None:
     """What the task knows about its prompts (groups, pass rates) seeds the service's cold start."""
     from trainer_client.metadata import upload_task_metadata
 
     try:
-        ack = upload_task_metadata(client, dataset, task)
+        ack = upload_task_metadata(client, dataset, metadata)
     except ValueError as exc:
         raise _CliError(str(exc), EXIT_CONFIG) from None
     if ack is not None:
@@ -351,9 +363,10 @@ def _train(args: argparse.Namespace) -> int:
             raise _CliError(str(exc), EXIT_CONFIG) from None
         if config.strategy not in TRAINER_STRATEGIES:
             _check_strategy(client, config.strategy, config.strategy_params)
-        info = _ensure_dataset(client, args, task)
-        if not args.no_metadata:
-            _upload_metadata(client, info.name, task)
+        metadata = _task_metadata(args, task)
+        info = _ensure_dataset(client, args, len(task.problems), metadata)
+        if metadata is not None:
+            _upload_metadata(client, info.name, metadata)
         if config.strategy not in TRAINER_STRATEGIES:
             # The first step's own request (selection is deterministic, so repeating it later is
             # harmless): a bad strategy name or parameter fails here with the service's message.

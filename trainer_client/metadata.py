@@ -9,7 +9,7 @@
 - a pass rate: a ``pass_rate`` field of the record (``--task jsonl``), a reference model's measured
   success rate in [0, 1]; ``null`` or absent = unknown.
 
-`upload_task_metadata(client, dataset, task)` uploads them with `SelectorClient.upload_metadata` when
+`upload_task_metadata(client, dataset, task_metadata(task))` uploads them with `SelectorClient.upload_metadata` when
 the task has any. A bad value raises ValueError naming the prompt (and for JSONL the file and line).
 """
 
@@ -96,9 +96,8 @@ def task_metadata(task: Any) -> TaskMetadata:
     )
 
 
-def upload_task_metadata(client: SelectorClient, dataset: str, task: Any) -> MetadataAck | None:
-    """Uploads the task's pass rates and groups to `dataset`; None when the task has neither."""
-    metadata = task_metadata(task)
+def upload_task_metadata(client: SelectorClient, dataset: str, metadata: TaskMetadata) -> MetadataAck | None:
+    """Uploads a task's pass rates and groups (`task_metadata`) to `dataset`; None when it has neither."""
     if metadata.empty:
         return None
     return client.upload_metadata(dataset, pass_rate=metadata.pass_rate, group=metadata.group)

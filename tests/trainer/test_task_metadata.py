@@ -80,23 +80,19 @@ def test_reasoning_gym_levels_are_the_groups():
 
 
 @pytest.mark.parametrize(
-    ("records", "option", "no_metadata", "expected"),
+    ("records", "option", "uploaded", "expected"),
     [
-        ([{"pass_rate": 0.25}, {}], None, False, 16.0),  # reference rates: weighed as 16 samples
-        ([{"group": 1}, {}], None, False, None),  # groups only: the service's default
-        ([{"pass_rate": 0.25}, {}], 4.0, False, 4.0),  # the option wins
-        ([{"pass_rate": 0.25}, {}], None, True, None),  # nothing uploaded: the service's default
-        ([{"pass_rate": 7}, {}], None, False, None),  # a bad rate: the upload names it, not this
+        ([{"pass_rate": 0.25}, {}], None, True, 16.0),  # reference rates: weighed as 16 samples
+        ([{"group": 1}, {}], None, True, None),  # groups only: the service's default
+        ([{"pass_rate": 0.25}, {}], 4.0, True, 4.0),  # the option wins
+        ([{"pass_rate": 0.25}, {}], None, False, None),  # nothing uploaded (--no-metadata): the default
     ],
 )
 def test_the_trainer_weighs_uploaded_pass_rates_as_a_reference_measurement(
-    tmp_path, records, option, no_metadata, expected
+    tmp_path, records, option, uploaded, expected
 ):
-    from types import SimpleNamespace
-
     from trainer_client.cli import REFERENCE_PRIOR_STRENGTH, prior_strength
 
     assert REFERENCE_PRIOR_STRENGTH == 16.0
     task = load_task("jsonl", num_prompts=2, seed=0, data=_jsonl(tmp_path, records))
-    args = SimpleNamespace(prior_strength=option, no_metadata=no_metadata)
-    assert prior_strength(args, task) == expected
+    assert prior_strength(option, task_metadata(task) if uploaded else None) == expected

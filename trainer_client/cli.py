@@ -181,6 +181,7 @@ def _parser() -> argparse.ArgumentParser:
 
     update = train.add_argument_group("GRPO update")
     _option(update, GRPOConfig, "lr")
+    _option(update, GRPOConfig, "warmup_steps")
     _option(update, GRPOConfig, "weight_decay")
     # A lone --clip-eps sets both sides; --clip-eps-high alone is DAPO's clip-higher (see _build_configs).
     low, high = default_of(GRPOConfig, "clip_eps_low"), default_of(GRPOConfig, "clip_eps_high")

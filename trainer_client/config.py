@@ -98,6 +98,13 @@ class GRPOConfig:
     """
 
     lr: float = field(default=1e-5, metadata={"help": "AdamW learning rate"})
+    warmup_steps: int = field(
+        default=0,
+        metadata={
+            "help": "raise the learning rate linearly from lr/N to lr over the first N optimizer steps "
+            "(0: the full rate from the first step, where Adam's first steps are its largest)"
+        },
+    )
     clip_eps_low: float = field(
         default=0.2, metadata={"help": "lower clip of the ratio (1 - eps)", "flag": "--clip-eps"}
     )
@@ -189,6 +196,8 @@ class GRPOConfig:
         problems = []
         if not (self.lr > 0 and math.isfinite(self.lr)):
             problems.append(f"{name('lr')} must be a positive number (got {self.lr})")
+        if self.warmup_steps < 0:
+            problems.append(f"{name('warmup_steps')} must be >= 0 (got {self.warmup_steps})")
         if not (0 < self.clip_eps_low < 1):
             problems.append(f"{name('clip_eps_low')} must be in (0, 1) (got {self.clip_eps_low})")
         if not (self.clip_eps_high > 0):

@@ -482,6 +482,12 @@ class GRPOLearner:
         self.optimizer = torch.optim.AdamW(
             [p for p in model.parameters() if p.requires_grad], lr=config.lr, weight_decay=config.weight_decay
         )
+        warmup = config.warmup_steps
+        self.scheduler = (
+            torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda done: min(1.0, (done + 1) / warmup))
+            if warmup > 0
+            else None
+        )
         self.reference = None
         if config.kl_coef > 0:
             self.reference = copy.deepcopy(model).eval()
@@ -652,6 +658,8 @@ class GRPOLearner:
                 norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
                 grad_norms.append(float(norm))
                 self.optimizer.step()
+                if self.scheduler is not None:
+                    self.scheduler.step()
                 steps += 1
         self.optimizer.zero_grad(set_to_none=True)
         self.model.eval()

@@ -31,6 +31,8 @@ class Regime:
     rollouts: int = 8
     steps: int = 300
     lr: float = 1e-4
+    #: Optimizer steps over which the learning rate rises linearly to ``lr`` (0: none).
+    warmup_steps: int = 0
     loss_norm: str = "token"
     scale_by_std: bool = True
     temperature: float = 1.0

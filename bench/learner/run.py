@@ -225,6 +225,7 @@ def run_one(
         ds_max_rounds=regime.ds_max_rounds,
         grpo=GRPOConfig(
             lr=regime.lr,
+            warmup_steps=regime.warmup_steps,
             loss_norm=regime.loss_norm,
             scale_by_std=regime.scale_by_std,
             temperature=regime.temperature,

@@ -293,6 +293,22 @@ def test_groups_without_reward_spread_do_not_update() -> None:
     assert all(torch.equal(a, b) for a, b in zip(before, _params(model), strict=True))
 
 
+def test_warmup_raises_the_rate_per_optimizer_step() -> None:
+    """The rate climbs lr/N, 2 lr/N, ..., lr over the first N optimizer steps and stays there; a batch
+    without signal takes no step and does not advance it."""
+    signal = build_samples([(1, 2)], [[(3, 4), (5,)]], [[1.0, 0.0]])
+    tied = build_samples([(1, 2)], [[(7, 8), (9, 10)]], [[0.0, 0.0]])
+    learner = GRPOLearner(tiny_model(), GRPOConfig(lr=0.3, warmup_steps=3))
+    rates = [learner.optimizer.param_groups[0]["lr"]]
+    for batch in (signal, tied, signal, signal, signal):
+        learner.update(batch)
+        rates.append(learner.optimizer.param_groups[0]["lr"])
+    assert rates == pytest.approx([0.1, 0.2, 0.2, 0.3, 0.3, 0.3])
+    plain = GRPOLearner(tiny_model(), GRPOConfig(lr=0.3))
+    plain.update(signal)
+    assert plain.scheduler is None and plain.optimizer.param_groups[0]["lr"] == 0.3
+
+
 def test_zero_advantage_tokens_count_in_the_denominator() -> None:
     """A batch diluted with tied groups takes a proportionally smaller step (token-level mean)."""
     informative = build_samples([(1, 2)], [[(3, 4), (5,)]], [[1.0, 0.0]])  # 3 tokens
@@ -335,6 +351,8 @@ def test_config_validation_names_the_flag() -> None:
         GRPOConfig(clip_eps_low=1.5).validate()
     with pytest.raises(ValueError, match="--precision"):
         GRPOConfig(precision="fp8").validate()
+    with pytest.raises(ValueError, match="--warmup-steps"):
+        GRPOConfig(warmup_steps=-1)
 
 
 def test_bf16_autocast_gradient_stays_close_to_fp32() -> None:

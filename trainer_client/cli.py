@@ -19,7 +19,7 @@ import random
 import sys
 import types
 import warnings
-from dataclasses import MISSING, fields
+from dataclasses import MISSING, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Union, get_args, get_origin, get_type_hints
 
@@ -154,9 +154,17 @@ def _parser() -> argparse.ArgumentParser:
         type=float,
         default=None,
         help="weight, in rollouts, of a prompt's uploaded pass rate in its cold prior (dataset spec, "
-        f"docs/methods.md §6); default: {REFERENCE_PRIOR_STRENGTH:g} when the task's records carry pass "
-        f"rates (as many samples as a reference rate is usually measured from), else the service's "
+        f"docs/methods.md §6); default: {REFERENCE_PRIOR_STRENGTH:g} when pass rates are uploaded (records' "
+        f"pass_rate fields or --pass-rates; as many samples as a reference rate is usually measured from), "
+        f"else the service's "
         f"{DATASET_DEFAULTS['prior_strength']:g}",
+    )
+    data.add_argument(
+        "--pass-rates",
+        metavar="FILE",
+        help="each prompt's reference pass rate from a JSON array, one number in [0, 1] or null per prompt "
+        "id in the task's order (a dataset's difficulty annotation, or a reference pass over a built-in "
+        "task); replaces the records' pass_rate fields",
     )
     data.add_argument(
         "--no-metadata",
@@ -271,13 +279,20 @@ def _task_metadata(args: argparse.Namespace, task: Any) -> TaskMetadata | None:
     """What the task knows about its prompts (groups, pass rates), read once; None with --no-metadata.
     A bad record refuses the run before the dataset is created."""
     if args.no_metadata:
+        if args.pass_rates:
+            raise _CliError(
+                "--pass-rates uploads metadata, which --no-metadata turns off: pass one", EXIT_CONFIG
+            )
         return None
-    from trainer_client.metadata import task_metadata
+    from trainer_client.metadata import read_pass_rates, task_metadata
 
     try:
-        return task_metadata(task)
+        metadata = task_metadata(task)
+        if args.pass_rates:
+            metadata = replace(metadata, pass_rate=read_pass_rates(args.pass_rates, len(task.problems)))
     except ValueError as exc:
         raise _CliError(str(exc), EXIT_CONFIG) from None
+    return metadata
 
 
 def prior_strength(option: float | None, metadata: TaskMetadata | None) -> float | None:

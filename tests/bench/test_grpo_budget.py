@@ -3,6 +3,7 @@ equal rollouts per step, and the paired differences are computed per seed."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -68,3 +69,66 @@ def test_group_stats_count_mixed_groups_per_rollout() -> None:
         "group_size_min": 2,
         "group_size_max": 16,
     }
+
+
+def test_every_arm_uploads_its_seeds_reference_rates(tmp_path) -> None:
+    args = gb.parse_args(["--out", str(tmp_path)])
+    assert args.reference_samples == 16  # the best regime's annotation
+    for arm in gb.ARMS:
+        for seed in (0, 2):
+            parsed = cli._parser().parse_args(gb.arm_command(args, "u", arm, seed, Path("m"))[3:])
+            assert parsed.pass_rates == str(tmp_path / f"pass-rates-seed{seed}.json")
+    off = gb.parse_args(["--reference-samples", "0"])
+    assert cli._parser().parse_args(gb.arm_command(off, "u", "insight", 0, Path("m"))[3:]).pass_rates is None
+
+
+def test_the_reference_pass_counts_each_prompts_solved_samples_with_the_trainers_verifier(
+    tmp_path, monkeypatch
+) -> None:
+    """The reference pass samples every prompt of each seed's pool (the pool the trainer builds for that
+    seed) through the trainer's own prompt rendering, and counts a sample as solved by the task's verifier.
+    Generation is faked at the engine (a tiny model solves nothing): prompt i of the pool gets i % 4 correct
+    answers out of 3 samples, capped at 3; the model and tokenizer are a real tiny checkpoint."""
+    transformers = pytest.importorskip("transformers")
+    from tests.integrations.frameworks.common import SYMBOLS, tokenizer
+    from tests.utils import tiny_llama_config
+    from trainer_client.model import render_prompt
+    from trainer_client.rollout import Completion, HFRollout, PromptRollouts
+    from trainer_client.tasks import load_task
+
+    model_path = tmp_path / "model"
+    tok = tokenizer()
+    tok.save_pretrained(model_path)
+    config = transformers.LlamaConfig(**tiny_llama_config(len(SYMBOLS)), pad_token_id=0, eos_token_id=1)
+    transformers.LlamaForCausalLM(config).save_pretrained(model_path)
+    args = gb.parse_args(["--smoke", "--model", str(model_path), "--out", str(tmp_path), "--seeds", "0,1"])
+    args.reference_samples, args.reference_batch, args.num_prompts = 3, 4, 10  # chunks of 4, 4, 2
+
+    answers: dict[tuple[int, ...], tuple[int, str]] = {}
+    for seed in args.seeds:
+        task = load_task(f"arithmetic:{args.tiers}", num_prompts=args.num_prompts, seed=seed)
+        for i, problem in enumerate(task.problems):
+            ids = tok(render_prompt(tok, problem.prompt, task.system_prompt), add_special_tokens=False)[
+                "input_ids"
+            ]
+            answers[tuple(ids)] = (i, problem.answer)
+
+    def fake_generate(self, prompts, *, n, max_new_tokens, temperature, top_p=1.0):
+        assert n == 3 and temperature == args.temperature and max_new_tokens == args.max_new_tokens
+        out = []
+        for prompt in prompts:
+            index, answer = answers[tuple(prompt)]
+            right = min(index % 4, 3)
+            texts = [f"Answer: {answer}" if j < right else "Answer: nope" for j in range(n)]
+            out.append(PromptRollouts(tuple(prompt), tuple(Completion((1,), t, "stop") for t in texts)))
+        return out
+
+    monkeypatch.setattr(HFRollout, "generate", fake_generate)
+    spread = gb.reference_pass(args)
+    expected = [min(i % 4, 3) / 3 for i in range(10)]
+    for seed in args.seeds:
+        assert json.loads((tmp_path / f"pass-rates-seed{seed}.json").read_text()) == pytest.approx(expected)
+    assert spread["samples"] == 3
+    assert spread["share_none_solved"] == pytest.approx(3 / 10) and spread[
+        "share_all_solved"
+    ] == pytest.approx(2 / 10)

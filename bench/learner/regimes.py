@@ -83,12 +83,15 @@ WITH_KINDS = BASE.with_(
 
 #: Where selection buys the most held-out accuracy found: the kinds regime plus what a
 #: difficulty-annotated dataset carries, each prompt's pass rate under the starting policy from 16
-#: samples, and a prior that weighs it as the 16 samples it is.
+#: samples, and what `trainer-client train` then does: a prior that weighs it as the 16 samples it is,
+#: and INSIGHT centred where a group is most likely mixed (mu 0.5; trainer_client/cli.py).
 BEST = WITH_KINDS.with_(
     name="best",
-    about="as kinds, plus each prompt's pass rate from 16 samples of the starting policy (prior_strength 16)",
+    about="as kinds, plus each prompt's pass rate from 16 samples of the starting policy (prior_strength 16, "
+    "INSIGHT's mu 0.5)",
     reference_samples=16,
     dataset={"prior_strength": 16.0},
+    params={"insight": {"mu": 0.5}},
 )
 
 REGIMES: dict[str, Regime] = {

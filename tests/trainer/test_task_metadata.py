@@ -146,3 +146,27 @@ def test_a_bad_pass_rates_file_refuses_the_run_naming_the_entry(tmp_path, conten
     assert refused.value.code == EXIT_CONFIG and "--pass-rates" in str(refused.value)
     with pytest.raises(_CliError, match="--no-metadata"):
         _task_metadata(argparse.Namespace(no_metadata=True, pass_rates=path), task)
+
+
+@pytest.mark.parametrize(
+    ("strategy", "given", "records", "uploaded", "expected"),
+    [
+        ("insight", {}, [{"pass_rate": 0.25}, {}], True, {"mu": 0.5}),  # reference rates: centred at 0.5
+        ("insight", {"mu": 0.3, "eta": 2.0}, [{"pass_rate": 0.25}, {}], True, {"mu": 0.3, "eta": 2.0}),
+        ("insight", {"eta": 2.0}, [{"pass_rate": 0.25}, {}], True, {"eta": 2.0, "mu": 0.5}),
+        ("insight", {}, [{"group": 1}, {}], True, {}),  # groups only: the service's default
+        ("insight", {}, [{"pass_rate": 0.25}, {}], False, {}),  # nothing uploaded (--no-metadata)
+        ("mopps", {}, [{"pass_rate": 0.25}, {}], True, {}),  # other strategies keep theirs
+    ],
+)
+def test_insight_is_centred_where_groups_are_mixed_when_prompts_carry_reference_rates(
+    tmp_path, strategy, given, records, uploaded, expected
+):
+    from trainer_client.cli import REFERENCE_INSIGHT_MU, strategy_params
+    from trainer_client.config import TrainConfig
+
+    assert REFERENCE_INSIGHT_MU == 0.5
+    task = load_task("jsonl", num_prompts=2, seed=0, data=_jsonl(tmp_path, records))
+    config = TrainConfig(dataset="d", strategy=strategy, strategy_params=dict(given))
+    assert strategy_params(config, task_metadata(task) if uploaded else None) == expected
+    assert config.strategy_params == given  # the config it was given is left alone

@@ -102,7 +102,7 @@ class GRPOConfig:
         default=0,
         metadata={
             "help": "raise the learning rate linearly from lr/N to lr over the first N optimizer steps "
-            "(0: the full rate from the first step, where Adam's first steps are its largest)"
+            "(0: the full rate from the first step)"
         },
     )
     clip_eps_low: float = field(

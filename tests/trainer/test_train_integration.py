@@ -507,3 +507,41 @@ def test_a_rollout_budget_gives_each_prompt_its_count_and_reports_each_group_by_
         assert record["group_size_mean"] == 5.5
         assert sum(record["group_sizes"].values()) == 2
     assert summary.rollouts == 22 and summary.observations == 4
+
+
+class _Loaded(Exception):
+    """Stops a run where it would load the model, carrying the config it was about to train with."""
+
+
+def test_uploaded_pass_rates_set_the_datasets_prior_and_insights_centre(service_url, tmp_path, monkeypatch):
+    """With --pass-rates the run creates its dataset with prior_strength 16, uploads the rates, and sends
+    INSIGHT mu 0.5 with its first select and to the trainer; --params keeps a mu it names."""
+    from rlvr_selector_client.client import SelectorClient
+    from trainer_client import cli
+
+    sent: list[dict] = []
+    real_select = SelectorClient.select
+
+    def select(self, dataset, step, batch_size, strategy, params=None, *args, **kwargs):
+        sent.append(dict(params or {}))
+        return real_select(self, dataset, step, batch_size, strategy, params, *args, **kwargs)
+
+    def build_trainer(args, config, *rest):
+        raise _Loaded(config)
+
+    monkeypatch.setattr(SelectorClient, "select", select)
+    monkeypatch.setattr(cli, "_build_trainer", build_trainer)
+    rates = tmp_path / "rates.json"
+    rates.write_text("[0.0, 0.5, 1.0, null]")
+    for extra, mu in (([], 0.5), (["--params", '{"mu": 0.3}'], 0.3)):
+        dataset = f"t-{uuid.uuid4().hex[:10]}"
+        with pytest.raises(_Loaded) as loaded:
+            cli.main(
+                ["train", *_base_args(service_url, dataset, tmp_path), "--pass-rates", str(rates), *extra]
+            )
+        assert loaded.value.args[0].strategy_params["mu"] == mu and sent[-1]["mu"] == mu
+        with SelectorClient(service_url) as client:
+            info = client.get_dataset(dataset)
+            assert info.prior_strength == 16.0
+            assert info.prompts_with_pass_rate == 3 and info.prompts_with_group == 4  # tiers kept
+            assert [b.prior_pass_rate for b in client.beliefs(dataset, [0, 1, 2]).beliefs] == [0.0, 0.5, 1.0]

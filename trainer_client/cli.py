@@ -294,8 +294,9 @@ def _task_metadata(args: argparse.Namespace, task: Any) -> TaskMetadata | None:
 
     try:
         metadata = task_metadata(task)
-        if args.pass_rates:
-            metadata = replace(metadata, pass_rate=read_pass_rates(args.pass_rates, len(task.problems)))
+        if args.pass_rates:  # replaces the records' rates; a file of nulls leaves the prompts without any
+            rates = read_pass_rates(args.pass_rates, len(task.problems))
+            metadata = replace(metadata, pass_rate=rates if any(r is not None for r in rates) else None)
     except ValueError as exc:
         raise _CliError(str(exc), EXIT_CONFIG) from None
     return metadata

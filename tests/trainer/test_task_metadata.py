@@ -119,6 +119,8 @@ def test_pass_rates_from_a_file_of_their_own_replace_the_records(tmp_path):
     jsonl = load_task("jsonl", num_prompts=2, seed=0, data=_jsonl(tmp_path, [{"pass_rate": 0.9}, {}]))
     args.pass_rates = _rates_file(tmp_path, "[0.125, 0.25]")
     assert _task_metadata(args, jsonl).pass_rate == [0.125, 0.25]
+    args.pass_rates = _rates_file(tmp_path, "[null, null]")  # nothing known: no rates, no reference defaults
+    assert _task_metadata(args, jsonl).pass_rate is None
 
 
 @pytest.mark.parametrize(

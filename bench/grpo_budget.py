@@ -197,7 +197,7 @@ def reference_pass(args: argparse.Namespace) -> dict[str, Any]:
     from tqdm import tqdm
 
     from rlvr_selector_client.contract import DEFAULTS
-    from trainer_client.model import load_policy, load_tokenizer, render_prompt, resolve_model
+    from trainer_client.model import encode_prompt, load_policy, load_tokenizer, resolve_model
     from trainer_client.rollout import HFRollout
     from trainer_client.tasks import load_task
 
@@ -209,7 +209,7 @@ def reference_pass(args: argparse.Namespace) -> dict[str, Any]:
         model, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, tokenizer=tokenizer
     )
     samples, threshold = args.reference_samples, DEFAULTS["success_threshold"]
-    solved = {"none": 0, "all": 0, "prompts": 0}
+    solved = {"none": 0, "all": 0}
     with tqdm(total=len(args.seeds) * args.num_prompts, desc="reference pass", unit="prompt") as bar:
         for seed in args.seeds:
             torch.manual_seed(seed)
@@ -217,12 +217,7 @@ def reference_pass(args: argparse.Namespace) -> dict[str, Any]:
             rates: list[float] = []
             for start in range(0, len(task.problems), args.reference_batch):
                 chunk = task.problems[start : start + args.reference_batch]
-                prompts = [
-                    tokenizer(
-                        render_prompt(tokenizer, p.prompt, task.system_prompt), add_special_tokens=False
-                    )["input_ids"]
-                    for p in chunk
-                ]
+                prompts = [encode_prompt(tokenizer, p.prompt, task.system_prompt) for p in chunk]
                 outs = engine.generate(
                     prompts, n=samples, max_new_tokens=args.max_new_tokens, temperature=args.temperature
                 )
@@ -232,15 +227,15 @@ def reference_pass(args: argparse.Namespace) -> dict[str, Any]:
                     solved["none"] += wins == 0
                     solved["all"] += wins == samples
                 bar.update(len(chunk))
-            solved["prompts"] += len(rates)
             pass_rates_path(args, seed).write_text(json.dumps(rates), encoding="utf-8")
     del model, engine
     if torch.cuda.is_available():
         torch.cuda.empty_cache()  # the runs' processes need the memory
+    prompts = len(args.seeds) * args.num_prompts
     return {
         "samples": samples,
-        "share_none_solved": solved["none"] / solved["prompts"],
-        "share_all_solved": solved["all"] / solved["prompts"],
+        "share_none_solved": solved["none"] / prompts,
+        "share_all_solved": solved["all"] / prompts,
         "seconds": round(time.perf_counter() - started, 1),
     }
 

@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def sample(args: argparse.Namespace) -> tuple[Any, list[tuple[Any, Any]], float]:
     """The policy, and (prompt token ids, completion) pairs vLLM sampled with their log-probs."""
-    from trainer_client.model import load_policy, load_tokenizer, render_prompt, resolve_model
+    from trainer_client.model import encode_prompt, load_policy, load_tokenizer, resolve_model
     from trainer_client.rollout import VLLMRollout
     from trainer_client.tasks import load_task
 
@@ -63,10 +63,7 @@ def sample(args: argparse.Namespace) -> tuple[Any, list[tuple[Any, Any]], float]
     tokenizer = load_tokenizer(path)
     policy = load_policy(path).eval()
     task = load_task("arithmetic", num_prompts=args.prompts, seed=args.seed)
-    prompts = [
-        tuple(tokenizer(render_prompt(tokenizer, p.prompt), add_special_tokens=False)["input_ids"])
-        for p in task.problems
-    ]
+    prompts = [encode_prompt(tokenizer, p.prompt) for p in task.problems]
     started = time.perf_counter()
     engine = VLLMRollout(path, seed=args.seed, max_model_len=512)
     try:

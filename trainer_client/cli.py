@@ -455,7 +455,7 @@ def _build_trainer(
         import torch
 
         from trainer_client.grpo import GRPOLearner, UnsupportedModel, check_output_head
-        from trainer_client.model import ModelError, load_policy, load_tokenizer, render_prompt, resolve_model
+        from trainer_client.model import ModelError, encode_prompt, load_policy, load_tokenizer, resolve_model
         from trainer_client.rollout import HFRollout, VLLMRollout, vllm_available
         from trainer_client.train import Trainer
     except ImportError as exc:
@@ -484,12 +484,7 @@ def _build_trainer(
                 EXIT_MODEL,
             )
         longest_prompt = max(
-            len(
-                tokenizer(render_prompt(tokenizer, p.prompt, task.system_prompt), add_special_tokens=False)[
-                    "input_ids"
-                ]
-            )
-            for p in task.problems
+            len(encode_prompt(tokenizer, p.prompt, task.system_prompt)) for p in task.problems
         )
         engine = VLLMRollout(
             path,

@@ -30,6 +30,7 @@ __all__ = [
     "BUILTIN_MODELS",
     "ModelError",
     "cache_root",
+    "encode_prompt",
     "load_policy",
     "load_tokenizer",
     "render_prompt",
@@ -172,3 +173,10 @@ def render_prompt(tokenizer: Any, user_message: str, system_prompt: str | None =
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     prefix = f"{system_prompt}\n\n" if system_prompt else ""
     return f"{prefix}{user_message}\n"
+
+
+def encode_prompt(tokenizer: Any, user_message: str, system_prompt: str | None = None) -> tuple[int, ...]:
+    """The token ids a rollout engine is given for one prompt: `render_prompt`'s text, tokenized without
+    added special tokens (the chat template writes its own)."""
+    text = render_prompt(tokenizer, user_message, system_prompt)
+    return tuple(tokenizer(text, add_special_tokens=False)["input_ids"])

@@ -66,7 +66,7 @@ from rlvr_selector_client.client import DatasetInfo, Result, RolloutBudget, Sele
 from rlvr_selector_client.integrations import new_run_id, request_id
 from trainer_client.config import TrainConfig
 from trainer_client.grpo import GRPOLearner, UpdateStats, build_samples
-from trainer_client.model import render_prompt
+from trainer_client.model import encode_prompt
 from trainer_client.rollout import PromptRollouts, RolloutEngine
 
 __all__ = [
@@ -209,8 +209,7 @@ class Trainer:
         cached = self._prompt_cache.get(prompt_id)
         if cached is None:
             problem = self.task.problems[prompt_id]
-            text = render_prompt(self.tokenizer, problem.prompt, self.task.system_prompt)
-            cached = tuple(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+            cached = encode_prompt(self.tokenizer, problem.prompt, self.task.system_prompt)
             self._prompt_cache[prompt_id] = cached
         return cached
 

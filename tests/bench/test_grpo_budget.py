@@ -92,7 +92,7 @@ def test_the_reference_pass_counts_each_prompts_solved_samples_with_the_trainers
     transformers = pytest.importorskip("transformers")
     from tests.integrations.frameworks.common import SYMBOLS, tokenizer
     from tests.utils import tiny_llama_config
-    from trainer_client.model import render_prompt
+    from trainer_client.model import encode_prompt
     from trainer_client.rollout import Completion, HFRollout, PromptRollouts
     from trainer_client.tasks import load_task
 
@@ -108,10 +108,7 @@ def test_the_reference_pass_counts_each_prompts_solved_samples_with_the_trainers
     for seed in args.seeds:
         task = load_task(f"arithmetic:{args.tiers}", num_prompts=args.num_prompts, seed=seed)
         for i, problem in enumerate(task.problems):
-            ids = tok(render_prompt(tok, problem.prompt, task.system_prompt), add_special_tokens=False)[
-                "input_ids"
-            ]
-            answers[tuple(ids)] = (i, problem.answer)
+            answers[encode_prompt(tok, problem.prompt, task.system_prompt)] = (i, problem.answer)
 
     def fake_generate(self, prompts, *, n, max_new_tokens, temperature, top_p=1.0):
         assert n == 3 and temperature == args.temperature and max_new_tokens == args.max_new_tokens

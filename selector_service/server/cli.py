@@ -2,6 +2,7 @@
 
     selector-service serve [--host 127.0.0.1] [--port 8000] [--redis-url URL] [--data-dir DIR] [--workers N]
                            [--log-level LEVEL]
+    selector-service replay LOG [--batch-size B] [--arms A,B] [--out DIR] ...   (docs/replay.md)
 
 Without --redis-url (or SELECTOR_REDIS_URL) the service starts its own embedded Valkey, persisting under
 --data-dir. It prints one line with its URL when it is ready, and exits with status 2 and a clear
@@ -52,6 +53,17 @@ def _parser() -> argparse.ArgumentParser:
     for flag in serve_flags():  # the settings that are also flags (settings.py)
         # No type: the value stays the string given (str converts it to itself).
         s.add_argument(flag.option, type=flag.type or str, choices=flag.choices, help=flag.help)
+    from selector_service.replay.command import DESCRIPTION, EPILOG, add_arguments
+
+    r = sub.add_parser(
+        "replay",
+        help="replay a past run's per-prompt outcomes: what each strategy and the filter would have found",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    r.set_defaults(subparser=r)
+    add_arguments(r)
     return p
 
 
@@ -249,6 +261,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "serve":
             return serve(args)
+        if args.command == "replay":
+            from selector_service.replay.command import run
+
+            return run(args)
     except KeyboardInterrupt:
         return 0
     return 1

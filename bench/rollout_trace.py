@@ -58,6 +58,9 @@ from selector_service.core import (
 from selector_service.core.coldstart import prior_arrays
 from selector_service.core.rng import stream
 from selector_service.core.strategies import select, validate_params
+from selector_service.replay.logs import LogError, read_log
+from selector_service.replay.protocol import is_mixed
+from selector_service.replay.service import dataset_name
 
 SOURCE = (
     "data/acc_step_500.json of github.com/ypwang61/One-Shot-RLVR (Apache-2.0): per-epoch training accuracy "
@@ -87,33 +90,25 @@ class Trace:
 
 
 def load_trace(path: Path, rollouts: int = 8, epochs: int | None = None) -> Trace:
-    """Read a trace file (module docstring); epochs beyond the shortest prompt's are dropped unless
-    `epochs` asks for fewer. Raises SystemExit with a message that says what is wrong."""
+    """Read a trace file (module docstring) with the product's reader (`selector-service replay`'s: its
+    epochs are those every prompt has, the shortest list) and keep the first `epochs` when given. Raises
+    SystemExit with a message that says what is wrong."""
     if not path.is_file():
         raise SystemExit(f"rollout_trace: no trace at {path}. The trace is {SOURCE}; pass its path.")
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as error:
-        raise SystemExit(f"rollout_trace: {path} is not a JSON file: {error}") from None
-    if not isinstance(raw, dict) or not raw or not all(isinstance(v, list) and v for v in raw.values()):
-        raise SystemExit(f"rollout_trace: {path} must be an object of non-empty lists (prompt -> accuracies)")
-    keys = sorted(raw, key=lambda k: (len(k), k))
-    shortest = min(len(raw[k]) for k in keys)
+        log = read_log(path, fmt="accuracy", trials=rollouts)
+    except LogError as error:
+        raise SystemExit(f"rollout_trace: {error}") from None
+    # Every prompt is in every epoch of an accuracy file: one column per epoch, rows in prompt-id order.
+    successes = log.successes.reshape(-1, log.n_prompts).T  # groups are sorted by step, then prompt
+    shortest = successes.shape[1]
     if epochs is not None:
         if not 1 <= epochs <= shortest:
             raise SystemExit(
                 f"rollout_trace: --epochs must lie in 1..{shortest} (the shortest prompt's epochs)"
             )
-        shortest = epochs
-    acc = np.array([raw[k][:shortest] for k in keys], dtype=np.float64)
-    successes = np.rint(acc * rollouts)
-    if not (np.all(np.isfinite(acc)) and np.all((successes >= 0) & (successes <= rollouts))):
-        raise SystemExit(f"rollout_trace: accuracies must lie in [0, 1] (multiples of 1/{rollouts})")
-    if np.abs(successes - acc * rollouts).max() > 1e-6:
-        raise SystemExit(
-            f"rollout_trace: accuracies are not multiples of 1/{rollouts}: check --trace-rollouts"
-        )
-    return Trace(keys, successes.astype(np.int64), rollouts)
+        successes = successes[:, :epochs]
+    return Trace([str(k) for k in log.keys.tolist()], np.ascontiguousarray(successes), rollouts)
 
 
 def mixed_probability_without_replacement(successes: np.ndarray, total: int, n: np.ndarray) -> np.ndarray:
@@ -146,7 +141,10 @@ class Setting:
 def replay(trace: Trace, row: str, setting: Setting, seed: int) -> dict[str, Any]:
     """One (row, seed) replay (module docstring); per-epoch series and the counts' histogram."""
     n, total = trace.n_prompts, trace.rollouts
-    key = f"trace-{seed}"
+    key = f"trace-{seed}"  # the allocation's ties
+    # A smaller batch is picked with the stream key `selector-service replay` gives the strategy's arm
+    # (its dataset's name): with --k equal to the trace's rollouts, the fixed-K row is that arm.
+    arm_key = dataset_name(setting.strategy)
     beliefs = BeliefArrays.new(n, 1.0, 1.0)
     draws = np.random.default_rng([seed, 7])  # the same stream for every row: paired draws
     params = validate_params(setting.strategy, {})
@@ -165,7 +163,7 @@ def replay(trace: Trace, row: str, setting: Setting, seed: int) -> dict[str, Any
                 batch_size=setting.batch_size,
                 step=epoch,
                 seed=seed,
-                key=key,
+                key=arm_key,
                 dataset_k=total,
             )
         succ = trace.successes[ids, epoch]
@@ -191,8 +189,8 @@ def replay(trace: Trace, row: str, setting: Setting, seed: int) -> dict[str, Any
         apply_results(
             beliefs, ids, seen, trials, outcomes_from_counts(seen, trials), setting.beta_decay, 1.0, 1.0
         )
-        close_open_step(beliefs, hmm_decay=setting.hmm_decay, key=key)
-        mixed[epoch] = int(((seen > 0) & (seen < trials)).sum())
+        close_open_step(beliefs, hmm_decay=setting.hmm_decay, key=arm_key)
+        mixed[epoch] = int(is_mixed(seen, trials).sum())
         spent[epoch] = int(counts.sum())
         np.add.at(hist, counts, 1)
     return {"mixed": mixed, "spent": spent, "groups": setting.batch_size * trace.n_epochs, "hist": hist}

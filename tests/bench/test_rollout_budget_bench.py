@@ -1,6 +1,6 @@
 """The rollout budget in the benchmarks: the toy world run with a rollout policy (name@policy) spends
 exactly its budget and credits a group of n rollouts by its own size, and bench/rollout_trace.py replays a
-tiny synthetic trace (and the real one when ../shared holds it)."""
+tiny synthetic trace (and the real one when a shared/data folder beside the checkout holds it)."""
 
 from __future__ import annotations
 
@@ -16,9 +16,10 @@ import pytest
 
 from bench.toy.strategies import run_strategy, variant_of
 from bench.toy.world import PromptSet, ToyRunConfig, ToyWorld, WorldConfig
+from tests.replay import one_shot_trace
 
 ROOT = Path(__file__).resolve().parents[2]
-REAL_TRACE = ROOT.parent / "shared" / "data" / "one-shot-rlvr" / "acc_step_500.json"
+REAL_TRACE = one_shot_trace() or ROOT.parent / "shared" / "data" / "one-shot-rlvr" / "acc_step_500.json"
 
 WORLD = WorldConfig(n_prompts=150, n_skills=3)
 TRAIN = ToyRunConfig(batch_size=10, rollouts_per_prompt=6, steps=12, rollouts_min=1, rollouts_max=20)
@@ -169,7 +170,7 @@ def test_rollout_trace_says_where_the_trace_comes_from(tmp_path):
         rollout_trace.main([str(tmp_path / "absent.json"), "--no-plot", "--out", str(tmp_path)])
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"0": [0.3]}))
-    with pytest.raises(SystemExit, match="multiples of 1/8"):
+    with pytest.raises(SystemExit, match="multiple of 1/8"):
         rollout_trace.main([str(bad), "--no-plot", "--out", str(tmp_path)])
 
 

@@ -1,0 +1,67 @@
+"""The recommendation rule (rlvr_selector_client.recommend): each row of its table picks what it says for
+the runs it covers, what it returns is runnable as is, and it imports nothing heavy."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rlvr_selector_client.recommend import RULES, Known, recommend
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_a_known_rate_recommends_insight_on_the_rates_weighed_as_their_samples():
+    rec = recommend(20_000, 3.8, 256, Known.profile(8))
+    assert (rec.strategy, rec.arm, rec.upload_pass_rates, rec.prior_strength) == (
+        "insight",
+        "insight+profile",
+        True,
+        8,
+    )
+    assert rec.params == {"mu": 0.5} and "learning.py" in rec.why
+    shipped = recommend(200_000, 0.3, 256, Known.rate())
+    assert shipped.arm == "insight+profile" and shipped.prior_strength == 16  # a rate without a count
+
+
+def test_without_a_rate_it_depends_on_how_often_the_run_sees_a_prompt():
+    assert recommend(2_000, 10, 64).arm == "insight"
+    assert recommend(200_000, 0.5, 64, Known.nothing()).arm == "uniform"
+    assert recommend(1_000, 2.0, 64).arm == "insight" and recommend(1_000, 1.99, 64).arm == "uniform"
+
+
+def test_every_rule_names_its_evidence_and_every_kind_is_covered():
+    assert all(rule.evidence for rule in RULES)
+    for kind in ("nothing", "rate", "profile"):
+        assert any(kind in rule.known and rule.min_epochs is None for rule in RULES), kind
+
+
+@pytest.mark.parametrize(
+    ("call", "words"),
+    [
+        (lambda: recommend(0, 1, 1), "pool_size"),
+        (lambda: recommend(10, 0, 1), "epochs"),
+        (lambda: recommend(10, 1, 0), "batch_size"),
+        (lambda: Known("guess"), "kind"),
+        (lambda: Known.profile(0), "samples"),
+    ],
+)
+def test_bad_inputs_are_refused(call, words):
+    with pytest.raises(ValueError, match=words):
+        call()
+
+
+def test_it_imports_only_the_standard_library():
+    """Without site-packages (python -S) only the standard library can load: the module must still run
+    (the adapters and the trainer import it; the package's __init__ needs httpx, so the file is loaded)."""
+    code = (
+        "import importlib.util, sys; s = importlib.util.spec_from_file_location('r', sys.argv[1]);"
+        " m = importlib.util.module_from_spec(s); sys.modules['r'] = m; s.loader.exec_module(m);"
+        " print(m.recommend(10, 3, 2).arm)"
+    )
+    path = ROOT / "client" / "rlvr_selector_client" / "recommend.py"
+    out = subprocess.run([sys.executable, "-S", "-c", code, str(path)], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "insight", out.stderr

@@ -27,6 +27,12 @@ mixed groups per rollout, the effective-sample ratio (mixed groups / groups), an
 fixed K and against the knapsack policy, paired by seed (every row draws from one stream per seed). The `oracle` row is a ceiling, not a policy: the same greedy allocation on each prompt's exact
 probability of a mixed group of n from THIS epoch's outcomes, which no strategy can know in advance.
 
+`selector-service replay` (docs/replay.md) asks the selection question of any run's log through the
+service; this script keeps the rollout-count question. They share the reader (the trace is read as the
+command reads an accuracy file) and the mixed-group test, and a smaller batch is picked with the stream
+key the command gives the strategy's arm, so with `--k` equal to the trace's rollouts and `--seeds 1` the
+fixed-K row is the command's arm `--strategy`, mixed groups identical at every epoch.
+
 Writes bench/out/rollout_trace.json and bench/out/rollout_trace.png; ends stdout with one JSON line.
 """
 

@@ -159,6 +159,13 @@ BENCHMARKS = (
         needs_file=TRACE_PATH,
     ),
     Benchmark(
+        "replay_scale",
+        "replay_scale.py",
+        quick=("--rows", "1e5", "--prompts", "5000", "--out", "{out}/replay_scale.json"),
+        full=("--out", "{out}/replay_scale.json"),
+        headline=("seconds", "seconds_over_target", "read_seconds"),
+    ),
+    Benchmark(
         "mismatch",
         "mismatch.py",
         quick=("--prompts", "1", "--rollouts", "2", "--max-new-tokens", "8", "--out", "{out}/mismatch.json"),

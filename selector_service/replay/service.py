@@ -125,7 +125,10 @@ class ServiceArm:
                     strict=True,
                 )
             ]
-            self.client.observe(self.dataset, epoch, results, request_id=f"{self.dataset}-{epoch}-{lo}")
+            try:
+                self.client.observe(self.dataset, epoch, results, request_id=f"{self.dataset}-{epoch}-{lo}")
+            except InvalidRequest as exc:  # a group the service cannot take (over its K limit, say)
+                raise ArmSkipped(f"the service refused {self.name}'s outcomes: {exc}") from None
 
     def end(self) -> None:
         if self.created:

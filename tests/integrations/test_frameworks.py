@@ -620,3 +620,105 @@ def test_verl_v1_long_responses_and_a_resume_in_a_new_process_lose_no_group(
     assert len(applied) == len(set(applied))
     assert {(r["step"], r["prompt_id"]) for r in reports} == set(applied)
     applied_beliefs_match(service.url, result["dataset"], reports)
+
+
+# --------------------------------------------------------------------------------------------------
+# Tinker cookbook (tinker_cookbook.rl.train, the Tinker service faked behind the SDK's clients)
+# --------------------------------------------------------------------------------------------------
+
+
+def service_history(url: str, dataset: str) -> dict[int, dict[str, Any]]:
+    """The service's closed steps (GET /datasets/{name}/history), by step."""
+    with SelectorClient(url) as client:
+        body = client._http.get(f"/datasets/{dataset}/history").json()
+    return {int(row["step"]): row for row in body["rows"]}
+
+
+def check_tinker_updates(
+    run: dict[str, Any], updates: list[list[dict[str, Any]]], sizes: dict[int, int]
+) -> None:
+    """Each optimiser update trained one selected step: its prompts, each with its group's size, and the
+    cookbook's centred advantages (reward - group mean) of the rewards the selector was sent."""
+    selections = run["selections"]
+    assert len(updates) == len(selections)
+    for update, (step, _, prompt_ids, counts) in zip(updates, selections, strict=True):
+        by_prompt: dict[int, list[dict[str, Any]]] = defaultdict(list)
+        for datum in update:
+            by_prompt[datum["prompt_id"]].append(datum)
+        assert sorted(by_prompt) == sorted(prompt_ids), f"step {step} trained other prompts than selected"
+        for i, pid in enumerate(prompt_ids):
+            group = by_prompt[pid]
+            assert len(group) == (counts[i] if counts else sizes[pid])
+            mean = sum(d["reward"] for d in group) / len(group)
+            assert [d["advantage"] for d in group] == pytest.approx(
+                [d["reward"] - mean for d in group], abs=1e-6
+            )
+
+
+def test_tinker_cookbook_trains_on_selected_prompts_and_reports_every_group(
+    service: Any, dsname: str, tmp_path: Path
+) -> None:
+    """tinker-cookbook 0.6's ``rl.train.main`` with `SelectorDatasetBuilder` as its dataset builder, the
+    Tinker service faked behind the SDK's clients. Synchronous: the prompts of each step are the ones the
+    service picked, every group is reported once with its own size, and a run that dies after step 2's
+    groups were reported resumes from the cookbook's checkpoint at the next service step. With a rollout
+    budget: every group has the size the service gave it. Asynchronous: groups finishing after later
+    steps were selected are reported for the step they were selected at (late within max_lag; a group
+    held past max_lag is filed at the open step), none refused."""
+    report = run_driver(
+        "tinker", "drive_tinker.py", ["--url", service.url, "--dataset", dsname, "--workdir", str(tmp_path)]
+    )
+    n, batch = 4, 3
+    # Synchronous, with a death and a resume.
+    first, resumed = report["sync"]["runs"]
+    assert first["died"] and not resumed["died"]
+    # The first run selected steps 0-2 for the cookbook's batches 0-2 and trained two of them; it died in
+    # the update of batch 2, after that step's groups were reported.
+    assert [(s[0], s[1]) for s in first["selections"]] == [(0, 0), (1, 1), (2, 2)]
+    first_updates = resumed["updates"][: len(first["updates"])]
+    assert first_updates == first["updates"] and len(first["updates"]) == 2
+    check_tinker_updates({"selections": first["selections"][:2]}, first["updates"], defaultdict(lambda: n))
+    # The resumed run restarted at the cookbook's checkpoint (batch 2) and selected after step 2: the
+    # service never went back to a step, and nothing was resent.
+    assert [(s[0], s[1]) for s in resumed["selections"]] == [(3, 2), (4, 3)]
+    check_tinker_updates(resumed, resumed["updates"][2:], defaultdict(lambda: n))
+    reported = first["reported"] + resumed["reported"]
+    assert len({(step, pid) for step, pid, *_ in reported}) == len(reported) == 5 * batch
+    assert all(size == n and lag == 0 and not dup for _, _, size, lag, dup in reported)
+    assert first["lost"] == resumed["lost"] == []
+    assert_beliefs_match(service.url, dsname, report["sync"]["scored"], groups=len(reported))
+    history = service_history(service.url, dsname)
+    assert [history[step]["rollouts"] for step in range(4)] == [n * batch] * 4
+
+    # A rollout budget: 10 rollouts per step, 2 to 6 per prompt; each group as large as its count.
+    (budget,) = report["budget"]["runs"]
+    counts = [s[3] for s in budget["selections"]]
+    assert all(sum(c) == 10 and all(2 <= x <= 6 for x in c) for c in counts)
+    assert any(len(set(c)) > 1 for c in counts), "the budget gave every prompt the same count"
+    check_tinker_updates(budget, budget["updates"], {})
+    sizes = {(s[0], pid): c for s in budget["selections"] for pid, c in zip(s[2], s[3], strict=True)}
+    assert sorted((step, pid, size) for step, pid, size, *_ in budget["reported"]) == sorted(
+        (step, pid, size) for (step, pid), size in sizes.items()
+    )
+    assert_beliefs_match(service.url, f"{dsname}-budget", report["budget"]["scored"], groups=len(sizes))
+
+    # Asynchronous, one step off policy.
+    late = report["async"]
+    (run,) = late["runs"]
+    max_lag = late["max_lag"]
+    assert run["lost"] == [] and len(run["updates"]) == 4
+    selected = {(s[0], pid) for s in run["selections"] for pid in s[2]}
+    reported = {(step, pid): lag for step, pid, size, lag, dup in run["reported"]}
+    assert len(reported) == len(run["reported"]) and set(reported) <= selected
+    assert all(size == n and not dup for _, _, size, _, dup in run["reported"])
+    # Groups finished after the next step had been selected, and the service took them late...
+    assert any(1 <= lag <= max_lag for lag in reported.values())
+    # ...and the group held for three updates came back later than max_lag: filed at the open step.
+    (held,) = late["held"]
+    assert reported[tuple(held)] > max_lag
+    # Every group trained had been selected and reported; every graded group was applied once.
+    trained = {datum["prompt_id"] for update in run["updates"] for datum in update}
+    assert trained <= {pid for _, pid in reported}
+    assert_beliefs_match(service.url, f"{dsname}-async", late["scored"], groups=len(reported))
+    history = service_history(service.url, f"{dsname}-async")
+    assert sum(sum(row["late"].values()) for row in history.values()) >= 1

@@ -722,3 +722,70 @@ def test_tinker_cookbook_trains_on_selected_prompts_and_reports_every_group(
     assert_beliefs_match(service.url, f"{dsname}-async", late["scored"], groups=len(reported))
     history = service_history(service.url, f"{dsname}-async")
     assert sum(sum(row["late"].values()) for row in history.values()) >= 1
+
+
+# --------------------------------------------------------------------------------------------------
+# SkyRL (skyrl.train.trainer.RayPPOTrainer, generation and the FSDP workers faked)
+# --------------------------------------------------------------------------------------------------
+
+
+def check_skyrl_update(update: list[dict[str, Any]], prompts: list[int], n: int) -> None:
+    """One policy update trained exactly these prompts' groups of n, with GRPO's sign: above the
+    group's mean reward a positive advantage, below a negative one, none without spread."""
+    groups: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for row in update:
+        groups[row["prompt_id"]].append(row)
+    assert sorted(groups) == sorted(prompts)
+    for pid, rows in groups.items():
+        assert len(rows) == n, f"prompt {pid}"
+        mean = sum(r["reward"] for r in rows) / n
+        for r in rows:
+            expected = (r["reward"] > mean) - (r["reward"] < mean)
+            assert (r["advantage"] > 1e-9) - (r["advantage"] < -1e-9) == expected, (pid, rows)
+
+
+def test_skyrl_trainer_trains_on_selected_prompts_and_reports_every_group(
+    service: Any, dsname: str, tmp_path: Path
+) -> None:
+    """skyrl 0.3's ``RayPPOTrainer.train`` as `SelectorRayPPOTrainer`: each step trains the prompts the
+    service picked, every group rolled out (those dynamic sampling filters out included) is reported once,
+    and a trainer that dies in its third update resumes from SkyRL's checkpoint at the next service
+    step."""
+    report = run_driver(
+        "skyrl", "drive_skyrl.py", ["--url", service.url, "--dataset", dsname, "--workdir", str(tmp_path)]
+    )
+    n, batch = 4, 3
+    first, resumed = report["grpo"]["runs"]
+    assert first["died"] and not resumed["died"]
+    # Steps 0-2 selected and reported; two updates trained before the third died.
+    assert [r[0] for r in first["reported"]] == [0, 1, 2] and len(first["updates"]) == 2
+    for update, (_, prompts, _, _) in zip(first["updates"], first["reported"], strict=False):
+        check_skyrl_update(update, prompts, n)
+    # Resumed from the checkpoint of step 2 (its dataloader state): the epoch's last two batches, at
+    # service steps 3 and 4, never step 2 again; the same run id.
+    assert resumed["run_id"] == first["run_id"] and resumed["start_step"] == 3
+    assert [r[0] for r in resumed["reported"]] == [3, 4]
+    assert resumed["updates"][:2] == first["updates"] and len(resumed["updates"]) == 4
+    for update, (_, prompts, _, _) in zip(resumed["updates"][2:], resumed["reported"], strict=True):
+        check_skyrl_update(update, prompts, n)
+    reports = first["reported"] + resumed["reported"]
+    assert all(size == n * batch and not dup and len(ids) == batch for _, ids, size, dup in reports)
+    assert first["lost"] == resumed["lost"] == []
+    fed = first["earned"] + resumed["earned"]
+    assert_beliefs_match(service.url, dsname, fed, groups=len(fed) // n)
+    assert report["open_steps"][dsname] == 4
+
+    # Dynamic sampling (filter): the trainer drew batches (service steps) until it had a batch of groups
+    # with reward spread; every group drawn was reported, the trained ones were the spread ones.
+    (filtered,) = report["filter"]["runs"]
+    assert len(filtered["reported"]) > len(filtered["updates"]) >= 1
+    assert [r[0] for r in filtered["reported"]] == list(range(len(filtered["reported"])))
+    reported_prompts = [pid for _, ids, _, _ in filtered["reported"] for pid in ids]
+    for update in filtered["updates"]:
+        trained = sorted({row["prompt_id"] for row in update})
+        assert set(trained) <= set(reported_prompts) and len(trained) == batch
+        check_skyrl_update(update, trained, n)
+        assert all(0 < sum(r["reward"] for r in update if r["prompt_id"] == pid) < n for pid in trained)
+    assert_beliefs_match(
+        service.url, f"{dsname}-filter", filtered["earned"], groups=len(filtered["earned"]) // n
+    )

@@ -169,7 +169,7 @@ class SelectorOptions:
         if not per_prompt_rollouts:
             self.refuse_rollout_budget(
                 "this trainer rolls out the same number of completions for every prompt; per-prompt counts "
-                "are supported with verl 0.9's v1 trainer"
+                "are supported with verl 0.9's v1 trainer and the Tinker cookbook"
             )
         if self.client is not None:
             return self.client

@@ -723,6 +723,12 @@ def test_tinker_cookbook_trains_on_selected_prompts_and_reports_every_group(
     history = service_history(service.url, f"{dsname}-async")
     assert sum(sum(row["late"].values()) for row in history.values()) >= 1
 
+    # A later batch's group started first: its step was selected after the earlier one's.
+    order = report["order"]
+    assert [(s[0], s[1]) for s in order["selections"]] == [(0, 0), (1, 1)]
+    assert order["later_step"] == 1 and order["later_prompt"] in order["selections"][1][2]
+    assert not order["earlier_started"] and order["envs"] == n
+
 
 # --------------------------------------------------------------------------------------------------
 # SkyRL (skyrl.train.trainer.RayPPOTrainer, generation and the FSDP workers faked)

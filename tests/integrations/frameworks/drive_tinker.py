@@ -427,6 +427,25 @@ def main() -> None:
     late = run(cfg)
     late.update(summary(opened[-1]))
     report["async"] = {"runs": [late], "scored": list(scored), "max_lag": max_lag, "held": held}
+
+    # 4. The order of selections when a later batch's group starts first (a rollout worker of the
+    # asynchronous loop may take it before the earlier batch's): step s is still selected before s + 1.
+    async def later_first() -> dict[str, Any]:
+        groups = await build_prompts([])()
+        options = adapter.SelectorOptions(url=args.url, dataset=args.dataset + "-order", seed=5)
+        dataset = await adapter.SelectorRLDataset.open(groups, options, groups_per_batch=G, group_size=N)
+        earlier, later = dataset.get_batch(0), dataset.get_batch(1)
+        envs = await later[0].make_envs()
+        await dataset.aclose()
+        return {
+            "selections": [list(s) for s in dataset.selections],
+            "later_prompt": later[0].prompt_id,
+            "later_step": later[0].step,
+            "earlier_started": earlier[0].inner is not None,
+            "envs": len(envs),
+        }
+
+    report["order"] = asyncio.run(later_first())
     common.emit(report)
 
 

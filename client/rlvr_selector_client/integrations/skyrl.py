@@ -70,7 +70,6 @@ from rlvr_selector_client.integrations import (
     check_permutation,
     ensure_dataset,
     group_results,
-    log_too_late,
     new_run_id,
     request_id,
 )
@@ -170,8 +169,6 @@ class SelectorRayPPOTrainer(RayPPOTrainer):  # type: ignore[misc]
     def __init__(self, *args: Any, selector: SelectorOptions, **kwargs: Any) -> None:
         self.selector = selector
         self.selector_client = selector.connect()
-        if not selector.url and selector.client is None:
-            raise ValueError("SelectorOptions needs url= (the trainer's event loop opens its async client)")
         self._async_clients: dict[int, AsyncSelectorClient] = {}
         #: Reports the service answered: (step, prompt ids, rollouts, duplicate).
         self.selector_reported: list[tuple[int, list[int], int, bool]] = []
@@ -260,7 +257,11 @@ class SelectorRayPPOTrainer(RayPPOTrainer):  # type: ignore[misc]
             try:
                 ack = await self._send(step, results, request_id(run_id, step))
             except Conflict as exc:
-                log_too_late(-1, step, exc.detail, "raise the dataset's max_lag")
+                logger.error(
+                    "the selector refused the rewards of step %d (%s); raise the dataset's max_lag",
+                    step,
+                    exc.detail,
+                )
                 self.selector_lost.append(step)
                 continue
             self.selector_reported.append((step, sorted({int(p) for p in ids}), len(values), ack.duplicate))

@@ -4,8 +4,9 @@
   (docs/api.md), re-exported here.
 - `rlvr_selector_client.contract`: the contract's version and declarations (dataset settings, names),
   which the service imports too.
-- `rlvr_selector_client.integrations`: the adapters for verl, TRL, AReaL, OpenRLHF and slime, with the
-  step sampler and request ids they share; each adapter imports its framework when it is imported.
+- `rlvr_selector_client.integrations`: the adapters for verl, TRL, AReaL, OpenRLHF, slime, the Tinker
+  cookbook and SkyRL, with the step sampler and request ids they share; each adapter imports its
+  framework when it is imported.
 
 Importing the package needs only httpx.
 """

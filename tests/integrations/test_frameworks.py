@@ -620,3 +620,178 @@ def test_verl_v1_long_responses_and_a_resume_in_a_new_process_lose_no_group(
     assert len(applied) == len(set(applied))
     assert {(r["step"], r["prompt_id"]) for r in reports} == set(applied)
     applied_beliefs_match(service.url, result["dataset"], reports)
+
+
+# --------------------------------------------------------------------------------------------------
+# Tinker cookbook (tinker_cookbook.rl.train, the Tinker service faked behind the SDK's clients)
+# --------------------------------------------------------------------------------------------------
+
+
+def service_history(url: str, dataset: str) -> dict[int, dict[str, Any]]:
+    """The service's closed steps (GET /datasets/{name}/history), by step."""
+    with SelectorClient(url) as client:
+        body = client._http.get(f"/datasets/{dataset}/history").json()
+    return {int(row["step"]): row for row in body["rows"]}
+
+
+def check_tinker_updates(
+    run: dict[str, Any], updates: list[list[dict[str, Any]]], sizes: dict[int, int]
+) -> None:
+    """Each optimiser update trained one selected step: its prompts, each with its group's size, and the
+    cookbook's centred advantages (reward - group mean) of the rewards the selector was sent."""
+    selections = run["selections"]
+    assert len(updates) == len(selections)
+    for update, (step, _, prompt_ids, counts) in zip(updates, selections, strict=True):
+        by_prompt: dict[int, list[dict[str, Any]]] = defaultdict(list)
+        for datum in update:
+            by_prompt[datum["prompt_id"]].append(datum)
+        assert sorted(by_prompt) == sorted(prompt_ids), f"step {step} trained other prompts than selected"
+        for i, pid in enumerate(prompt_ids):
+            group = by_prompt[pid]
+            assert len(group) == (counts[i] if counts else sizes[pid])
+            mean = sum(d["reward"] for d in group) / len(group)
+            assert [d["advantage"] for d in group] == pytest.approx(
+                [d["reward"] - mean for d in group], abs=1e-6
+            )
+
+
+def test_tinker_cookbook_trains_on_selected_prompts_and_reports_every_group(
+    service: Any, dsname: str, tmp_path: Path
+) -> None:
+    """tinker-cookbook 0.6's ``rl.train.main`` with `SelectorDatasetBuilder` as its dataset builder, the
+    Tinker service faked behind the SDK's clients. Synchronous: the prompts of each step are the ones the
+    service picked, every group is reported once with its own size, and a run that dies after step 2's
+    groups were reported resumes from the cookbook's checkpoint at the next service step. With a rollout
+    budget: every group has the size the service gave it. Asynchronous: groups finishing after later
+    steps were selected are reported for the step they were selected at (late within max_lag; a group
+    held past max_lag is filed at the open step), none refused."""
+    report = run_driver(
+        "tinker", "drive_tinker.py", ["--url", service.url, "--dataset", dsname, "--workdir", str(tmp_path)]
+    )
+    n, batch = 4, 3
+    # Synchronous, with a death and a resume.
+    first, resumed = report["sync"]["runs"]
+    assert first["died"] and not resumed["died"]
+    # The first run selected steps 0-2 for the cookbook's batches 0-2 and trained two of them; it died in
+    # the update of batch 2, after that step's groups were reported.
+    assert [(s[0], s[1]) for s in first["selections"]] == [(0, 0), (1, 1), (2, 2)]
+    first_updates = resumed["updates"][: len(first["updates"])]
+    assert first_updates == first["updates"] and len(first["updates"]) == 2
+    check_tinker_updates({"selections": first["selections"][:2]}, first["updates"], defaultdict(lambda: n))
+    # The resumed run restarted at the cookbook's checkpoint (batch 2) and selected after step 2: the
+    # service never went back to a step, and nothing was resent.
+    assert [(s[0], s[1]) for s in resumed["selections"]] == [(3, 2), (4, 3)]
+    check_tinker_updates(resumed, resumed["updates"][2:], defaultdict(lambda: n))
+    reported = first["reported"] + resumed["reported"]
+    assert len({(step, pid) for step, pid, *_ in reported}) == len(reported) == 5 * batch
+    assert all(size == n and lag == 0 and not dup for _, _, size, lag, dup in reported)
+    assert first["lost"] == resumed["lost"] == []
+    assert_beliefs_match(service.url, dsname, report["sync"]["scored"], groups=len(reported))
+    history = service_history(service.url, dsname)
+    assert [history[step]["rollouts"] for step in range(4)] == [n * batch] * 4
+
+    # A rollout budget: 10 rollouts per step, 2 to 6 per prompt; each group as large as its count.
+    (budget,) = report["budget"]["runs"]
+    counts = [s[3] for s in budget["selections"]]
+    assert all(sum(c) == 10 and all(2 <= x <= 6 for x in c) for c in counts)
+    assert any(len(set(c)) > 1 for c in counts), "the budget gave every prompt the same count"
+    check_tinker_updates(budget, budget["updates"], {})
+    sizes = {(s[0], pid): c for s in budget["selections"] for pid, c in zip(s[2], s[3], strict=True)}
+    assert sorted((step, pid, size) for step, pid, size, *_ in budget["reported"]) == sorted(
+        (step, pid, size) for (step, pid), size in sizes.items()
+    )
+    assert_beliefs_match(service.url, f"{dsname}-budget", report["budget"]["scored"], groups=len(sizes))
+
+    # Asynchronous, one step off policy.
+    late = report["async"]
+    (run,) = late["runs"]
+    max_lag = late["max_lag"]
+    assert run["lost"] == [] and len(run["updates"]) == 4
+    selected = {(s[0], pid) for s in run["selections"] for pid in s[2]}
+    reported = {(step, pid): lag for step, pid, size, lag, dup in run["reported"]}
+    assert len(reported) == len(run["reported"]) and set(reported) <= selected
+    assert all(size == n and not dup for _, _, size, _, dup in run["reported"])
+    # Groups finished after the next step had been selected, and the service took them late...
+    assert any(1 <= lag <= max_lag for lag in reported.values())
+    # ...and the group held for three updates came back later than max_lag: filed at the open step.
+    (held,) = late["held"]
+    assert reported[tuple(held)] > max_lag
+    # Every group trained had been selected and reported; every graded group was applied once.
+    trained = {datum["prompt_id"] for update in run["updates"] for datum in update}
+    assert trained <= {pid for _, pid in reported}
+    assert_beliefs_match(service.url, f"{dsname}-async", late["scored"], groups=len(reported))
+    history = service_history(service.url, f"{dsname}-async")
+    assert sum(sum(row["late"].values()) for row in history.values()) >= 1
+
+    # A later batch's group started first: its step was selected after the earlier one's.
+    order = report["order"]
+    assert [(s[0], s[1]) for s in order["selections"]] == [(0, 0), (1, 1)]
+    assert order["later_step"] == 1 and order["later_prompt"] in order["selections"][1][2]
+    assert not order["earlier_started"] and order["envs"] == n
+
+
+# --------------------------------------------------------------------------------------------------
+# SkyRL (skyrl.train.trainer.RayPPOTrainer, generation and the FSDP workers faked)
+# --------------------------------------------------------------------------------------------------
+
+
+def check_skyrl_update(update: list[dict[str, Any]], prompts: list[int], n: int) -> None:
+    """One policy update trained exactly these prompts' groups of n, with GRPO's sign: above the
+    group's mean reward a positive advantage, below a negative one, none without spread."""
+    groups: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for row in update:
+        groups[row["prompt_id"]].append(row)
+    assert sorted(groups) == sorted(prompts)
+    for pid, rows in groups.items():
+        assert len(rows) == n, f"prompt {pid}"
+        mean = sum(r["reward"] for r in rows) / n
+        for r in rows:
+            expected = (r["reward"] > mean) - (r["reward"] < mean)
+            assert (r["advantage"] > 1e-9) - (r["advantage"] < -1e-9) == expected, (pid, rows)
+
+
+def test_skyrl_trainer_trains_on_selected_prompts_and_reports_every_group(
+    service: Any, dsname: str, tmp_path: Path
+) -> None:
+    """skyrl 0.3's ``RayPPOTrainer.train`` as `SelectorRayPPOTrainer`: each step trains the prompts the
+    service picked, every group rolled out (those dynamic sampling filters out included) is reported once,
+    and a trainer that dies in its third update resumes from SkyRL's checkpoint at the next service
+    step."""
+    report = run_driver(
+        "skyrl", "drive_skyrl.py", ["--url", service.url, "--dataset", dsname, "--workdir", str(tmp_path)]
+    )
+    n, batch = 4, 3
+    first, resumed = report["grpo"]["runs"]
+    assert first["died"] and not resumed["died"]
+    # Steps 0-2 selected and reported; two updates trained before the third died.
+    assert [r[0] for r in first["reported"]] == [0, 1, 2] and len(first["updates"]) == 2
+    for update, (_, prompts, _, _) in zip(first["updates"], first["reported"], strict=False):
+        check_skyrl_update(update, prompts, n)
+    # Resumed from the checkpoint of step 2 (its dataloader state): the epoch's last two batches, at
+    # service steps 3 and 4, never step 2 again; the same run id.
+    assert resumed["run_id"] == first["run_id"] and resumed["start_step"] == 3
+    assert [r[0] for r in resumed["reported"]] == [3, 4]
+    assert resumed["updates"][:2] == first["updates"] and len(resumed["updates"]) == 4
+    for update, (_, prompts, _, _) in zip(resumed["updates"][2:], resumed["reported"], strict=True):
+        check_skyrl_update(update, prompts, n)
+    reports = first["reported"] + resumed["reported"]
+    assert all(size == n * batch and not dup and len(ids) == batch for _, ids, size, dup in reports)
+    assert first["lost"] == resumed["lost"] == []
+    fed = first["earned"] + resumed["earned"]
+    assert_beliefs_match(service.url, dsname, fed, groups=len(fed) // n)
+    assert report["open_steps"][dsname] == 4
+
+    # Dynamic sampling (filter): the trainer drew batches (service steps) until it had a batch of groups
+    # with reward spread; every group drawn was reported, the trained ones were the spread ones.
+    (filtered,) = report["filter"]["runs"]
+    assert len(filtered["reported"]) > len(filtered["updates"]) >= 1
+    assert [r[0] for r in filtered["reported"]] == list(range(len(filtered["reported"])))
+    reported_prompts = [pid for _, ids, _, _ in filtered["reported"] for pid in ids]
+    for update in filtered["updates"]:
+        trained = sorted({row["prompt_id"] for row in update})
+        assert set(trained) <= set(reported_prompts) and len(trained) == batch
+        check_skyrl_update(update, trained, n)
+        assert all(0 < sum(r["reward"] for r in update if r["prompt_id"] == pid) < n for pid in trained)
+    assert_beliefs_match(
+        service.url, f"{dsname}-filter", filtered["earned"], groups=len(filtered["earned"]) // n
+    )

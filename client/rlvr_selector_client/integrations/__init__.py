@@ -10,6 +10,10 @@
 - `rlvr_selector_client.integrations.openrlhf`: OpenRLHF's ``train_ppo_ray`` entry point with the prompt
   loader and rollout collection of the selector.
 - `rlvr_selector_client.integrations.slime`: a data source and rollout hook for slime.
+- `rlvr_selector_client.integrations.tinker`: a dataset (and its ``chz`` builder) for the Tinker cookbook's
+  RL loop, selecting each step when its first group starts and reporting each group once graded.
+- `rlvr_selector_client.integrations.skyrl`: SkyRL's PPO trainer with the selector's train dataloader and a
+  report of every step's rollouts.
 
 All speak to the service only through `rlvr_selector_client.client.SelectorClient`, take their settings as one
 `SelectorOptions`, and follow the same rules as our own loop: a service prompt id is a stable integer per
@@ -165,7 +169,7 @@ class SelectorOptions:
         if not per_prompt_rollouts:
             self.refuse_rollout_budget(
                 "this trainer rolls out the same number of completions for every prompt; per-prompt counts "
-                "are supported with verl 0.9's v1 trainer"
+                "are supported with verl 0.9's v1 trainer and the Tinker cookbook"
             )
         if self.client is not None:
             return self.client

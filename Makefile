@@ -28,8 +28,8 @@ $(STAMP): pyproject.toml client/pyproject.toml Makefile
 	touch $(STAMP)
 
 lint: $(STAMP)
-	$(BIN)/ruff check selector_service trainer_client client tests bench deploy
-	$(BIN)/ruff format --check selector_service trainer_client client tests bench deploy
+	$(BIN)/ruff check selector_service trainer_client client tests bench deploy examples
+	$(BIN)/ruff format --check selector_service trainer_client client tests bench deploy examples
 	@# Strict on the whole of selector_service ([tool.mypy] in pyproject.toml).
 	$(BIN)/mypy
 

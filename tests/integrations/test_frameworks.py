@@ -143,6 +143,16 @@ def test_verl_trainer_reports_every_group_and_resumes(
     # verl's rule reward (GSM8K scorer) gave each sample the reward the fake policy aimed for.
     assert {p: sorted(v) for p, v in trained.items()} == {p: sorted(v) for p, v in earned.items()}
     assert_beliefs_match(service.url, dsname, report["fed"], groups=len(report["fed"]) // n)
+    # A group size other than the dataset's rollouts_per_prompt is refused, saying what to set.
+    guard = report["group_size_guard"]
+    if mode == "main":
+        assert (
+            f"rollouts_per_prompt={2 * n} in the selector options but actor_rollout_ref.rollout.n is {n}"
+            in guard
+        )
+    else:
+        assert f"groups of {n} completions but the selector's dataset has rollouts_per_prompt=8" in guard
+        assert "actor_rollout_ref.rollout.n=8" in guard
     if mode == "main":
         assert report["sampler"] == "SelectorCurriculumSampler"
         assert report["trainer"] == "SelectorRayPPOTrainer"

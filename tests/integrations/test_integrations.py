@@ -843,11 +843,12 @@ def test_openrlhf_sampler_and_reporter_report_each_group_for_the_step_it_was_sel
             reporter.add({"prompt": prompts[0], "scores": None, "reward": None})
 
 
-def test_openrlhf_reporter_keeps_a_group_refused_as_too_late_and_goes_on(
-    service: Any, dsname: str, caplog: pytest.LogCaptureFixture
+def test_openrlhf_reporter_files_a_group_later_than_max_lag_at_the_open_step(
+    service: Any, dsname: str
 ) -> None:
-    """A group older than the dataset's max_lag is refused by the service (409): the reporter logs what
-    to change, records it in `lost`, applies nothing and keeps reporting the later groups."""
+    """A group reported after later steps were selected (dynamic filtering pulls them while a step's
+    groups run), more than the dataset's max_lag: the report names its selected_step, so the service
+    files it at the open step instead of refusing it; nothing is lost and later groups go on."""
     from rlvr_selector_client.integrations import SelectorOptions, ensure_dataset
     from rlvr_selector_client.integrations import openrlhf as adapter
 
@@ -860,16 +861,15 @@ def test_openrlhf_reporter_keeps_a_group_refused_as_too_late_and_goes_on(
         )
         reporter = adapter.GroupReporter(sampler, client=client, dataset=dsname, group_size=2)
         rows = iter(sampler)
-        first, second = next(rows), next(rows)  # step 0, then step 1: with max_lag 0, step 0 is too late
+        first, second = next(rows), next(rows)  # step 0, then step 1: with max_lag 0, step 0 is late
         for _ in range(2):
             reporter.add({"prompt": prompts[first], "scores": 1.0})
-        assert reporter.lost == [(start, first)] and reporter.reported == []
-        assert "too late" in caplog.text and "--selector.max_lag" in caplog.text
-        assert client.beliefs(dsname, [first]).beliefs[0].observations == 0
+        assert reporter.lost == [] and reporter.reported == [(start, first, 1)]
+        assert client.beliefs(dsname, [first]).beliefs[0].observations == 1
         for _ in range(2):
             reporter.add({"prompt": prompts[second], "scores": 0.0})
-        assert reporter.lost == [(start, first)]
-        assert [(s, pid) for s, pid, _ in reporter.reported] == [(start + 1, second)]
+        assert reporter.lost == []
+        assert reporter.reported[1] == (start + 1, second, 0)
 
 
 def test_openrlhf_resumed_sampler_drops_rows_of_a_step_selected_before_the_checkpoint(

@@ -459,6 +459,49 @@ def guards(args: argparse.Namespace, model: Path, data: Path) -> dict[str, str]:
     return out
 
 
+def group_size_guard(args: argparse.Namespace, model: Path, data: Path, train_dataset: Any) -> str:
+    """A group size other than the service dataset's rollouts_per_prompt, as a user gets it.
+
+    verl 0.5-0.7 hands the sampler ``config.data`` only, so a launch line without
+    ``+data.sampler.selector.rollouts_per_prompt`` creates the dataset with the service's default (8)
+    while ``actor_rollout_ref.rollout.n`` is 4: the first ``update`` (a real DataProto of groups of 4)
+    refuses before reporting. Through verl_main (verl >= 0.8) the sampler reads rollout.n itself, so
+    only a declared rollouts_per_prompt that differs from it is left to refuse, when the sampler is built.
+    """
+    import numpy as np
+    from omegaconf import open_dict
+    from verl import DataProto
+
+    from rlvr_selector_client.integrations import verl as adapter
+    from rlvr_selector_client.integrations import verl_main
+
+    config = compose(args, model, data, steps=3, resume=None)
+    with open_dict(config):
+        config.data.sampler.selector.dataset = f"{args.dataset}-groups"
+        if VERSION >= (0, 8):
+            config.data.sampler.selector.rollouts_per_prompt = 2 * N
+        else:
+            del config.data.sampler.selector["rollouts_per_prompt"]
+    try:
+        if VERSION >= (0, 8):
+            verl_main._running["config"] = config
+            verl_main.selector_sampler(config.data, train_dataset)
+        else:
+            sampler = adapter.SelectorCurriculumSampler(train_dataset, config.data)
+            next(iter(sampler))
+            ids = [pid for pid in sampler.open_ids for _ in range(N)]
+            batch = DataProto.from_dict(
+                tensors={"token_level_scores": torch.ones(len(ids), 2)},
+                non_tensors={"extra_info": np.array([{"index": pid} for pid in ids], dtype=object)},
+            )
+            sampler.update(batch)
+    except ValueError as exc:
+        return str(exc)
+    finally:
+        verl_main._running.clear()
+    return "accepted"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--url", required=True)
@@ -485,6 +528,7 @@ def main() -> None:
         report["guards"] = guards(args, model, data)
     trainer.fit()
     report["runs"].append({"updates": updates, "next_step": sampler.next_step, "run_id": sampler.run_id})
+    report["group_size_guard"] = group_size_guard(args, model, data, trainer.train_dataset)
 
     # Run 2: a fresh trainer resumes from the mid-epoch checkpoint of step 2 (as after a crash during
     # step 3) and runs to the end of the epoch (4 steps of 3 prompts).

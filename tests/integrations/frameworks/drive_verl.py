@@ -33,6 +33,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
+from examples import verl_grpo
 from tests.integrations.frameworks import common
 
 VERSION = tuple(int(p) for p in metadata.version("verl").split(".")[:2])
@@ -42,21 +43,11 @@ SIZE = 12  # prompts in the dataset: 4 steps per epoch
 
 
 def write_parquet(path: Path) -> None:
-    import pandas as pd
-
-    # Rows in another order than their ids: the service id is extra_info.index, never the row.
+    """The example's data (examples/verl_grpo.py), rows in another order than their ids: the service id
+    is extra_info.index, never the row."""
     order = [5, 0, 11, 3, 8, 1, 10, 6, 2, 9, 4, 7]
-    rows = [
-        {
-            "data_source": "openai/gsm8k",
-            "prompt": [{"role": "user", "content": common.question(pid)}],
-            "ability": "math",
-            "reward_model": {"style": "rule", "ground_truth": str(common.answer_of(pid))},
-            "extra_info": {"split": "train", "index": pid},
-        }
-        for pid in order
-    ]
-    pd.DataFrame(rows).to_parquet(path)
+    by_id = {row["prompt_id"]: row for row in verl_grpo.records(SIZE)}
+    verl_grpo.write_parquet([by_id[pid] for pid in order], path)
 
 
 def compose(args: argparse.Namespace, model: Path, data: Path, steps: int, resume: str | None) -> Any:
@@ -65,25 +56,16 @@ def compose(args: argparse.Namespace, model: Path, data: Path, steps: int, resum
     from hydra import initialize_config_dir
 
     config_dir = str(Path(verl.__file__).parent / "trainer" / "config")
-    selector = [
-        f"+data.sampler.selector.url={args.url}",
-        f"+data.sampler.selector.dataset={args.dataset}",
-        "+data.sampler.selector.strategy=insight",
-        f"+data.sampler.selector.rollouts_per_prompt={N}",
-    ]
-    if VERSION < (0, 8) or args.mode == "legacy":
-        sampler = [
-            "data.sampler.class_path=pkg://rlvr_selector_client.integrations.verl",
-            "data.sampler.class_name=SelectorCurriculumSampler",
-        ]
-    else:
+    # The example's launch overrides (examples/verl_grpo.py): the selector's keys and the route.
+    selector = verl_grpo.selector_overrides(args.url, args.dataset, N)
+    sampler = verl_grpo.route_overrides((0, 7) if args.mode == "legacy" else VERSION)
+    if VERSION >= (0, 9) and args.mode != "legacy":
         # verl 0.9's legacy trainer, which verl_main runs when v1 is switched off (drive_verl_v1.py
         # drives the v1 trainer, verl's default).
-        sampler = ["trainer.use_v1=False"] if VERSION >= (0, 9) else []
+        sampler.append("trainer.use_v1=False")
     overrides = [
         *sampler,
         *selector,
-        "data.dataloader_num_workers=0",
         f"data.train_files={data}",
         f"data.val_files={data}",
         f"data.train_batch_size={BATCH}",

@@ -54,10 +54,12 @@ serve: $(STAMP)
 	$(BIN)/selector-service serve
 
 # Every distribution's wheel into dist/: rlvr-selector-client (client/, what a trainer's environment
-# installs) and rlvr-selector (the service, with the GRPO trainer under the `trainer` extra).
-dist: $(STAMP)
+# installs) and rlvr-selector (the service, with the GRPO trainer under the `trainer` extra). Needs only
+# Python and pip (no test or trainer dependencies): the first step of docs/integrations.md's install.
+dist:
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	rm -rf dist
-	$(BIN)/pip wheel -q --no-deps --wheel-dir dist ./client .
+	$(BIN)/python -m pip wheel -q --no-deps --wheel-dir dist ./client .
 	@ls dist
 
 bench: $(STAMP)

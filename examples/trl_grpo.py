@@ -33,7 +33,7 @@ from rlvr_selector_client.integrations.trl import SelectorGRPOTrainer, SelectorO
 
 
 def arithmetic(size: int) -> Dataset:
-    """``size`` questions ``what is i + 1?``; ``prompt_id`` is the service's id of each row, 0..size-1."""
+    """``size`` questions; ``prompt_id`` is the service's id of each row, an integer 0..size-1."""
     return Dataset.from_list(
         [{"prompt": f"what is {i} + 1?", "answer": str(i + 1), "prompt_id": i} for i in range(size)]
     )
@@ -49,35 +49,42 @@ def accuracy(completions: list[str], answer: list[str], **kwargs: Any) -> list[f
 
 
 def format_reward(completions: list[str], **kwargs: Any) -> list[float]:
-    """A shaping bonus: 1.0 when the completion holds a number at all. TRL adds it to the advantages;
-    the selector does not count it as solving the prompt."""
+    """A shaping bonus (a number in the completion): TRL adds it to the advantages; the selector does
+    not count it as solving the prompt."""
     return [1.0 if re.search(r"\d", text) else 0.0 for text in completions]
+
+
+def trainer(model: str, config: GRPOConfig, url: str | None, dataset: str | None) -> SelectorGRPOTrainer:
+    """GRPOTrainer's arguments, plus the selector's options and the reward it observes. A url or dataset
+    left None is read from SELECTOR_URL / SELECTOR_DATASET."""
+    return SelectorGRPOTrainer(
+        model=model,
+        reward_funcs=[format_reward, accuracy],
+        observe_reward="accuracy",
+        args=config,
+        train_dataset=arithmetic(64),
+        selector=SelectorOptions(url=url, dataset=dataset or ""),
+    )
 
 
 def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
     parser.add_argument("--url", help="the selector service (default: $SELECTOR_URL)")
     parser.add_argument("--dataset", help="the service dataset's name (default: $SELECTOR_DATASET)")
-    parser.add_argument(
-        "--strategy", help="a strategy of the service (default: $SELECTOR_STRATEGY, else insight)"
-    )
     parser.add_argument("--model", required=True, help="a model folder or Hugging Face id")
     parser.add_argument("--output-dir", default="runs/trl-grpo")
-    parser.add_argument("--size", type=int, default=64, help="prompts in the train set")
     parser.add_argument("--max-steps", type=int, default=4)
     parser.add_argument("--batch-size", type=int, default=8, help="completions per device per step")
     parser.add_argument("--num-generations", type=int, default=4, help="completions per prompt")
-    parser.add_argument("--steps-per-generation", type=int, default=None)
     parser.add_argument("--max-completion-length", type=int, default=16)
     return parser.parse_args(argv)
 
 
-def trainer(args: argparse.Namespace) -> SelectorGRPOTrainer:
-    config = GRPOConfig(
+def grpo_config(args: argparse.Namespace) -> GRPOConfig:
+    return GRPOConfig(
         output_dir=args.output_dir,
         per_device_train_batch_size=args.batch_size,
         num_generations=args.num_generations,
-        steps_per_generation=args.steps_per_generation,
         max_completion_length=args.max_completion_length,
         max_steps=args.max_steps,
         learning_rate=1e-5,
@@ -87,18 +94,11 @@ def trainer(args: argparse.Namespace) -> SelectorGRPOTrainer:
         save_strategy="no",
         logging_steps=1,
     )
-    return SelectorGRPOTrainer(
-        model=args.model,
-        reward_funcs=[format_reward, accuracy],
-        observe_reward="accuracy",
-        args=config,
-        train_dataset=arithmetic(args.size),
-        selector=SelectorOptions(url=args.url, dataset=args.dataset or "", strategy=args.strategy),
-    )
 
 
 def main(argv: Sequence[str] | None = None) -> SelectorGRPOTrainer:
-    grpo = trainer(parse(argv))
+    args = parse(argv)
+    grpo = trainer(args.model, grpo_config(args), args.url, args.dataset)
     grpo.train()
     return grpo
 

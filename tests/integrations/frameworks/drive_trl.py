@@ -33,7 +33,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 from examples import tiny_model, trl_grpo
 from tests.integrations.frameworks import common
 
-SIZE = 12
 GENERATIONS = 2  # completions per prompt (num_generations)
 BATCH = 4  # completions per device per step: 2 prompts a step
 
@@ -97,8 +96,6 @@ def main() -> None:
         str(model),
         "--output-dir",
         str(Path(args.workdir) / "out"),
-        "--size",
-        str(SIZE),
         "--batch-size",
         str(BATCH),
         "--num-generations",
@@ -126,30 +123,23 @@ def main() -> None:
             return f"{type(exc).__name__}: {exc}"
         return "accepted"
 
-    base = trl_grpo.parse(["--url", args.url, "--dataset", args.dataset, "--max-steps", "1", *example])
-    config = trl_grpo.trainer(base).args
+    def build(*extra: str, url: str = args.url, dataset: str = args.dataset) -> Any:
+        options = trl_grpo.parse([*example, "--max-steps", "1", *extra])
+        return trl_grpo.trainer(options.model, trl_grpo.grpo_config(options), url, dataset)
+
+    config = trl_grpo.grpo_config(trl_grpo.parse([*example, "--max-steps", "1"]))
     mistakes = {
         "no_observe_reward": refusal(
             lambda: SelectorGRPOTrainer(
                 model=str(model),
                 reward_funcs=[trl_grpo.format_reward, trl_grpo.accuracy],
                 args=config,
-                train_dataset=trl_grpo.arithmetic(SIZE),
+                train_dataset=trl_grpo.arithmetic(64),
                 selector=SelectorOptions(url=args.url, dataset=args.dataset),
             )
         ),
-        "num_generations": refusal(
-            lambda: trl_grpo.trainer(
-                trl_grpo.parse(
-                    ["--url", args.url, "--dataset", args.dataset, *example, "--num-generations", "4"]
-                )
-            )
-        ),
-        "url_with_a_path": refusal(
-            lambda: trl_grpo.trainer(
-                trl_grpo.parse(["--url", args.url + "/api", "--dataset", args.dataset + "-new", *example])
-            )
-        ),
+        "num_generations": refusal(lambda: build("--num-generations", "4")),
+        "url_with_a_path": refusal(lambda: build(url=args.url + "/api", dataset=args.dataset + "-new")),
     }
     with httpx.Client(base_url=args.url, timeout=30) as http:
         history = http.get(f"/datasets/{args.dataset}/history").json()

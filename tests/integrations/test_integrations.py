@@ -641,6 +641,65 @@ def test_trl_trainer_refuses_what_it_cannot_observe_rightly(
         build(observe_reward=1, options={"client": None, "url": service.url + "/api", "dataset": "other"})
 
 
+def test_check_url_tells_a_wrong_url_from_the_service(service: Any) -> None:
+    """The service's root answers /healthz with its contract header; a path the service does not serve
+    answers 404, and another web server answers without the header: both named, with what to do."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from threading import Thread
+
+    from rlvr_selector_client.client import SelectorError
+
+    class Other(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    other = ThreadingHTTPServer(("127.0.0.1", 0), Other)
+    Thread(target=other.serve_forever, daemon=True).start()
+    try:
+        with SelectorClient(service.url) as right:
+            right.check_url()
+        with SelectorClient(service.url + "/api") as wrong, pytest.raises(SelectorError, match="HTTP 404"):
+            wrong.check_url()
+        elsewhere = f"http://127.0.0.1:{other.server_address[1]}"
+        with (
+            SelectorClient(elsewhere) as wrong,
+            pytest.raises(SelectorError, match="without the Selector-Contract"),
+        ):
+            wrong.check_url()
+    finally:
+        other.shutdown()
+
+
+def test_open_dataset_checks_the_group_size_except_where_groups_have_their_own(
+    service: Any, dsname: str
+) -> None:
+    from rlvr_selector_client.integrations import SelectorOptions, open_dataset
+
+    with SelectorClient(service.url) as c:
+        options = SelectorOptions(client=c, dataset=dsname)
+        info = open_dataset(c, options, 6, 3, group_option="--group")
+        assert (info.size, info.rollouts_per_prompt) == (6, 3)
+        with pytest.raises(ValueError, match=r"rollouts_per_prompt=3, but --group is 5.*Set --group to 3"):
+            open_dataset(c, options, 6, 5, group_option="--group")
+        with pytest.raises(ValueError, match="has 6 prompts but the train dataset has 7 rows"):
+            open_dataset(c, options, 7, 3)
+        # On purpose: INSIGHT's k set by hand, or a rollout budget (groups of their own sizes).
+        open_dataset(c, SelectorOptions(client=c, dataset=dsname, params={"k": 5}), 6, 5)
+        budget = SelectorOptions(client=c, dataset=dsname, rollout_budget=12, rollout_min=2)
+        open_dataset(c, budget, 6, 5)
+        # Unknown group size: the declared one is checked instead.
+        open_dataset(c, options, 6, None)
+        declared = SelectorOptions(client=c, dataset=dsname, rollouts_per_prompt=4)
+        with pytest.raises(ValueError, match="rollouts_per_prompt=3, but --declared is 4"):
+            open_dataset(c, declared, 6, None, group_option="--declared")
+
+
 def test_selector_options_read_the_environment_however_they_are_built(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

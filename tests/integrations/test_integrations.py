@@ -288,7 +288,9 @@ def test_areal_workflow_files_a_group_finished_past_max_lag(service: Any, dsname
         c.create_dataset(dsname, 4, rollouts_per_prompt=2, max_lag=1)
         c.select(dsname, 0, 2, "uniform")
         c.select(dsname, 4, 2, "uniform")  # step 0 is now 4 steps late
-        workflow = SelectorWorkflow(None, url=service.url, dataset=dsname, group_size=2, run_id="late")
+        workflow = SelectorWorkflow(
+            None, url=service.url, dataset=dsname, group_size=2, run_id=f"late-{dsname}"
+        )
 
         async def report() -> None:
             await workflow._report(0, 3, [1.0, 0.0])
@@ -916,7 +918,13 @@ def test_openrlhf_reporter_files_a_group_later_than_max_lag_at_the_open_step(
         options = SelectorOptions(client=client, dataset=dsname)
         start = ensure_dataset(client, options, 4, 2, max_lag=0)
         sampler = adapter.SelectorPromptSampler(
-            prompts, [0, 1, 2, 3], 1, client=client, options=options, start_step=start, run_id="late"
+            prompts,
+            [0, 1, 2, 3],
+            1,
+            client=client,
+            options=options,
+            start_step=start,
+            run_id=f"late-{dsname}",
         )
         reporter = adapter.GroupReporter(sampler, client=client, dataset=dsname, group_size=2)
         rows = iter(sampler)

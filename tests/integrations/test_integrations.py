@@ -585,6 +585,42 @@ def test_trl_grpo_trainer_reports_each_generation_at_the_step_that_selected_it(
     assert again._selector_next == info.open_step + 1
 
 
+@pytest.mark.slow
+def test_trl_trainer_resumed_from_a_checkpoint_continues_after_the_last_step(
+    trl_adapter: Any, service: Any, client: RecordingClient, dsname: str, tmp_path: Any
+) -> None:
+    """``train(resume_from_checkpoint=...)``: transformers fast-forwards the loader over the trained
+    batches, which are slots and select nothing; the resumed run's next generation selects the step after
+    the last one the service saw, and reports it there."""
+    import datasets
+
+    train = datasets.Dataset.from_list([{"prompt": f"what is {i} + 1?", "prompt_id": i} for i in range(12)])
+
+    def has_vowel(completions: list[str], **kwargs: Any) -> list[float]:
+        return [1.0 if any(c in "aeiou" for c in text) else 0.0 for text in completions]
+
+    tokenizer = common.tokenizer()
+
+    def trainer(steps: int) -> Any:
+        return trl_adapter.SelectorGRPOTrainer(
+            model=_tiny_model(len(tokenizer)),
+            reward_funcs=has_vowel,
+            args=_grpo_args(tmp_path, max_steps=steps, save_strategy="steps", save_steps=1),
+            train_dataset=train,
+            processing_class=tokenizer,
+            selector=trl_adapter.SelectorOptions(client=client, dataset=dsname),
+        )
+
+    trainer(2).train()
+    assert sorted(client.selected) == [0, 1]
+    resumed = trainer(3)
+    resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-2"))
+    assert resumed.state.global_step == 3
+    # One more generation, at the step after the first run's last; its report there.
+    assert sorted(client.selected) == [0, 1, 2] and client.select_calls == 3
+    assert [step for step, _, _ in client.observed] == [0, 1, 2]
+
+
 def test_trl_trainer_refuses_what_it_cannot_observe_rightly(
     trl_adapter: Any, service: Any, client: RecordingClient, dsname: str, tmp_path: Any
 ) -> None:

@@ -28,8 +28,8 @@ $(STAMP): pyproject.toml client/pyproject.toml Makefile
 	touch $(STAMP)
 
 lint: $(STAMP)
-	$(BIN)/ruff check selector_service trainer_client client tests bench deploy
-	$(BIN)/ruff format --check selector_service trainer_client client tests bench deploy
+	$(BIN)/ruff check selector_service trainer_client client tests bench deploy examples
+	$(BIN)/ruff format --check selector_service trainer_client client tests bench deploy examples
 	@# Strict on the whole of selector_service ([tool.mypy] in pyproject.toml).
 	$(BIN)/mypy
 
@@ -54,10 +54,12 @@ serve: $(STAMP)
 	$(BIN)/selector-service serve
 
 # Every distribution's wheel into dist/: rlvr-selector-client (client/, what a trainer's environment
-# installs) and rlvr-selector (the service, with the GRPO trainer under the `trainer` extra).
-dist: $(STAMP)
+# installs) and rlvr-selector (the service, with the GRPO trainer under the `trainer` extra). Needs only
+# Python and pip (no test or trainer dependencies): the first step of docs/integrations.md's install.
+dist:
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	rm -rf dist
-	$(BIN)/pip wheel -q --no-deps --wheel-dir dist ./client .
+	$(BIN)/python -m pip wheel -q --no-deps --wheel-dir dist ./client .
 	@ls dist
 
 bench: $(STAMP)

@@ -252,3 +252,29 @@ def test_the_range_check_can_fail():
     )  # generic row: allowed
     assert undocumented_ranges(text.replace("| AdaRFT `alpha` |", "| MoPPS `alpha` |")) == ["adarft alpha"]
     assert undocumented_ranges(text.replace("| `max_lag` |", "| max lag |")) == ["dataset field max_lag"]
+
+
+def _example_blocks(text: str) -> list[tuple[str, list[str]]]:
+    """(example file, code lines) of each fenced block a ``<!-- example: PATH -->`` line announces."""
+    found = []
+    for match in re.finditer(r"<!-- example: (\S+) -->\n```\w*\n(.*?)\n```", text, re.DOTALL):
+        found.append((match.group(1), match.group(2).splitlines()))
+    return found
+
+
+def test_the_integration_docs_code_is_the_examples():
+    """Every code line docs/integrations.md shows from an example is a line of that example, so the docs
+    cannot drift from the code the test suite runs (tests/integrations/test_frameworks.py)."""
+    blocks = _example_blocks((ROOT / "docs" / "integrations.md").read_text())
+    assert blocks, "docs/integrations.md shows no example"
+    for path, lines in blocks:
+        source = {line.rstrip() for line in (ROOT / path).read_text().splitlines()}
+        missing = [line for line in lines if line.strip() and line.rstrip() not in source]
+        assert not missing, f"lines of docs/integrations.md not in {path}: {missing}"
+
+
+def test_the_example_check_can_fail():
+    text = "<!-- example: examples/trl_grpo.py -->\n```python\nimport nothing_of_the_kind\n```\n"
+    ((path, lines),) = _example_blocks(text)
+    source = {line.rstrip() for line in (ROOT / path).read_text().splitlines()}
+    assert [line for line in lines if line not in source] == ["import nothing_of_the_kind"]

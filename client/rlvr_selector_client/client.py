@@ -869,6 +869,28 @@ class SelectorClient(_Base):
         except SelectorError as exc:
             raise self._check_server_message(exc) from None
 
+    def check_url(self) -> None:
+        """Raise a `SelectorError` that names ``base_url`` unless it is the selector service's root:
+        ``GET /healthz`` answers 200 with the contract header every answer of the service carries. A base
+        URL with a path the service does not serve (``.../api``) answers every path with 404, which would
+        read as a missing dataset; callers that take a 404 to mean "missing" ask this first."""
+        call: _Call[Any] = _Call("GET", "/healthz", _json)
+        try:
+            response = self._http.request(call.method, call.path, **call.send_kwargs())
+        except httpx.TransportError as exc:
+            raise self._unreachable(call, exc, 1) from None
+        if response.is_success and contract.CONTRACT_HEADER in response.headers:
+            return
+        answer = f"HTTP {response.status_code}"
+        if response.is_success:
+            answer += f" without the {contract.CONTRACT_HEADER} header the service sends"
+        raise SelectorError(
+            f"{self.base_url} is not the selector service's URL: GET {self.base_url}/healthz answered {answer}. "
+            "Check the URL: it is the address `selector-service serve` prints (e.g. http://127.0.0.1:8000), "
+            "with no path after it",
+            status=response.status_code,
+        )
+
 
 class AsyncSelectorClient(_Base):
     """The same API as ``SelectorClient`` with ``async`` methods (for asyncio trainers); the token as there."""

@@ -143,6 +143,16 @@ def test_verl_trainer_reports_every_group_and_resumes(
     # verl's rule reward (GSM8K scorer) gave each sample the reward the fake policy aimed for.
     assert {p: sorted(v) for p, v in trained.items()} == {p: sorted(v) for p, v in earned.items()}
     assert_beliefs_match(service.url, dsname, report["fed"], groups=len(report["fed"]) // n)
+    # A group size other than the dataset's rollouts_per_prompt is refused, saying what to set.
+    guard = report["group_size_guard"]
+    if mode == "main":
+        assert (
+            f"rollouts_per_prompt={2 * n} in the selector options but actor_rollout_ref.rollout.n is {n}"
+            in guard
+        )
+    else:
+        assert f"groups of {n} completions but the selector's dataset has rollouts_per_prompt=8" in guard
+        assert "actor_rollout_ref.rollout.n=8" in guard
     if mode == "main":
         assert report["sampler"] == "SelectorCurriculumSampler"
         assert report["trainer"] == "SelectorRayPPOTrainer"
@@ -158,29 +168,49 @@ def test_verl_trainer_reports_every_group_and_resumes(
 # --------------------------------------------------------------------------------------------------
 
 
-def test_trl_grpo_trainer_in_its_own_venv_reports_every_generation(
+def test_trl_example_reports_each_generation_at_its_step_and_refuses_the_mistakes(
     service: Any, dsname: str, tmp_path: Path
 ) -> None:
-    """TRL 1.16's GRPOTrainer in a venv of TRL and its dependencies, the client installed there: each
-    generation's prompts are a selected step, its groups are reported once with their rewards, and the
-    model trained (tests/integrations/test_integrations.py covers the adapter's shapes in detail)."""
+    """examples/trl_grpo.py, the TRL example of docs/integrations.md, run by TRL 1.16's GRPOTrainer in a
+    venv of TRL and its dependencies with the client's wheel installed (drive_trl.py): each generation's
+    prompts are the step selected for it, its `accuracy` rewards (not the format bonus) are reported at
+    that step, on time, although TRL's loader fetches ahead; no step is selected that is not trained;
+    a second run (the service from SELECTOR_URL / SELECTOR_DATASET) continues after the first; and the
+    mistakes the docs warn about are refused when the trainer is built, saying what to do."""
     report = run_driver(
         "trl", "drive_trl.py", ["--url", service.url, "--dataset", dsname, "--workdir", str(tmp_path)]
     )
-    generations = 2
-    observed = report["observed"]
-    assert len(observed) == 2
-    for generation, sent in enumerate(observed):
-        # Two optimisation steps per generation: each report is filed under its own step.
-        assert sent["step"] == generation
-        assert sorted(pid for pid, _ in sent["results"]) == report["batches"][str(sent["step"])]
-        assert len(sent["results"]) == report["generation_prompts"]
-        assert all(len(rewards) == generations for _, rewards in sent["results"])
-        assert sent["request_id"].endswith(f"-g{generation}-s{sent['step']}")
-    assert report["parameters_changed"]
-    assert_beliefs_match(service.url, dsname, report["fed"], groups=len(report["fed"]) // generations)
-    # A second trainer on the dataset continues after the first run's steps.
-    assert report["next_step_again"] == report["open_step"] + 1
+    assert report["trl"] == "1.16.0"
+    group, per_step = report["group_size"], report["prompts_per_step"]
+    first, again = report["runs"]
+    assert first == {"global_step": 3, "selects": 3, "reports": 3}
+    assert again == {"global_step": 2, "selects": 5, "reports": 5}
+    selected, observed = report["selected"], report["observed"]
+    # One select per generation, steps 0..4 in order (the second run continued at 3), each reported once
+    # at its own step, with the accuracy rewards of exactly the prompts selected there.
+    assert [s["step"] for s in selected] == [o["step"] for o in observed] == list(range(5))
+    # (tests/integrations/test_integrations.py tells the named reward from another that always differs.)
+    accuracy, bonus = report["rewards"]["accuracy"], report["rewards"]["format_reward"]
+    assert len(accuracy) == len(bonus) == 5
+    for sent, chosen, rewarded in zip(observed, selected, accuracy, strict=True):
+        assert sent["selected_step"] == sent["step"] and sent["lag"] == 0
+        assert sorted(pid for pid, _ in sent["results"]) == sorted(chosen["prompt_ids"])
+        assert len(sent["results"]) == per_step and all(len(r) == group for _, r in sent["results"])
+        reported = sorted((pid, reward) for pid, rewards in sent["results"] for reward in rewards)
+        assert reported == sorted((int(pid), reward) for pid, reward in rewarded)
+    # The service's history: every closed step observed its whole batch at that step, none late.
+    rows = report["history"]["rows"]
+    assert [row["step"] for row in rows] == list(range(4)) and report["history"]["open_step"] == 4
+    assert all(row["observed"] == per_step and not row["late"] for row in rows)
+    fed = [pair for call in accuracy for pair in call]
+    assert_beliefs_match(service.url, dsname, fed, groups=len(fed) // group)
+    mistakes = report["mistakes"]
+    assert "2 reward functions ['format_reward', 'accuracy']" in mistakes["no_observe_reward"]
+    assert "observe_reward=" in mistakes["no_observe_reward"]
+    assert "rollouts_per_prompt=2, but num_generations is 4" in mistakes["num_generations"]
+    assert "Set num_generations to 2" in mistakes["num_generations"]
+    assert "/api is not the selector service's URL" in mistakes["url_with_a_path"]
+    assert "Check the URL" in mistakes["url_with_a_path"]
 
 
 # --------------------------------------------------------------------------------------------------

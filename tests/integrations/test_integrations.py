@@ -15,6 +15,7 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
+import httpx
 import pytest
 import torch
 
@@ -111,6 +112,7 @@ class RecordingClient(SelectorClient):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.observed: list[tuple[int, str, list[Result]]] = []
+        self.selected_steps: list[int | None] = []
         self.selected: dict[int, list[int]] = {}
         self.select_calls = 0
 
@@ -120,10 +122,18 @@ class RecordingClient(SelectorClient):
         self.selected[step] = list(selection.prompt_ids)
         return selection
 
-    def observe(self, dataset: str, step: int, results: Iterable[Result], request_id: str) -> Any:
+    def observe(
+        self,
+        dataset: str,
+        step: int,
+        results: Iterable[Result],
+        request_id: str,
+        selected_step: int | None = None,
+    ) -> Any:
         results = list(results)
-        ack = super().observe(dataset, step, results, request_id)
+        ack = super().observe(dataset, step, results, request_id, selected_step=selected_step)
         self.observed.append((step, request_id, results))
+        self.selected_steps.append(selected_step)
         return ack
 
 
@@ -278,7 +288,9 @@ def test_areal_workflow_files_a_group_finished_past_max_lag(service: Any, dsname
         c.create_dataset(dsname, 4, rollouts_per_prompt=2, max_lag=1)
         c.select(dsname, 0, 2, "uniform")
         c.select(dsname, 4, 2, "uniform")  # step 0 is now 4 steps late
-        workflow = SelectorWorkflow(None, url=service.url, dataset=dsname, group_size=2, run_id="late")
+        workflow = SelectorWorkflow(
+            None, url=service.url, dataset=dsname, group_size=2, run_id=f"late-{dsname}"
+        )
 
         async def report() -> None:
             await workflow._report(0, 3, [1.0, 0.0])
@@ -458,46 +470,74 @@ def _tiny_model(vocab_size: int) -> Any:
     return LlamaForCausalLM(config)
 
 
+def _history(url: str, dataset: str) -> list[dict[str, Any]]:
+    with httpx.Client(base_url=url, timeout=30) as http:
+        answer = http.get(f"/datasets/{dataset}/history")
+        answer.raise_for_status()
+        return list(answer.json()["rows"])
+
+
+def _grpo_args(tmp_path: Any, **overrides: Any) -> Any:
+    from trl import GRPOConfig
+
+    settings: dict[str, Any] = {
+        "output_dir": str(tmp_path),
+        "per_device_train_batch_size": 4,
+        "num_generations": 2,
+        "max_completion_length": 6,
+        "learning_rate": 1e-2,
+        "use_cpu": True,
+        "bf16": False,
+        "report_to": [],
+        "save_strategy": "no",
+        "logging_steps": 1,
+        "seed": 0,
+        "disable_tqdm": True,
+    }
+    return GRPOConfig(**(settings | overrides))
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("steps_per_generation", [1, 2])
-def test_trl_grpo_trainer_trains_on_selected_prompts_and_reports_them(
+@pytest.mark.parametrize(
+    ("steps_per_generation", "accumulation"),
+    [(1, 1), (1, 2), (2, 1)],
+    ids=["one-step-per-generation", "two-generations-per-update", "two-steps-per-generation"],
+)
+def test_trl_grpo_trainer_reports_each_generation_at_the_step_that_selected_it(
     trl_adapter: Any,
     service: Any,
     client: RecordingClient,
     dsname: str,
     tmp_path: Any,
     steps_per_generation: int,
+    accumulation: int,
 ) -> None:
+    """TRL's loader runs ahead of training (accelerate fetches a batch ahead, transformers an optimizer
+    step's batches at once); the trainer still selects each step when it generates it, so every
+    generation's rewards (the named reward function's, not the other one's) are reported at the step
+    that selected them, on time, no step is selected that is not trained, and a second trainer on the
+    dataset continues after the last step."""
     import datasets
-    from trl import GRPOConfig
 
     size, generations = 12, 2
     train = datasets.Dataset.from_list([{"prompt": f"what is {i} + 1?", "prompt_id": i} for i in range(size)])
-    rewarded: list[list[int]] = []
+    rewarded: list[list[tuple[int, float]]] = []
 
     def has_vowel(completions: list[str], prompt_id: list[int], **kwargs: Any) -> list[float]:
-        rewarded.append(list(prompt_id))
-        return [1.0 if any(c in "aeiou" for c in text) else 0.0 for text in completions]
+        rewards = [1.0 if any(c in "aeiou" for c in text) else 0.0 for text in completions]
+        rewarded.append([(int(p), r) for p, r in zip(prompt_id, rewards, strict=True)])
+        return rewards
 
     def length_bonus(completions: list[str], **kwargs: Any) -> list[float]:
         return [len(text) / 100 for text in completions]
 
     tokenizer = common.tokenizer()
-    args = GRPOConfig(
-        output_dir=str(tmp_path),
-        per_device_train_batch_size=4,
-        num_generations=generations,
+    generations_run = 2 if accumulation == 1 else 4
+    args = _grpo_args(
+        tmp_path,
         steps_per_generation=steps_per_generation,
-        max_completion_length=6,
-        max_steps=2 * steps_per_generation,
-        learning_rate=1e-2,
-        use_cpu=True,
-        bf16=False,
-        report_to=[],
-        save_strategy="no",
-        logging_steps=1,
-        seed=0,
-        disable_tqdm=True,
+        gradient_accumulation_steps=accumulation,
+        max_steps=generations_run * steps_per_generation // accumulation,
     )
     trainer = trl_adapter.SelectorGRPOTrainer(
         model=_tiny_model(len(tokenizer)),
@@ -511,23 +551,27 @@ def test_trl_grpo_trainer_trains_on_selected_prompts_and_reports_them(
     before = [p.detach().clone() for p in trainer.model.parameters()]
     trainer.train()
 
-    sampler = trainer._selector_sampler
     per_generation = args.generation_batch_size // generations
-    assert sampler.batch_size == per_generation
-    # Two generations, each a full selected batch, each reported once with every completion's reward.
-    assert len(client.observed) == 2 == trainer.observing_reward.reports
+    # One select per generation, steps 0, 1, ...: none selected ahead and left untrained.
+    assert sorted(client.selected) == list(range(generations_run)) == list(range(len(rewarded)))
+    assert len(client.observed) == generations_run == trainer.selector_reports
     for generation, (step, request_id, results) in enumerate(client.observed):
-        assert sorted(set(rewarded[generation])) == sorted(sampler.history[generation])
-        assert sorted(r.prompt_id for r in results) == sorted(sampler.history[generation])
-        assert all(len(r.rewards) == generations for r in results)
-        assert request_id.endswith(f"-g{generation}-s{step}")
-        # One batch ahead: with one optimisation step per generation the next step is already
-        # selected when the rewards arrive; otherwise the report is filed under its own step.
-        assert step == generation + (1 if steps_per_generation == 1 else 0)
+        # Each report is the generation's has_vowel rewards, at the step that selected its prompts.
+        assert step == generation and client.selected_steps[generation] == step
+        assert sorted(r.prompt_id for r in results) == sorted(client.selected[step])
+        assert len(results) == per_generation
+        reported = sorted((r.prompt_id, reward) for r in results for reward in r.rewards)
+        assert reported == sorted(rewarded[generation])
+        assert request_id.endswith(f"-s{step}")
     info = client.get_dataset(dsname)
-    assert info.size == size and info.rollouts_per_prompt == generations
-    assert info.rollouts == 2 * per_generation * generations
+    assert info.size == size and info.rollouts_per_prompt == generations and info.max_lag == 0
+    assert info.open_step == generations_run - 1
+    assert info.rollouts == generations_run * per_generation * generations
     assert any(not torch.equal(a, b) for a, b in zip(before, trainer.model.parameters(), strict=True))
+    # The service's step history: every closed step observed its whole batch, none late.
+    rows = _history(service.url, dsname)
+    assert [row["step"] for row in rows] == list(range(generations_run - 1))
+    assert all(row["observed"] == per_generation and not row["late"] for row in rows)
 
     # A second trainer on the same dataset continues after the first run's steps.
     again = trl_adapter.SelectorGRPOTrainer(
@@ -538,7 +582,189 @@ def test_trl_grpo_trainer_trains_on_selected_prompts_and_reports_them(
         processing_class=tokenizer,
         selector=trl_adapter.SelectorOptions(client=client, dataset=dsname, strategy="insight"),
     )
-    assert again._get_train_sampler().next_step == client.get_dataset(dsname).open_step + 1
+    assert again._selector_next == info.open_step + 1
+
+
+@pytest.mark.slow
+def test_trl_trainer_resumed_from_a_checkpoint_continues_after_the_last_step(
+    trl_adapter: Any, service: Any, client: RecordingClient, dsname: str, tmp_path: Any
+) -> None:
+    """``train(resume_from_checkpoint=...)``: transformers fast-forwards the loader over the trained
+    batches, which are slots and select nothing; the resumed run's next generation selects the step after
+    the last one the service saw, and reports it there."""
+    import datasets
+
+    train = datasets.Dataset.from_list([{"prompt": f"what is {i} + 1?", "prompt_id": i} for i in range(12)])
+
+    def has_vowel(completions: list[str], **kwargs: Any) -> list[float]:
+        return [1.0 if any(c in "aeiou" for c in text) else 0.0 for text in completions]
+
+    tokenizer = common.tokenizer()
+
+    def trainer(steps: int) -> Any:
+        return trl_adapter.SelectorGRPOTrainer(
+            model=_tiny_model(len(tokenizer)),
+            reward_funcs=has_vowel,
+            args=_grpo_args(tmp_path, max_steps=steps, save_strategy="steps", save_steps=1),
+            train_dataset=train,
+            processing_class=tokenizer,
+            selector=trl_adapter.SelectorOptions(client=client, dataset=dsname),
+        )
+
+    trainer(2).train()
+    assert sorted(client.selected) == [0, 1]
+    resumed = trainer(3)
+    resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-2"))
+    assert resumed.state.global_step == 3
+    # One more generation, at the step after the first run's last; its report there.
+    assert sorted(client.selected) == [0, 1, 2] and client.select_calls == 3
+    assert [step for step, _, _ in client.observed] == [0, 1, 2]
+
+
+def test_trl_trainer_refuses_what_it_cannot_observe_rightly(
+    trl_adapter: Any, service: Any, client: RecordingClient, dsname: str, tmp_path: Any
+) -> None:
+    """Several reward functions and none named; a group size other than the dataset's; a service URL with
+    a path: each refused at construction, saying what to do."""
+    import datasets
+
+    from rlvr_selector_client.client import SelectorError
+
+    train = datasets.Dataset.from_list([{"prompt": f"q{i}", "prompt_id": i} for i in range(8)])
+
+    def accuracy(completions: list[str], **kwargs: Any) -> list[float]:
+        return [0.0] * len(completions)
+
+    def format_reward(completions: list[str], **kwargs: Any) -> list[float]:
+        return [1.0] * len(completions)
+
+    def build(**kwargs: Any) -> Any:
+        options = {"client": client, "dataset": dsname}
+        settings = {
+            "model": _tiny_model(len(common.SYMBOLS)),
+            "reward_funcs": [format_reward, accuracy],
+            "args": _grpo_args(tmp_path, max_steps=1),
+            "train_dataset": train,
+            "processing_class": common.tokenizer(),
+        }
+        options |= kwargs.pop("options", {})
+        return trl_adapter.SelectorGRPOTrainer(
+            selector=trl_adapter.SelectorOptions(**options), **(settings | kwargs)
+        )
+
+    with pytest.raises(
+        ValueError, match=r"2 reward functions \['format_reward', 'accuracy'\].*observe_reward="
+    ):
+        build()
+    with pytest.raises(ValueError, match="none of the reward functions"):
+        build(observe_reward="acc")
+    assert build(observe_reward="accuracy").observed_reward == 1
+    assert build(options={"reward_key": "accuracy"}).observed_reward == 1
+    client.delete_dataset(dsname)
+
+    client.create_dataset(dsname, len(train), rollouts_per_prompt=4)
+    with pytest.raises(
+        ValueError, match=r"rollouts_per_prompt=4, but num_generations is 2.*Set num_generations to 4"
+    ):
+        build(observe_reward=1)
+    with pytest.raises(
+        ValueError, match="rollouts_per_prompt=8 in the selector options but num_generations is 2"
+    ):
+        build(observe_reward=1, options={"rollouts_per_prompt": 8})
+    assert client.select_calls == 0
+
+    with pytest.raises(
+        SelectorError, match=r"/api is not the selector service's URL.*HTTP 404.*Check the URL"
+    ):
+        build(observe_reward=1, options={"client": None, "url": service.url + "/api", "dataset": "other"})
+
+
+def test_check_url_tells_a_wrong_url_from_the_service(service: Any) -> None:
+    """The service's root answers /healthz with its contract header; a path the service does not serve
+    answers 404, and another web server answers without the header: both named, with what to do."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from threading import Thread
+
+    from rlvr_selector_client.client import SelectorError
+
+    class Other(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    other = ThreadingHTTPServer(("127.0.0.1", 0), Other)
+    Thread(target=other.serve_forever, daemon=True).start()
+    try:
+        with SelectorClient(service.url) as right:
+            right.check_url()
+        with SelectorClient(service.url + "/api") as wrong, pytest.raises(SelectorError, match="HTTP 404"):
+            wrong.check_url()
+        elsewhere = f"http://127.0.0.1:{other.server_address[1]}"
+        with (
+            SelectorClient(elsewhere) as wrong,
+            pytest.raises(SelectorError, match="without the Selector-Contract"),
+        ):
+            wrong.check_url()
+    finally:
+        other.shutdown()
+
+
+def test_open_dataset_checks_the_group_size_except_where_groups_have_their_own(
+    service: Any, dsname: str
+) -> None:
+    from rlvr_selector_client.integrations import SelectorOptions, open_dataset
+
+    with SelectorClient(service.url) as c:
+        options = SelectorOptions(client=c, dataset=dsname)
+        info = open_dataset(c, options, 6, 3, group_option="--group")
+        assert (info.size, info.rollouts_per_prompt) == (6, 3)
+        with pytest.raises(ValueError, match=r"rollouts_per_prompt=3, but --group is 5.*Set --group to 3"):
+            open_dataset(c, options, 6, 5, group_option="--group")
+        with pytest.raises(ValueError, match="has 6 prompts but the train dataset has 7 rows"):
+            open_dataset(c, options, 7, 3)
+        # On purpose: INSIGHT's k set by hand, or a rollout budget (groups of their own sizes).
+        open_dataset(c, SelectorOptions(client=c, dataset=dsname, params={"k": 5}), 6, 5)
+        budget = SelectorOptions(client=c, dataset=dsname, rollout_budget=12, rollout_min=2)
+        open_dataset(c, budget, 6, 5)
+        # Unknown group size: the declared one is checked instead.
+        open_dataset(c, options, 6, None)
+        declared = SelectorOptions(client=c, dataset=dsname, rollouts_per_prompt=4)
+        with pytest.raises(ValueError, match="rollouts_per_prompt=3, but --declared is 4"):
+            open_dataset(c, declared, 6, None, group_option="--declared")
+
+
+def test_selector_options_read_the_environment_however_they_are_built(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from rlvr_selector_client.integrations import SelectorOptions
+
+    monkeypatch.setenv("SELECTOR_URL", "http://s:1")
+    monkeypatch.setenv("SELECTOR_DATASET", "from-env")
+    monkeypatch.setenv("SELECTOR_STRATEGY", "dps")
+    monkeypatch.setenv("SELECTOR_SEED", "7")
+    monkeypatch.setenv("SELECTOR_MAX_LAG", "3")
+    built = SelectorOptions()
+    resolved = SelectorOptions.resolve({}, dict(__import__("os").environ))
+    for options in (built, resolved):
+        assert (options.url, options.dataset, options.strategy, options.seed, options.max_lag) == (
+            "http://s:1",
+            "from-env",
+            "dps",
+            7,
+            3,
+        )
+    # Explicit values win, in both.
+    explicit = {"url": "http://t:2", "dataset": "d", "strategy": "uniform", "seed": 0, "max_lag": 0}
+    assert SelectorOptions(**explicit) == SelectorOptions.resolve(explicit, {"SELECTOR_SEED": "9"})
+    assert SelectorOptions(**explicit).seed == 0
+    monkeypatch.delenv("SELECTOR_STRATEGY")
+    monkeypatch.delenv("SELECTOR_SEED")
+    assert (SelectorOptions().strategy, SelectorOptions().seed) == ("insight", 0)
 
 
 def test_trl_trainer_refuses_datasets_without_prompt_ids(
@@ -591,6 +817,28 @@ def test_observing_reward_refuses_prompts_that_were_not_selected(
     assert ok(prompts=ids, completions=["x"] * len(ids), prompt_id=ids) == [1.0, None] * len(picked)
     (step, _, results), *_ = client.observed
     assert step == 0 and Counter(len(r.rewards) for r in results) == {1: len(picked)}
+
+
+def test_observing_reward_files_a_batch_drawn_ahead_under_the_step_that_selected_it(
+    trl_adapter: Any, service: Any, client: RecordingClient, dsname: str
+) -> None:
+    """A custom loop that draws the next step before rewarding the current one (as a prefetching loader
+    does): each report still goes to the step whose select chose its prompts, late by one."""
+    client.create_dataset(dsname, 12, rollouts_per_prompt=2, max_lag=1)
+    sampler = trl_adapter.SelectorRepeatSampler(
+        range(12), 2, 3, 1, client=client, dataset=dsname, strategy="uniform", seed=4
+    )
+    reward = trl_adapter.ObservingReward(
+        lambda completions, **kw: [1.0] * len(completions), client=client, dataset=dsname, sampler=sampler
+    )
+    drawn = iter(sampler)
+    batches = [[next(drawn) for _ in range(6)] for _ in range(2)]  # steps 0 and 1 drawn
+    for step, rows in enumerate(batches):
+        reward(prompts=rows, completions=["x"] * 6, prompt_id=rows)
+        assert client.observed[step][0] == step == client.selected_steps[step]
+        assert sorted({r.prompt_id for r in client.observed[step][2]}) == sorted(client.selected[step])
+    with pytest.raises(RuntimeError, match="reported already"):
+        reward(prompts=batches[0], completions=["x"] * 6, prompt_id=batches[0])
 
 
 # --------------------------------------------------------------------------------------------------
@@ -692,11 +940,12 @@ def test_openrlhf_sampler_and_reporter_report_each_group_for_the_step_it_was_sel
             reporter.add({"prompt": prompts[0], "scores": None, "reward": None})
 
 
-def test_openrlhf_reporter_keeps_a_group_refused_as_too_late_and_goes_on(
-    service: Any, dsname: str, caplog: pytest.LogCaptureFixture
+def test_openrlhf_reporter_files_a_group_later_than_max_lag_at_the_open_step(
+    service: Any, dsname: str
 ) -> None:
-    """A group older than the dataset's max_lag is refused by the service (409): the reporter logs what
-    to change, records it in `lost`, applies nothing and keeps reporting the later groups."""
+    """A group reported after later steps were selected (dynamic filtering pulls them while a step's
+    groups run), more than the dataset's max_lag: the report names its selected_step, so the service
+    files it at the open step instead of refusing it; nothing is lost and later groups go on."""
     from rlvr_selector_client.integrations import SelectorOptions, ensure_dataset
     from rlvr_selector_client.integrations import openrlhf as adapter
 
@@ -705,20 +954,25 @@ def test_openrlhf_reporter_keeps_a_group_refused_as_too_late_and_goes_on(
         options = SelectorOptions(client=client, dataset=dsname)
         start = ensure_dataset(client, options, 4, 2, max_lag=0)
         sampler = adapter.SelectorPromptSampler(
-            prompts, [0, 1, 2, 3], 1, client=client, options=options, start_step=start, run_id="late"
+            prompts,
+            [0, 1, 2, 3],
+            1,
+            client=client,
+            options=options,
+            start_step=start,
+            run_id=f"late-{dsname}",
         )
         reporter = adapter.GroupReporter(sampler, client=client, dataset=dsname, group_size=2)
         rows = iter(sampler)
-        first, second = next(rows), next(rows)  # step 0, then step 1: with max_lag 0, step 0 is too late
+        first, second = next(rows), next(rows)  # step 0, then step 1: with max_lag 0, step 0 is late
         for _ in range(2):
             reporter.add({"prompt": prompts[first], "scores": 1.0})
-        assert reporter.lost == [(start, first)] and reporter.reported == []
-        assert "too late" in caplog.text and "--selector.max_lag" in caplog.text
-        assert client.beliefs(dsname, [first]).beliefs[0].observations == 0
+        assert reporter.lost == [] and reporter.reported == [(start, first, 1)]
+        assert client.beliefs(dsname, [first]).beliefs[0].observations == 1
         for _ in range(2):
             reporter.add({"prompt": prompts[second], "scores": 0.0})
-        assert reporter.lost == [(start, first)]
-        assert [(s, pid) for s, pid, _ in reporter.reported] == [(start + 1, second)]
+        assert reporter.lost == []
+        assert reporter.reported[1] == (start + 1, second, 0)
 
 
 def test_openrlhf_resumed_sampler_drops_rows_of_a_step_selected_before_the_checkpoint(

@@ -18,6 +18,7 @@ of ``generate_rollout`` in ``slime/rollout/sglang_rollout.py``):
 
 from __future__ import annotations
 
+import json
 import sys
 import types
 from collections import defaultdict
@@ -27,6 +28,7 @@ from typing import Any
 
 import pytest
 
+from examples import slime_grpo
 from rlvr_selector_client.client import SelectorClient
 
 
@@ -71,8 +73,12 @@ def slime_modules(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def args_for(tmp_path: Path, n: int, size: int, **extra: Any) -> Any:
+    """slime's args for the example's prompt file (examples/slime_grpo.py), its rows read back as slime's
+    loader reads them (``--input-key prompt --label-key label --metadata-key metadata``)."""
     order = list(range(size))[::-1]  # file order differs from prompt ids
-    rows = [{"prompt": f"q{pid}", "label": str(pid), "metadata": {"prompt_id": pid}} for pid in order]
+    by_id = {row["prompt_id"]: row for row in slime_grpo.records(size)}
+    path = slime_grpo.write_prompts([by_id[pid] for pid in order], tmp_path / f"prompts-{size}.jsonl")
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
     values = {
         "n_samples_per_prompt": n,
         "rollout_global_dataset": True,

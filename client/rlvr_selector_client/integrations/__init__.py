@@ -32,14 +32,23 @@ This package imports no trainer framework; each submodule imports its framework 
 from __future__ import annotations
 
 import logging
+import os
 import re
 import uuid
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import InitVar, dataclass, field, fields
 from typing import Any, NamedTuple
 
 from rlvr_selector_client import contract
-from rlvr_selector_client.client import NotFound, Result, RolloutBudget, Selection, SelectorClient, first_step
+from rlvr_selector_client.client import (
+    DatasetInfo,
+    NotFound,
+    Result,
+    RolloutBudget,
+    Selection,
+    SelectorClient,
+    first_step,
+)
 from rlvr_selector_client.contract import DEFAULTS as DATASET_DEFAULTS
 
 __all__ = [
@@ -53,6 +62,7 @@ __all__ = [
     "framework_version",
     "group_results",
     "new_run_id",
+    "open_dataset",
     "request_id",
 ]
 
@@ -61,19 +71,30 @@ logger = logging.getLogger(__name__)
 #: A PEP 440 version's release segment, after an optional epoch: ``1!2.3.4rc1+local`` -> ``2.3.4``.
 _RELEASE = re.compile(r"\s*v?(?:\d+!)?(\d+(?:\.\d+)*)")
 
-#: Environment variables an adapter reads when a setting is not given explicitly.
+#: Environment variables `SelectorOptions` reads for a setting that is not given (explicit values win),
+#: in every adapter alike: whether the options come from a config section (`SelectorOptions.resolve`) or
+#: are built in Python (``SelectorOptions(...)``).
 ENV = {
     "url": "SELECTOR_URL",
     "dataset": "SELECTOR_DATASET",
     "strategy": "SELECTOR_STRATEGY",
     "seed": "SELECTOR_SEED",
     "token": "SELECTOR_API_TOKEN",
+    "max_lag": "SELECTOR_MAX_LAG",
 }
+
+DEFAULT_STRATEGY = "insight"
 
 
 @dataclass
 class SelectorOptions:
     """Where the service is, which dataset and strategy, and how the dataset is created if missing.
+
+    A setting left out (None, or ``""`` for ``dataset``) is read from its environment variable (`ENV`:
+    ``SELECTOR_URL``, ``SELECTOR_DATASET``, ``SELECTOR_STRATEGY``, ``SELECTOR_SEED``,
+    ``SELECTOR_API_TOKEN``, ``SELECTOR_MAX_LAG``), from ``os.environ`` or the ``environ`` given; then
+    ``strategy`` defaults to insight and ``seed`` to 0. ``url`` and ``dataset`` are required (or
+    ``client`` instead of ``url``).
 
     ``client`` is an already built `SelectorClient` (then ``url``/``token``/``timeout``/``retries`` are
     not used). ``rollouts_per_prompt`` and ``max_lag`` are None to take them from the trainer's own
@@ -90,9 +111,9 @@ class SelectorOptions:
 
     url: str | None = None
     dataset: str = ""
-    strategy: str = "insight"
+    strategy: str | None = None
     params: dict[str, Any] = field(default_factory=dict)
-    seed: int = 0
+    seed: int | None = None
     token: str | None = None
     timeout: float = 30.0
     retries: int = 5
@@ -110,13 +131,27 @@ class SelectorOptions:
     rollout_min: int = 1
     rollout_max: int | None = None
     rollout_policy: str = contract.DEFAULT_ROLLOUT_POLICY
+    environ: InitVar[Mapping[str, str] | None] = None
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, environ: Mapping[str, str] | None) -> None:
+        env = os.environ if environ is None else environ
+        for key, variable in ENV.items():
+            if getattr(self, key) in (None, "") and env.get(variable):
+                setattr(self, key, env[variable])
         if not self.dataset:
-            raise ValueError("SelectorOptions needs the service dataset name (dataset=...)")
+            raise ValueError(
+                "SelectorOptions needs the service dataset name (dataset=..., or env SELECTOR_DATASET)"
+            )
         if not self.url and self.client is None:
-            raise ValueError("SelectorOptions needs the service url (url=...) or a client")
-        self.seed = int(self.seed)
+            raise ValueError(
+                "SelectorOptions needs the service url (url=..., or env SELECTOR_URL) or a client"
+            )
+        self.strategy = self.strategy or DEFAULT_STRATEGY
+        self.seed = int(self.seed or 0)
+        if self.max_lag is not None:
+            self.max_lag = int(self.max_lag)
+            if self.max_lag < 0:
+                raise ValueError(f"max_lag={self.max_lag}: it counts steps, 0 or more")
         self.params = dict(self.params or {})
         if self.rollout_budget is not None:
             self.rollout_budget = int(self.rollout_budget)
@@ -144,21 +179,19 @@ class SelectorOptions:
         cls, values: Mapping[str, Any] | None, environ: Mapping[str, str], where: str = "selector"
     ) -> SelectorOptions:
         """Options from a config section (``where`` names it in errors) with the ``SELECTOR_*``
-        environment variables filling what the section leaves out (the section wins)."""
+        environment variables of ``environ`` filling what the section leaves out (the section wins), as
+        the constructor does with ``os.environ``."""
         values = dict(values or {})
         known = {f.name for f in fields(cls)} - {"client"}
         unknown = set(values) - known
         if unknown:
             raise ValueError(f"unknown key(s) {sorted(unknown)} under {where}; known: {sorted(known)}")
-        for key, variable in ENV.items():
-            if values.get(key) is None and environ.get(variable):
-                values[key] = environ[variable]
-        missing = [key for key in ("url", "dataset") if not values.get(key)]
+        missing = [key for key in ("url", "dataset") if not values.get(key) and not environ.get(ENV[key])]
         if missing:
             raise ValueError(
                 "the selector needs " + " and ".join(f"{where}.{key} (or env {ENV[key]})" for key in missing)
             )
-        return cls(**values)
+        return cls(**values, environ=environ)
 
     def connect(self, *, per_prompt_rollouts: bool = False) -> SelectorClient:
         """The client to use: the given one, or a new one for ``url``.
@@ -177,32 +210,57 @@ class SelectorOptions:
         return SelectorClient(self.url, token=self.token, timeout=self.timeout, retries=self.retries)
 
 
-def ensure_dataset(
+def open_dataset(
     client: SelectorClient,
     options: SelectorOptions,
     size: int,
-    rollouts_per_prompt: int,
+    group_size: int | None,
     *,
     max_lag: int = 0,
     what: str = "the train dataset",
-) -> int:
-    """Create the service dataset when it is missing (and ``options.create``), check it fits the
-    trainer's, and return the step this run starts at.
+    group_option: str = "the trainer's group size",
+) -> DatasetInfo:
+    """The service dataset this run trains on: created when it is missing (and ``options.create``), and
+    checked against the trainer's data and group size.
+
+    ``group_size`` is how many completions the trainer rolls out per prompt (``group_option`` names
+    that setting in messages), None where the adapter cannot know it or the groups have their own sizes
+    (a rollout budget). A new dataset gets ``rollouts_per_prompt`` = ``group_size`` (else
+    ``options.rollouts_per_prompt``, else the service's default). Refused with what to do: a group size
+    that differs from ``options.rollouts_per_prompt`` or from an existing dataset's (INSIGHT would score
+    for groups of the dataset's size; a ``k`` in ``options.params`` overrides that and is accepted), and
+    a dataset of another size.
+
+    A 404 for the dataset is taken as "missing" only once the service's root answers as the selector
+    (`SelectorClient.check_url`): a base URL with a wrong path answers every path with 404, and is named
+    as such instead of leading to a create that fails.
 
     ``max_lag`` is how many steps late this trainer may report; a dataset created here accepts that,
-    and an existing one that accepts less is warned about (its late groups will be refused)."""
+    and an existing one that accepts less is warned about (reports of a trainer that gives their
+    ``selected_step`` are then filed at the open step; the others are refused)."""
+    declared = options.rollouts_per_prompt
+    budget = options.rollout_budget is not None
+    if declared is not None and group_size is not None and declared != group_size and not budget:
+        raise ValueError(
+            f"rollouts_per_prompt={declared} in the selector options but {group_option} is {group_size}: the "
+            f"trainer rolls out {group_size} completions per prompt. Leave rollouts_per_prompt unset (the "
+            f"adapter takes {group_option}) or make the two equal"
+        )
+    known = group_size if group_size is not None else declared
+    rollouts = known if known is not None else DATASET_DEFAULTS["rollouts_per_prompt"]
     try:
         info = client.get_dataset(options.dataset)
     except NotFound:
+        client.check_url()
         if not options.create:
             raise ValueError(
-                f"dataset {options.dataset!r} does not exist in the selector service; create it with size "
-                f"{size} or let the adapter create it (create=True)"
+                f"dataset {options.dataset!r} does not exist in the selector service at {client.base_url}; "
+                f"create it with size {size} or let the adapter create it (create=True)"
             ) from None
         client.create_dataset(
             options.dataset,
             size,
-            rollouts_per_prompt=rollouts_per_prompt,
+            rollouts_per_prompt=rollouts,
             success_threshold=options.success_threshold,
             beta_decay=options.beta_decay,
             hmm_decay=options.hmm_decay,
@@ -214,15 +272,51 @@ def ensure_dataset(
             f"dataset {options.dataset!r} in the selector service has {info.size} prompts but {what} has "
             f"{size} rows; use another dataset name or the matching data"
         )
+    if known is not None and info.rollouts_per_prompt != known and not budget and "k" not in options.params:
+        raise ValueError(
+            f"dataset {options.dataset!r} in the selector service was created with rollouts_per_prompt="
+            f"{info.rollouts_per_prompt}, but {group_option} is {known}: INSIGHT would score prompts for groups "
+            f"of {info.rollouts_per_prompt}. Set {group_option} to {info.rollouts_per_prompt}, or use a new "
+            f"dataset name (the adapter creates it with {known})"
+        )
     if info.max_lag < max_lag:
         logger.warning(
             "dataset %r accepts results up to %d steps late but this trainer may report %d steps late; "
-            "late groups will be refused (409) and counted as lost",
+            "later reports are filed at the open step (or refused, for a trainer that does not say which "
+            "step it selected them at)",
             options.dataset,
             info.max_lag,
             max_lag,
         )
-    return first_step(info)
+    return info
+
+
+def ensure_dataset(
+    client: SelectorClient,
+    options: SelectorOptions,
+    size: int,
+    group_size: int | None,
+    *,
+    max_lag: int = 0,
+    what: str = "the train dataset",
+    group_option: str = "the trainer's group size",
+) -> int:
+    """`open_dataset`, and the step this run starts at (`first_step`: after any earlier run's)."""
+    return first_step(
+        open_dataset(client, options, size, group_size, max_lag=max_lag, what=what, group_option=group_option)
+    )
+
+
+def check_group_sizes(results: Iterable[Result], expected: int, where: str) -> None:
+    """Refuse a report whose groups are not ``expected`` rollouts each (the dataset's
+    ``rollouts_per_prompt``), for adapters that learn the trainer's group size only from its first
+    report; ``where`` says which setting to change."""
+    sizes = sorted({len(r.rewards or []) for r in results})
+    if sizes and sizes != [expected]:
+        raise ValueError(
+            f"the trainer rolled out groups of {', '.join(map(str, sizes))} completions but the selector's "
+            f"dataset has rollouts_per_prompt={expected}: {where}"
+        )
 
 
 def group_results(prompt_ids: Iterable[int], rewards: Iterable[float]) -> list[Result]:

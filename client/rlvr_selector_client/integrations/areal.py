@@ -364,7 +364,12 @@ def _trainer_class() -> type:
                 return super()._create_dataloader(dataset, dataset_config, rank, world_size)
             group_size = int(self.config.gconfig.n_samples)
             start = ensure_dataset(
-                self.selector_client, self.selector, len(dataset), group_size, max_lag=self.selector_max_lag
+                self.selector_client,
+                self.selector,
+                len(dataset),
+                group_size,
+                max_lag=self.selector_max_lag,
+                group_option="gconfig.n_samples",
             )
             return selector_dataloader(
                 dataset,

@@ -247,7 +247,9 @@ class GroupReporter:
     def _report(self, step: int, prompt_id: int, values: list[float]) -> None:
         results, request_id = one_group(self.sampler.run_id, step, prompt_id, values)
         try:
-            ack = self.client.observe(self.dataset, step, results, request_id=request_id)
+            # selected_step: a group reported more than max_lag steps after its selection (dynamic
+            # filtering pulls the next steps' prompts while a step's groups run) is filed at the open step.
+            ack = self.client.observe(self.dataset, step, results, request_id=request_id, selected_step=step)
         except Conflict as exc:
             log_too_late(prompt_id, step, exc.detail, "create the dataset with a larger --selector.max_lag")
             self.lost.append((step, prompt_id))
@@ -357,7 +359,14 @@ def _build_classes() -> dict[str, type]:
             group_size = int(a.rollout.n_samples_per_prompt)
             filtering = bool(getattr(a.algo, "dynamic_filtering_enable", False))
             max_lag = options.max_lag if options.max_lag is not None else (2 if filtering else 0)
-            start = ensure_dataset(client, options, len(dataset), group_size, max_lag=max_lag)
+            start = ensure_dataset(
+                client,
+                options,
+                len(dataset),
+                group_size,
+                max_lag=max_lag,
+                group_option="--rollout.n_samples_per_prompt",
+            )
             self.selector_sampler = SelectorPromptSampler(
                 dataset.prompts,
                 ids,

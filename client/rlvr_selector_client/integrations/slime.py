@@ -20,10 +20,12 @@ given as ``module.path`` strings on its command line:
     step with ``/observe`` (request id ``{run_id}-s{step}-`` and the report's prompts, `request_id`: a
     retried report counts once, and groups of one step finished in two rollouts are two reports).
 
-Settings come from the environment (slime's ``args`` has no room for them): ``SELECTOR_URL``,
-``SELECTOR_DATASET``, ``SELECTOR_STRATEGY`` (default insight), ``SELECTOR_SEED``, ``SELECTOR_API_TOKEN``,
-``SELECTOR_MAX_LAG`` (for slime's asynchronous training, where rollout ``r + 1`` is generated while
-``r`` trains; default 2). The prompt id of a row is ``metadata["prompt_id"]`` (write it with
+Settings come from the environment (slime's ``args`` has no room for them), read by `SelectorOptions`
+as in every adapter: ``SELECTOR_URL``, ``SELECTOR_DATASET``, ``SELECTOR_STRATEGY`` (default insight),
+``SELECTOR_SEED``, ``SELECTOR_API_TOKEN``, ``SELECTOR_MAX_LAG`` (for slime's asynchronous training,
+where rollout ``r + 1`` is generated while ``r`` trains; default 2). Every report names its
+``selected_step``, so a group later than that is filed at the open step rather than refused. The
+service dataset's ``rollouts_per_prompt`` must be ``--n-samples-per-prompt`` (refused otherwise). The prompt id of a row is ``metadata["prompt_id"]`` (write it with
 ``--metadata-key``), or else the row's position in the prompt file; ids must be ``0..N-1``.
 
 Rewards: ``sample.reward`` when it is a number, else ``sample.reward[args.reward_key]``.
@@ -57,13 +59,9 @@ logger = logging.getLogger(__name__)
 
 STEP_KEY = "selector_step"
 PROMPT_KEY = "selector_prompt_id"
-
-
-def _setting(name: str, default: str | None = None) -> str:
-    value = os.environ.get(name, default)
-    if value is None or value == "":
-        raise ValueError(f"the selector's slime data source needs the environment variable {name}")
-    return value
+#: How many steps late a report is filed at its own step when SELECTOR_MAX_LAG is unset: slime's
+#: asynchronous training generates rollout r + 1 while r trains, and aborted groups finish a rollout later.
+DEFAULT_MAX_LAG = 2
 
 
 def _inner_source(args: Any) -> Any:
@@ -89,17 +87,12 @@ class SelectorDataSource(StepSampler):
         self.prompts: list[Any] = list(self.inner.dataset.origin_samples)
         ids = [self._prompt_id(row, sample) for row, sample in enumerate(self.prompts)]
         self.row_of = check_permutation(ids, "slime prompt data (metadata prompt_id)")
-        dataset = _setting("SELECTOR_DATASET")
-        self.max_lag = int(os.environ.get("SELECTOR_MAX_LAG") or 2)
-        self.client = client or SelectorClient(
-            _setting("SELECTOR_URL"), token=os.environ.get("SELECTOR_API_TOKEN"), timeout=30.0, retries=5
-        )
-        self.options = SelectorOptions(
-            dataset=dataset,
-            client=self.client,
-            strategy=os.environ.get("SELECTOR_STRATEGY") or "insight",
-            seed=int(os.environ.get("SELECTOR_SEED") or 0),
-        )
+        # The same SELECTOR_* variables, read the same way, as every adapter's options.
+        self.options = SelectorOptions.resolve({}, os.environ, where="slime's selector")
+        self.max_lag = DEFAULT_MAX_LAG if self.options.max_lag is None else self.options.max_lag
+        if client is not None:
+            self.options.client = client
+        self.client = self.options.connect()
         self.client.check_server()
         self.next_step = self._ensure_dataset()
         self.run_id: str = new_run_id(None, "slime")
@@ -121,6 +114,7 @@ class SelectorDataSource(StepSampler):
             int(self.args.n_samples_per_prompt),
             max_lag=self.max_lag,
             what="--prompt-data",
+            group_option="--n-samples-per-prompt",
         )
 
     def __len__(self) -> int:
@@ -221,4 +215,5 @@ def report_all_samples(args: Any, all_samples: Sequence[Sequence[Any]], data_sou
             step,
             results,
             request_id=request_id(data_source.run_id, step, prompts=ids),
+            selected_step=step,
         )

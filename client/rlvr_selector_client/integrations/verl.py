@@ -56,11 +56,13 @@ from rlvr_selector_client.integrations import (
     SelectorOptions,
     StepIterator,
     StepSampler,
+    check_group_sizes,
     check_permutation,
-    ensure_dataset,
+    first_step,
     framework_version,
     group_results,
     new_run_id,
+    open_dataset,
     request_id,
 )
 
@@ -81,8 +83,8 @@ logger = logging.getLogger(__name__)
 
 SUPPORTED_VERL = ">=0.5"
 SAMPLER_SECTION = "data.sampler.selector"
-DEFAULT_ROLLOUTS = 8
 DEFAULT_REWARD_KEY = "token_level_scores"
+GROUP_OPTION = "actor_rollout_ref.rollout.n"
 
 
 def resolve_options(section: Mapping[str, Any] | None, environ: Mapping[str, str]) -> SelectorOptions:
@@ -204,11 +206,15 @@ class SelectorCurriculumSampler(StepSampler, _SamplerBase):  # type: ignore[misc
         step_size: int | None = None,
         report_groups: bool = False,
         max_lag: int = 0,
+        group_size: int | None = None,
     ) -> None:
         """``trainer_reports``: the trainer calls `update` itself (verl >= 0.8, `verl_main`).
         ``report_groups``: the trainer reports each group as it finishes instead of calling `update`
         (verl's v1 trainer, `verl_v1`), and each step is ``step_size`` prompts however many the loader
-        fetches at a time; ``max_lag`` is then how many steps late those reports may come."""
+        fetches at a time; ``max_lag`` is then how many steps late those reports may come.
+        ``group_size``: ``actor_rollout_ref.rollout.n`` where the caller has the whole config (verl_main's
+        routes; verl 0.5-0.7 hands the sampler ``config.data`` only, and `update` checks the first
+        step's groups instead)."""
         _check_verl_version(trainer_reports or report_groups)
         self.report_groups = report_groups
         sampler_config = _config_get(data_config, "sampler")
@@ -244,13 +250,18 @@ class SelectorCurriculumSampler(StepSampler, _SamplerBase):  # type: ignore[misc
         self.client = client or self.options.connect(per_prompt_rollouts=report_groups)
         self.client.check_server()
         self.run_id: str = new_run_id(self.options.run_id, "verl")
-        self.next_step = ensure_dataset(
+        budget = self.options.rollout_budget is not None
+        info = open_dataset(
             self.client,
             self.options,
             self.num_rows,
-            self.options.rollouts_per_prompt or DEFAULT_ROLLOUTS,
+            None if budget else group_size,
             max_lag=self.options.max_lag if self.options.max_lag is not None else max_lag,
+            group_option=GROUP_OPTION if group_size is not None else f"{SAMPLER_SECTION}.rollouts_per_prompt",
         )
+        self.next_step = first_step(info)
+        #: Every group's size, for `update` to check (None with a rollout budget: groups have their own).
+        self.group_size: int | None = None if budget else info.rollouts_per_prompt
         self.open_step: int | None = None
         self.open_ids: list[int] = []
 
@@ -309,6 +320,13 @@ class SelectorCurriculumSampler(StepSampler, _SamplerBase):  # type: ignore[misc
             raise KeyError(f"the batch has no {key!r} tensor; set data.sampler.selector.reward_key")
         scores = batch.batch[key].sum(dim=-1).tolist()
         results = group_results(ids, scores)
+        if self.group_size is not None:
+            check_group_sizes(
+                results,
+                self.group_size,
+                f"set {GROUP_OPTION}={self.group_size}, or use a new dataset name with "
+                f"+{SAMPLER_SECTION}.rollouts_per_prompt equal to {GROUP_OPTION} (nothing of this step was reported)",
+            )
         reported = {r.prompt_id for r in results}
         if reported != set(self.open_ids):
             missing = sorted(set(self.open_ids) - reported)[:8]
@@ -319,5 +337,7 @@ class SelectorCurriculumSampler(StepSampler, _SamplerBase):  # type: ignore[misc
                 "supported: every selected group must be reported"
             )
         step = self.open_step
-        self.client.observe(self.options.dataset, step, results, request_id=request_id(self.run_id, step))
+        self.client.observe(
+            self.options.dataset, step, results, request_id=request_id(self.run_id, step), selected_step=step
+        )
         self.open_step, self.open_ids = None, []

@@ -51,8 +51,15 @@ logger = logging.getLogger(__name__)
 
 
 def selector_sampler(data_config: Any, dataset: Any) -> SelectorCurriculumSampler:
-    """Stands in for verl's ``create_rl_sampler(data_config, dataset)``."""
-    return SelectorCurriculumSampler(dataset, data_config, trainer_reports=True)
+    """Stands in for verl's ``create_rl_sampler(data_config, dataset)``; the group size is read from the
+    config the task runner is running (`_running`), since verl hands over ``config.data`` only."""
+    config = _running.get("config")
+    group_size = None if config is None else int(config.actor_rollout_ref.rollout.n)
+    return SelectorCurriculumSampler(dataset, data_config, trainer_reports=True, group_size=group_size)
+
+
+#: The config of the legacy task runner in this process (`task_runner_class`), for `selector_sampler`.
+_running: dict[str, Any] = {}
 
 
 def _trainer_class() -> type:
@@ -125,6 +132,7 @@ def task_runner_class() -> Any:
     class SelectorTaskRunner(v0.BaseTaskRunner):  # type: ignore[misc,name-defined]
         def run(self, config: Any) -> None:
             install()
+            _running["config"] = config
             verl_run(self, config)
 
     return ray.remote(num_cpus=1)(SelectorTaskRunner)

@@ -179,15 +179,18 @@ def selector_sampler(data_config: Any, dataset: Any) -> SelectorCurriculumSample
     one service step per ``data.train_batch_size`` prompts, whatever ``data.gen_batch_size`` verl set.
 
     ``_init_dataloader`` calls it with ``self.config.data``; the whole config (for the mode, the buffer's
-    threshold and the filter) is read from the trainer being built (`_building`)."""
+    threshold, the filter and the group size ``actor_rollout_ref.rollout.n``) is read from the trainer
+    being built (`_building`)."""
     config = _building.get("config")
     step_size = int(_get(data_config, "train_batch_size"))
+    group_size = _get(config, "actor_rollout_ref.rollout.n") if config is not None else None
     return SelectorCurriculumSampler(
         dataset,
         data_config,
         step_size=step_size,
         report_groups=True,
         max_lag=default_max_lag(config) if config is not None else 0,
+        group_size=None if group_size is None else int(group_size),
     )
 
 

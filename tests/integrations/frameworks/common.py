@@ -12,13 +12,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tests.utils import tiny_llama_config
+from examples import tiny_model
 
-SYMBOLS = ["<pad>", "<eos>", "<unk>", *"abcdefghijklmnopqrstuvwxyz0123456789 +-*/=?.:#<>|_\n"]
-CHAT_TEMPLATE = (
-    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
-)
+SYMBOLS = tiny_model.SYMBOLS
+CHAT_TEMPLATE = tiny_model.CHAT_TEMPLATE
 
 
 def question(prompt_id: int) -> str:
@@ -47,38 +44,13 @@ def solves(prompt_id: int, sample: int) -> bool:
 
 
 def tokenizer() -> Any:
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    core = Tokenizer(models.WordLevel({s: i for i, s in enumerate(SYMBOLS)}, unk_token="<unk>"))
-    core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
-    core.decoder = decoders.Fuse()
-    tok = PreTrainedTokenizerFast(
-        tokenizer_object=core, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>"
-    )
-    tok.chat_template = CHAT_TEMPLATE
-    return tok
+    return tiny_model.tokenizer()
 
 
 def model_dir(root: Path) -> Path:
-    """A folder holding a tiny Llama config and the tokenizer, as a model path for the frameworks."""
-    from transformers import LlamaConfig
-
-    path = root / "tiny-model"
-    if (path / "config.json").exists():
-        return path
-    path.mkdir(parents=True, exist_ok=True)
-    tok = tokenizer()
-    tok.save_pretrained(path)
-    LlamaConfig(
-        **tiny_llama_config(len(SYMBOLS), max_position_embeddings=256),
-        pad_token_id=0,
-        eos_token_id=1,
-        bos_token_id=None,
-        tie_word_embeddings=False,
-        architectures=["LlamaForCausalLM"],
-    ).save_pretrained(path)
-    return path
+    """A folder holding a tiny Llama config and the tokenizer (examples/tiny_model.py, without weights: the
+    frameworks' model workers are stand-ins), as a model path for the frameworks."""
+    return tiny_model.write(root / "tiny-model", weights=False)
 
 
 class Policy:

@@ -45,6 +45,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
+from examples import areal_grpo
 from tests.integrations.frameworks import common
 
 N = 4  # samples per prompt (gconfig.n_samples)
@@ -204,19 +205,20 @@ def serve_sglang(
 
 
 def train_dataset() -> Any:
+    """The example's train set (examples/areal_grpo.py: prompt ids from `with_prompt_ids`), then its rows
+    put in another order: the service id is the prompt_id column, never the row."""
     import datasets
 
-    order = [5, 0, 11, 3, 8, 1, 10, 6, 2, 9, 4, 7]  # rows in another order than their ids
-    return datasets.Dataset.from_list(
+    rows = datasets.Dataset.from_list(
         [
             {
-                "messages": [{"role": "user", "content": common.question(pid)}],
-                "answer": str(common.answer_of(pid)),
-                "prompt_id": pid,
+                "messages": [{"role": "user", "content": common.question(k)}],
+                "answer": str(common.answer_of(k)),
             }
-            for pid in order
+            for k in range(12)
         ]
     )
+    return areal_grpo.with_prompt_ids(rows).select([5, 0, 11, 3, 8, 1, 10, 6, 2, 9, 4, 7])
 
 
 class Harness:
@@ -227,9 +229,7 @@ class Harness:
         self, args: argparse.Namespace, max_lag: int, holds: Holds | None = None, root: Path | None = None
     ) -> None:
         from areal.api.cli_args import GenerationHyperparameters, PPOActorConfig
-        from areal.reward.gsm8k import gsm8k_reward_fn
         from areal.trainer.ppo.actor import PPOActor
-        from areal.workflow.rlvr import RLVRWorkflow
 
         from rlvr_selector_client.client import SelectorClient
         from rlvr_selector_client.integrations import areal as adapter
@@ -252,9 +252,7 @@ class Harness:
         self.shell.selector_max_lag = max_lag
         self.shell.config = type("Config", (), {"gconfig": self.gconfig})()
         self.actor = PPOActor(PPOActorConfig(experiment_name="selector", trial_name="t0"), engine=None)
-        self.new_workflow = lambda: self.shell.selector_workflow(
-            RLVRWorkflow(reward_fn=gsm8k_reward_fn, gconfig=self.gconfig, tokenizer=self.tok)
-        )
+        self.new_workflow = lambda: areal_grpo.workflow(self.shell, self.shell.config, self.tok)
 
     def loader(self) -> Any:
         from areal.api.cli_args import TrainDatasetConfig

@@ -38,6 +38,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
+from examples import openrlhf_grpo  # noqa: E402
 from tests.integrations.frameworks import common  # noqa: E402
 
 N = 4  # rollouts per prompt
@@ -68,19 +69,6 @@ def _unavailable(*args, **kwargs):
 
 index_first_axis = pad_input = rearrange = unpad_input = all_gather = _unavailable
 '''
-REWARD_FUNC = '''"""The user's reward function, loaded by OpenRLHF from --reward.remote_url (GSM8K-style answers)."""
-import torch
-
-
-def reward_func(queries, prompts, labels):
-    scores = []
-    for query, prompt, label in zip(queries, prompts, labels):
-        response = query[len(prompt):] if query.startswith(prompt) else query
-        answer = response.split("####")[-1].split("<")[0].strip() if "####" in response else None
-        scores.append(1.0 if answer == str(label).strip() else 0.0)
-    scores = torch.tensor(scores)
-    return {"rewards": scores, "scores": scores, "extra_logs": {}}
-'''
 
 
 def write_stubs(root: Path) -> Path:
@@ -100,15 +88,14 @@ def write_stubs(root: Path) -> Path:
 
 
 def write_data(path: Path, size: int) -> None:
-    # Rows in another order than their ids: the service id is the prompt_id column, never the row.
+    """The example's data (examples/openrlhf_grpo.py), rows in another order than their ids: the service
+    id is the prompt_id column, never the row."""
     order = [5, 0, 11, 3, 8, 1, 10, 6, 2, 9, 4, 7]
     order = [block * 12 + pid for block in range(size // 12) for pid in reversed(order) if block % 2] + [
         block * 12 + pid for block in range(size // 12) for pid in order if not block % 2
     ]
-    with path.open("w") as f:
-        for pid in order:
-            row = {"prompt_id": pid, "question": common.question(pid), "answer": str(common.answer_of(pid))}
-            f.write(json.dumps(row) + "\n")
+    by_id = {row["prompt_id"]: row for row in openrlhf_grpo.records(size)}
+    openrlhf_grpo.write_jsonl([by_id[pid] for pid in order], path)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -249,33 +236,14 @@ class FakeModelGroup:
 
 
 def command(args: argparse.Namespace, work: Path, model: Path, resume: bool) -> list[str]:
+    """The example's command line (examples/openrlhf_grpo.py: the selector's options, the data, its reward
+    file, GRPO), then what a CPU run with one fake engine needs."""
     argv = [
-        f"--selector.url={args.url}",
-        "--selector.dataset",
-        args.dataset,
-        "--selector.strategy",
-        "insight",
+        *openrlhf_grpo.arguments(args.url, args.dataset, str(model), work / "train.jsonl", batch=BATCH, n=N),
         "--selector.seed",
         "1",
-        "--actor.model_name_or_path",
-        str(model),
-        "--data.prompt_dataset",
-        str(work / "train.jsonl"),
-        "--data.input_key",
-        "question",
-        "--data.label_key",
-        "answer",
-        "--data.apply_chat_template",
-        "--reward.remote_url",
-        str(work / "reward_func.py"),
-        "--algo.advantage.estimator",
-        "group_norm",
         "--algo.kl.init_coef",
         "0",
-        "--rollout.batch_size",
-        str(BATCH),
-        "--rollout.n_samples_per_prompt",
-        str(N),
         "--rollout.micro_batch_size",
         "4",
         "--rollout.max_new_tokens",
@@ -365,7 +333,6 @@ def main() -> None:
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     model = common.model_dir(work)
     write_data(work / "train.jsonl", FILTERING_SIZE if args.filtering else SIZE)
-    (work / "reward_func.py").write_text(REWARD_FUNC)
     (work / "policy.jsonl").unlink(missing_ok=True)
 
     first = run(args, work, model, resume=False)

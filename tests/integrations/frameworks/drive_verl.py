@@ -33,6 +33,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
+from examples import verl_grpo
 from tests.integrations.frameworks import common
 
 VERSION = tuple(int(p) for p in metadata.version("verl").split(".")[:2])
@@ -42,21 +43,11 @@ SIZE = 12  # prompts in the dataset: 4 steps per epoch
 
 
 def write_parquet(path: Path) -> None:
-    import pandas as pd
-
-    # Rows in another order than their ids: the service id is extra_info.index, never the row.
+    """The example's data (examples/verl_grpo.py), rows in another order than their ids: the service id
+    is extra_info.index, never the row."""
     order = [5, 0, 11, 3, 8, 1, 10, 6, 2, 9, 4, 7]
-    rows = [
-        {
-            "data_source": "openai/gsm8k",
-            "prompt": [{"role": "user", "content": common.question(pid)}],
-            "ability": "math",
-            "reward_model": {"style": "rule", "ground_truth": str(common.answer_of(pid))},
-            "extra_info": {"split": "train", "index": pid},
-        }
-        for pid in order
-    ]
-    pd.DataFrame(rows).to_parquet(path)
+    by_id = {row["prompt_id"]: row for row in verl_grpo.records(SIZE)}
+    verl_grpo.write_parquet([by_id[pid] for pid in order], path)
 
 
 def compose(args: argparse.Namespace, model: Path, data: Path, steps: int, resume: str | None) -> Any:
@@ -65,25 +56,16 @@ def compose(args: argparse.Namespace, model: Path, data: Path, steps: int, resum
     from hydra import initialize_config_dir
 
     config_dir = str(Path(verl.__file__).parent / "trainer" / "config")
-    selector = [
-        f"+data.sampler.selector.url={args.url}",
-        f"+data.sampler.selector.dataset={args.dataset}",
-        "+data.sampler.selector.strategy=insight",
-        f"+data.sampler.selector.rollouts_per_prompt={N}",
-    ]
-    if VERSION < (0, 8) or args.mode == "legacy":
-        sampler = [
-            "data.sampler.class_path=pkg://rlvr_selector_client.integrations.verl",
-            "data.sampler.class_name=SelectorCurriculumSampler",
-        ]
-    else:
+    # The example's launch overrides (examples/verl_grpo.py): the selector's keys and the route.
+    selector = verl_grpo.selector_overrides(args.url, args.dataset, N)
+    sampler = verl_grpo.route_overrides((0, 7) if args.mode == "legacy" else VERSION)
+    if VERSION >= (0, 9) and args.mode != "legacy":
         # verl 0.9's legacy trainer, which verl_main runs when v1 is switched off (drive_verl_v1.py
         # drives the v1 trainer, verl's default).
-        sampler = ["trainer.use_v1=False"] if VERSION >= (0, 9) else []
+        sampler.append("trainer.use_v1=False")
     overrides = [
         *sampler,
         *selector,
-        "data.dataloader_num_workers=0",
         f"data.train_files={data}",
         f"data.val_files={data}",
         f"data.train_batch_size={BATCH}",
@@ -459,6 +441,49 @@ def guards(args: argparse.Namespace, model: Path, data: Path) -> dict[str, str]:
     return out
 
 
+def group_size_guard(args: argparse.Namespace, model: Path, data: Path, train_dataset: Any) -> str:
+    """A group size other than the service dataset's rollouts_per_prompt, as a user gets it.
+
+    verl 0.5-0.7 hands the sampler ``config.data`` only, so a launch line without
+    ``+data.sampler.selector.rollouts_per_prompt`` creates the dataset with the service's default (8)
+    while ``actor_rollout_ref.rollout.n`` is 4: the first ``update`` (a real DataProto of groups of 4)
+    refuses before reporting. Through verl_main (verl >= 0.8) the sampler reads rollout.n itself, so
+    only a declared rollouts_per_prompt that differs from it is left to refuse, when the sampler is built.
+    """
+    import numpy as np
+    from omegaconf import open_dict
+    from verl import DataProto
+
+    from rlvr_selector_client.integrations import verl as adapter
+    from rlvr_selector_client.integrations import verl_main
+
+    config = compose(args, model, data, steps=3, resume=None)
+    with open_dict(config):
+        config.data.sampler.selector.dataset = f"{args.dataset}-groups"
+        if VERSION >= (0, 8):
+            config.data.sampler.selector.rollouts_per_prompt = 2 * N
+        else:
+            del config.data.sampler.selector["rollouts_per_prompt"]
+    try:
+        if VERSION >= (0, 8):
+            verl_main._running["config"] = config
+            verl_main.selector_sampler(config.data, train_dataset)
+        else:
+            sampler = adapter.SelectorCurriculumSampler(train_dataset, config.data)
+            next(iter(sampler))
+            ids = [pid for pid in sampler.open_ids for _ in range(N)]
+            batch = DataProto.from_dict(
+                tensors={"token_level_scores": torch.ones(len(ids), 2)},
+                non_tensors={"extra_info": np.array([{"index": pid} for pid in ids], dtype=object)},
+            )
+            sampler.update(batch)
+    except ValueError as exc:
+        return str(exc)
+    finally:
+        verl_main._running.clear()
+    return "accepted"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--url", required=True)
@@ -485,6 +510,7 @@ def main() -> None:
         report["guards"] = guards(args, model, data)
     trainer.fit()
     report["runs"].append({"updates": updates, "next_step": sampler.next_step, "run_id": sampler.run_id})
+    report["group_size_guard"] = group_size_guard(args, model, data, trainer.train_dataset)
 
     # Run 2: a fresh trainer resumes from the mid-epoch checkpoint of step 2 (as after a crash during
     # step 3) and runs to the end of the epoch (4 steps of 3 prompts).

@@ -78,6 +78,7 @@ from rlvr_selector_client.integrations import (
     framework_version,
     log_too_late,
     new_run_id,
+    observe_exactly_once,
     one_group,
 )
 
@@ -247,7 +248,7 @@ class GroupReporter:
     def _report(self, step: int, prompt_id: int, values: list[float]) -> None:
         results, request_id = one_group(self.sampler.run_id, step, prompt_id, values)
         try:
-            ack = self.client.observe(self.dataset, step, results, request_id=request_id)
+            ack = observe_exactly_once(self.client, self.dataset, step, results, request_id)
         except Conflict as exc:
             log_too_late(prompt_id, step, exc.detail, "create the dataset with a larger --selector.max_lag")
             self.lost.append((step, prompt_id))

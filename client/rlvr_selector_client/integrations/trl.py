@@ -62,6 +62,7 @@ from rlvr_selector_client.integrations import (
     ensure_dataset,
     group_results,
     new_run_id,
+    observe_exactly_once,
     request_id,
 )
 
@@ -213,8 +214,8 @@ class ObservingReward:
                 f"{self.id_column!r} the service prompt id and is this trainer's sampler a SelectorRepeatSampler?"
             )
         step = sampler.latest_step
-        self.client.observe(
-            self.dataset, step, results, request_id=request_id(self.run_id, step, sequence=self.reports)
+        observe_exactly_once(
+            self.client, self.dataset, step, results, request_id(self.run_id, step, sequence=self.reports)
         )
         self.reports += 1
 

@@ -333,9 +333,10 @@ def observe_exactly_once(
     send it again later under the same request id). Every other error (a 409 for a step closed beyond
     max_lag, say) is raised at once: sending again cannot help."""
     started, wait = time.monotonic(), waits_s[0]
+    late = {} if selected_step is None else {"selected_step": selected_step}  # as the adapter called it
     while True:
         try:
-            return client.observe(dataset, step, results, request_id=request_id, selected_step=selected_step)
+            return client.observe(dataset, step, results, request_id=request_id, **late)
         except ServiceUnavailable as exc:
             _resend_or_raise(exc, request_id, started, wait, patience_s)
         time.sleep(wait)
@@ -357,11 +358,10 @@ async def observe_exactly_once_async(
     import asyncio
 
     started, wait = time.monotonic(), waits_s[0]
+    late = {} if selected_step is None else {"selected_step": selected_step}
     while True:
         try:
-            return await client.observe(
-                dataset, step, results, request_id=request_id, selected_step=selected_step
-            )
+            return await client.observe(dataset, step, results, request_id=request_id, **late)
         except ServiceUnavailable as exc:
             _resend_or_raise(exc, request_id, started, wait, patience_s)
         await asyncio.sleep(wait)

@@ -50,8 +50,9 @@ the answer, retries and their waits included: an answer that trickles in byte by
 deadline like a silent one, with ``ServiceUnavailable`` or, for a write that was sent, ``OutcomeUnknown``.
 A ``Retry-After`` is waited when the deadline leaves time for it, else the call ends at once.
 
-Error messages name the call (method, path, service URL), the attempts made, the cause (exception
-type and text) and for an HTTP error its status and the first line of its body.
+Error messages name the call (method and path; the service URL when no answer came), the attempts
+made, the cause (exception type and text) and for an HTTP error its status and the first line of its
+body.
 """
 
 from __future__ import annotations
@@ -411,8 +412,11 @@ class Selection:
 
 @dataclass(frozen=True)
 class ObserveAck:
-    """``applied``: results recorded by this request; ``duplicate``: the request id was seen before;
-    ``lag``: how many steps late the results were applied (0 on time; > 0 only with ``max_lag``)."""
+    """``applied``: results recorded by this call, also when a retry inside it found its first attempt
+    applied (and by a call that continues one that ended in `OutcomeUnknown`); ``duplicate``: the request
+    id had been acknowledged to an earlier call (nothing applied now); ``lag``: how many steps late the
+    results were applied (0 on time; > 0 only with ``max_lag``). Summed over the calls a trainer made
+    once, ``applied`` counts every result it sent."""
 
     applied: int
     duplicate: bool

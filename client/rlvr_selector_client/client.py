@@ -413,8 +413,8 @@ class Selection:
 @dataclass(frozen=True)
 class ObserveAck:
     """``applied``: results recorded by this call, also when a retry inside it found its first attempt
-    applied (and by a call that continues one that ended in `OutcomeUnknown`); ``duplicate``: the request
-    id had been acknowledged to an earlier call (nothing applied now); ``lag``: how many steps late the
+    applied (and by a call that continues one that ended in `OutcomeUnknown`); ``duplicate``: an earlier
+    call applied the request id (nothing applied now); ``lag``: how many steps late the
     results were applied (0 on time; > 0 only with ``max_lag``). Summed over the calls a trainer made
     once, ``applied`` counts every result it sent."""
 

@@ -8,7 +8,9 @@ One step, top to bottom (``Trainer.run_step``):
             (vLLM, or transformers).
 3. reward   the task's verifier scores every completion.
 4. observe  ``/observe`` gets every group's K (or n_i) rewards under request id ``{run_id}-s{step}-r{rank}``;
-            the client retries with the same id, so a retry is never counted twice.
+            the client retries with the same id, so a retry is never counted twice, and a report whose
+            outcome is unknown (the service away) is sent again until it is acknowledged
+            (``observe_exactly_once``).
 5. update   one GRPO update on the batch (trainer_client.grpo).
 6. sync     the new weights are pushed into the rollout engine before the next step samples.
 
@@ -63,7 +65,7 @@ from typing import Any, Protocol, TextIO
 import numpy as np
 
 from rlvr_selector_client.client import DatasetInfo, Result, RolloutBudget, SelectorClient, first_step
-from rlvr_selector_client.integrations import new_run_id, request_id
+from rlvr_selector_client.integrations import new_run_id, observe_exactly_once, request_id
 from trainer_client.config import TrainConfig
 from trainer_client.grpo import GRPOLearner, UpdateStats, build_samples
 from trainer_client.model import encode_prompt
@@ -234,13 +236,15 @@ class Trainer:
         return groups, generated - started, time.perf_counter() - generated
 
     def observe(self, step: int, groups: Sequence[Group], request_id: str) -> tuple[float, bool]:
-        """Report every group's rewards; returns (milliseconds, whether the service saw the id before)."""
+        """Report every group's rewards, sent again while the service is away; returns (milliseconds,
+        whether the service had acknowledged this request id before: a resumed run's report)."""
         started = time.perf_counter()
-        ack = self.client.observe(
+        ack = observe_exactly_once(
+            self.client,
             self.dataset_info.name,
             step,
             [Result(prompt_id=g.prompt_id, rewards=list(g.rewards)) for g in groups],
-            request_id=request_id,
+            request_id,
         )
         return (time.perf_counter() - started) * 1000.0, ack.duplicate
 

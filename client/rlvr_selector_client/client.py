@@ -2,10 +2,17 @@
 
 Every trainer-side component talks to the service through this module only.
 
-Exception tree (each carries ``status`` (int | None) and the server's ``detail``):
+Exception tree (each carries ``status`` (int | None), the server's ``detail``, and the ``method``,
+``path`` and ``attempts`` of the call when the failure came from one):
 
     SelectorError                 base: any failed call
-    ├── ServiceUnavailable        cannot connect, timed out, or 502/503/504 after all retries
+    ├── ServiceUnavailable        not answered: cannot connect, timed out, the call's deadline passed,
+    │   │                              or 502/503/504 after all retries; for a write (observe, select,
+    │   │                              create, metadata upload, delete) it means that no attempt reached
+    │   │                              the service: nothing was applied
+    │   └── OutcomeUnknown        a write that may have been applied: an attempt was sent and its
+    │                                  answer lost (connection reset, timeout, 502/503/504, deadline),
+    │                                  and no later attempt got an answer
     ├── AuthError                 401 (token missing) / 403 (token wrong)
     ├── NotFound                  404 (unknown dataset)
     ├── Conflict                  409 (name taken with another spec; step closed beyond max_lag;
@@ -14,13 +21,38 @@ Exception tree (each carries ``status`` (int | None) and the server's ``detail``
     │                                  package to upgrade)
     └── InvalidRequest            400 / 413 / 422 (malformed or out-of-range input; nothing applied)
 
-Retries: connect errors, timeouts and 502/503/504 are retried ``retries`` times with exponential
-backoff (``backoff * 2**attempt`` seconds, capped, or the server's ``Retry-After``). Every endpoint is
-safe to retry: creating a dataset with the same spec answers 200, a select for the same step and seed
-returns the same batch, a score writes nothing, and an observe carries a caller-chosen ``request_id``
-that the service applies at most once; the retry sends the *same* id, so an observation whose response
-was lost on the wire is acknowledged as ``duplicate=True`` instead of being counted twice. Other 4xx/5xx
-answers are not retried: repeating them cannot help.
+What a trainer does with each (docs/operations.md, "Errors and what to do"):
+
+- ``OutcomeUnknown``: send the *same* call again (an observe with the same ``request_id`` and
+  results) until it is acknowledged; never under a new request id (it would count twice) and never
+  count it as lost. The service applies a request id at most once, and this client then answers with
+  what the first application applied. `rlvr_selector_client.integrations.observe_exactly_once` (and
+  its async twin) is that loop; every adapter reports through it.
+- ``ServiceUnavailable``: nothing was applied; wait for the service (``check_server``) and send again.
+- The others are not transient: repeating the call cannot help; their message says what to change.
+
+Retries: connect errors, timeouts, dropped connections and 502/503/504 are retried ``retries`` times
+with exponential backoff (``backoff * 2**attempt`` seconds, capped at 8 s) or after the server's
+``Retry-After``, all within the call's deadline. Every endpoint is safe to retry: creating a dataset
+with the same spec answers 200, a select for the same step and seed returns the same batch, a score
+writes nothing, and an observe carries a caller-chosen ``request_id`` that the service applies at most
+once. An observe also carries a ``Selector-Call`` header (docs/api.md section 4), an id this client
+draws for the call and sends with each of its attempts: a retry whose first attempt was applied (its
+answer lost on the wire) is answered with what that attempt applied, ``applied: n, duplicate: false``,
+so summing ``applied`` over the calls counts every result once; ``duplicate: true`` answers only a
+request the caller sent again after it was acknowledged. After an ``OutcomeUnknown`` the client keeps
+the call's id for its request id (the last `PENDING_CALLS` of them), so observing the same request id
+again on the same client continues that call. Other 4xx/5xx answers are not retried.
+
+Deadline: every call ends within ``deadline`` seconds (default `default_deadline`: ``timeout`` for
+each attempt plus the backoff schedule, 43.5 s with the defaults), connecting, sending, every read of
+the answer, retries and their waits included: an answer that trickles in byte by byte ends at the
+deadline like a silent one, with ``ServiceUnavailable`` or, for a write that was sent, ``OutcomeUnknown``.
+A ``Retry-After`` is waited when the deadline leaves time for it, else the call ends at once.
+
+Error messages name the call (method and path; the service URL when no answer came), the attempts
+made, the cause (exception type and text) and for an HTTP error its status and the first line of its
+body.
 """
 
 from __future__ import annotations
@@ -28,10 +60,12 @@ from __future__ import annotations
 import array
 import math
 import os
+import re
 import sys
+import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Generic, TypeVar
 from urllib.parse import quote
 
@@ -51,6 +85,7 @@ __all__ = [
     "MetadataAck",
     "NotFound",
     "ObserveAck",
+    "OutcomeUnknown",
     "Result",
     "RolloutBudget",
     "Scores",
@@ -64,22 +99,64 @@ _RETRY_STATUSES = frozenset({502, 503, 504})
 #: The defaults of create_dataset's settings (contract.py).
 _DEFAULT = contract.DEFAULTS
 _MAX_BACKOFF_S = 8.0
+#: Characters of a non-JSON error body a message quotes (its first line).
+_BODY_CHARS = 200
+#: Request ids whose last observe ended in OutcomeUnknown that a client remembers the call id of.
+PENDING_CALLS = 4096
+
+
+def default_deadline(timeout: float, retries: int, backoff: float) -> float:
+    """The deadline of a call when none is given: ``timeout`` for each of its ``retries + 1``
+    attempts plus the waits between them (43.5 s for the defaults: 10 s, 3 retries, 0.5 s)."""
+    waits = sum(min(backoff * 2**attempt, _MAX_BACKOFF_S) for attempt in range(retries))
+    return timeout * (retries + 1) + waits
 
 
 # ---------------------------------------------------------------------------------------------------
 # Errors
 # ---------------------------------------------------------------------------------------------------
 class SelectorError(Exception):
-    """A call to the selector service failed; ``str(err)`` says what happened and what to do."""
+    """A call to the selector service failed; ``str(err)`` says what happened and what to do.
 
-    def __init__(self, message: str, *, status: int | None = None, detail: str | None = None) -> None:
+    ``method``, ``path``: the call's request; ``attempts``: how many times it was sent (None when the
+    error did not come from one request, e.g. a beliefs read that kept meeting a moving step)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        detail: str | None = None,
+        method: str | None = None,
+        path: str | None = None,
+        attempts: int | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.detail = detail if detail is not None else message
+        self.method = method
+        self.path = path
+        self.attempts = attempts
 
 
 class ServiceUnavailable(SelectorError):
-    """The service could not be reached, timed out, or kept answering 502/503/504."""
+    """The service did not answer: it could not be reached, timed out, the call's deadline passed, or
+    it kept answering 502/503/504. Raised as such for a write only when no attempt reached the service
+    (nothing was applied); a write that may have been applied raises `OutcomeUnknown`."""
+
+
+class OutcomeUnknown(ServiceUnavailable):
+    """A write that may have been applied: one of its attempts was sent and its answer never came
+    (connection reset or closed, timeout, 502/503/504, the deadline), and no later attempt answered.
+
+    Send the same call again (an observe: the same ``request_id`` and results) until it is
+    acknowledged. The service applies it at most once; on the same client the answer then counts what
+    the first application applied. Never send the results under a new request id (they would count
+    twice) and do not count them as lost. ``request_id``: the observe's (None for other writes)."""
+
+    def __init__(self, message: str, *, request_id: str | None = None, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.request_id = request_id
 
 
 class AuthError(SelectorError):
@@ -115,14 +192,60 @@ _STATUS_ERRORS: dict[int, type[SelectorError]] = {
     504: ServiceUnavailable,
 }
 
+#: What an exception of these types says when its own text is empty (httpx's async timeouts are).
+_SILENT_CAUSES: tuple[tuple[type[BaseException], str], ...] = (
+    (httpx.ConnectTimeout, "no connection within the timeout"),
+    (httpx.ReadTimeout, "no answer within the timeout"),
+    (httpx.WriteTimeout, "the request could not be sent within the timeout"),
+    (httpx.PoolTimeout, "no free connection within the timeout"),
+    (httpx.ConnectError, "the connection failed"),
+    (httpx.RemoteProtocolError, "the server closed the connection without a complete answer"),
+    (httpx.ReadError, "the connection failed while reading the answer"),
+    (httpx.WriteError, "the connection failed while sending the request"),
+    (TimeoutError, "the call's deadline passed"),
+)
+
+
+def _cause(exc: BaseException) -> str:
+    """``Type: text`` of an exception, never empty: an empty text is taken from the exception it was
+    raised from, else said in words."""
+    text = str(exc).strip()
+    inner: BaseException | None = exc
+    while not text and inner is not None:
+        inner = inner.__cause__ or inner.__context__
+        text = str(inner).strip() if inner is not None else ""
+    if not text:
+        text = next((words for kind, words in _SILENT_CAUSES if isinstance(exc, kind)), "no detail given")
+    return f"{type(exc).__name__}: {_first_line(text)}"
+
+
+def _first_line(text: str) -> str:
+    """The first non-blank line of ``text``, cut to `_BODY_CHARS` characters."""
+    line = next((part.strip() for part in text.splitlines() if part.strip()), "")
+    return line if len(line) <= _BODY_CHARS else line[: _BODY_CHARS - 3] + "..."
+
+
+def _short_body(response: httpx.Response) -> str:
+    """A non-JSON body in one short line: an HTML page's title (else its first line of text), any other
+    body's first line; the reason phrase when it says nothing."""
+    text = response.text
+    if re.search(r"<(!doctype|html|body|head)\b", text[:1000], re.IGNORECASE):
+        title = re.search(r"<title[^>]*>(.*?)</title>", text, re.IGNORECASE | re.DOTALL)
+        if title and title.group(1).strip():
+            text = " ".join(title.group(1).split())
+        else:
+            text = re.sub(r"<(script|style)\b.*?</\1\s*>", " ", text, flags=re.IGNORECASE | re.DOTALL)
+            text = re.sub(r"<[^>]*>", "\n", text)
+    return _first_line(text) or response.reason_phrase or f"HTTP {response.status_code}"
+
 
 def _detail_text(response: httpx.Response) -> str:
-    """The server's ``detail`` as one readable string (FastAPI validation lists are flattened)."""
+    """The server's ``detail`` as one readable string (FastAPI validation lists are flattened); a body
+    that is not JSON (a proxy's error page) as its first line."""
     try:
         body = response.json()
     except ValueError:
-        text = response.text.strip()
-        return text[:500] if text else response.reason_phrase
+        return _short_body(response)
     detail = body.get("detail", body) if isinstance(body, dict) else body
     if isinstance(detail, list):  # FastAPI/pydantic validation errors
         parts = []
@@ -136,11 +259,17 @@ def _detail_text(response: httpx.Response) -> str:
     return str(detail)
 
 
-def _error_for(method: str, path: str, response: httpx.Response, *, token_sent: bool) -> SelectorError:
+def _attempts(count: int) -> str:
+    return f"{count} attempt" + ("s" if count != 1 else "")
+
+
+def _error_for(
+    method: str, path: str, response: httpx.Response, *, token_sent: bool, attempts: int = 1
+) -> SelectorError:
     status = response.status_code
     detail = _detail_text(response)
     cls = _STATUS_ERRORS.get(status, SelectorError)
-    message = f"{method} {path} -> HTTP {status}: {detail}"
+    message = f"{method} {path} -> HTTP {status} ({_attempts(attempts)}): {detail}"
     if cls is AuthError and status == 401 and not token_sent:
         message += (
             " (the service requires a token and none was sent: pass --token or set SELECTOR_API_TOKEN"
@@ -151,7 +280,7 @@ def _error_for(method: str, path: str, response: httpx.Response, *, token_sent: 
             " (the service requires `Authorization: Bearer <token>`: pass --token or set SELECTOR_API_TOKEN"
             " to the service's token)"
         )
-    return cls(message, status=status, detail=detail)
+    return cls(message, status=status, detail=detail, method=method, path=path, attempts=attempts)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -283,8 +412,11 @@ class Selection:
 
 @dataclass(frozen=True)
 class ObserveAck:
-    """``applied``: results recorded by this request; ``duplicate``: the request id was seen before;
-    ``lag``: how many steps late the results were applied (0 on time; > 0 only with ``max_lag``)."""
+    """``applied``: results recorded by this call, also when a retry inside it found its first attempt
+    applied (and by a call that continues one that ended in `OutcomeUnknown`); ``duplicate``: an earlier
+    call applied the request id (nothing applied now); ``lag``: how many steps late the
+    results were applied (0 on time; > 0 only with ``max_lag``). Summed over the calls a trainer made
+    once, ``applied`` counts every result it sent."""
 
     applied: int
     duplicate: bool
@@ -331,7 +463,10 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class _Call(Generic[T]):
-    """One HTTP exchange: what to send and how to turn the JSON answer into a typed value."""
+    """One HTTP exchange: what to send and how to turn the JSON answer into a typed value.
+
+    ``resend``: for a write, what to do when its outcome is unknown (the advice of `OutcomeUnknown`);
+    None for a call that writes nothing."""
 
     method: str
     path: str
@@ -339,12 +474,35 @@ class _Call(Generic[T]):
     json: Any = None
     params: dict[str, str] | None = None
     content: bytes | None = None  # a raw body (sent as application/octet-stream)
+    headers: dict[str, str] | None = None
+    resend: str | None = None
+    request_id: str | None = None
 
     def send_kwargs(self) -> dict[str, Any]:
+        headers = dict(self.headers or {})
         if self.content is None:
-            return {"json": self.json, "params": self.params}
-        headers = {"Content-Type": "application/octet-stream"}
+            return {"json": self.json, "params": self.params, "headers": headers}
+        headers["Content-Type"] = "application/octet-stream"
         return {"content": self.content, "params": self.params, "headers": headers}
+
+
+_RESEND_CREATE = "Send the same create again: the same spec answers with the dataset as it is."
+_RESEND_SELECT = (
+    "Send the same select again (the same step, batch size, strategy, params and seed): it answers "
+    "the same batch and closes no further step."
+)
+_RESEND_METADATA = "Send the same upload again: the same values set the same priors."
+_RESEND_DELETE = "Send the delete again: a dataset that is gone already answers as deleted."
+
+
+def _resend_observe(request_id: str) -> str:
+    return (
+        f"Send the same observe again with request_id {request_id!r} and the same results until it is "
+        "acknowledged: the service applies a request id at most once, and on this client the answer "
+        "counts what the first application applied. Never send these results under a new request id "
+        "(they would count twice) and do not count them as lost; a trainer loop waits for the service "
+        "and resends (rlvr_selector_client.integrations.observe_exactly_once does this)."
+    )
 
 
 def _json(response: httpx.Response) -> Any:
@@ -429,9 +587,15 @@ def _dataset_path(name: str) -> str:
     return f"/datasets/{quote(name, safe='')}"
 
 
+def _delete_call(name: str) -> _Call[None]:
+    return _Call("DELETE", _dataset_path(name), lambda r: None, resend=_RESEND_DELETE)
+
+
 def _create_dataset_call(arguments: Mapping[str, Any]) -> _Call[DatasetInfo]:
     """POST /datasets with create_dataset's arguments (by name; None = the service's default)."""
-    return _Call("POST", "/datasets", _parse_dataset, json=contract.create_body(arguments))
+    return _Call(
+        "POST", "/datasets", _parse_dataset, json=contract.create_body(arguments), resend=_RESEND_CREATE
+    )
 
 
 def _select_call(
@@ -456,7 +620,7 @@ def _select_call(
         body["params"] = dict(params)
     if rollouts is not None:
         body["rollouts"] = rollouts.to_json()
-    return _Call("POST", "/select", _parse_selection, json=body)
+    return _Call("POST", "/select", _parse_selection, json=body, resend=_RESEND_SELECT)
 
 
 def _observe_call(
@@ -475,7 +639,9 @@ def _observe_call(
     }
     if selected_step is not None:  # docs/api.md section 4: filed at the open step however late it comes
         body["selected_step"] = int(selected_step)
-    return _Call("POST", "/observe", _parse_ack, json=body)
+    return _Call(
+        "POST", "/observe", _parse_ack, json=body, resend=_resend_observe(request_id), request_id=request_id
+    )
 
 
 #: Prompts per JSON metadata request; larger uploads go in several requests (or raw, see below).
@@ -533,7 +699,16 @@ def _metadata_calls(
             for lo in range(0, n, METADATA_RAW_CHUNK):
                 body = _raw(values[lo : lo + METADATA_RAW_CHUNK], code)
                 params = {"offset": str(offset + lo)}
-                calls.append(_Call("PUT", f"{path}/{name}", _parse_metadata_ack, params=params, content=body))
+                calls.append(
+                    _Call(
+                        "PUT",
+                        f"{path}/{name}",
+                        _parse_metadata_ack,
+                        params=params,
+                        content=body,
+                        resend=_RESEND_METADATA,
+                    )
+                )
         return calls
     for lo in range(0, n, METADATA_JSON_CHUNK):
         doc: dict[str, Any] = {"offset": offset + lo}
@@ -541,7 +716,7 @@ def _metadata_calls(
             doc["pass_rate"] = [None if math.isnan(r) else r for r in rates[lo : lo + METADATA_JSON_CHUNK]]
         if groups is not None:
             doc["group"] = groups[lo : lo + METADATA_JSON_CHUNK]
-        calls.append(_Call("PUT", path, _parse_metadata_ack, json=doc))
+        calls.append(_Call("PUT", path, _parse_metadata_ack, json=doc, resend=_RESEND_METADATA))
     return calls
 
 
@@ -599,64 +774,337 @@ def _score_call(
 
 
 # ---------------------------------------------------------------------------------------------------
+# The call's deadline inside httpx's connection pool (blocking client)
+# ---------------------------------------------------------------------------------------------------
+#: The monotonic time the blocking call running in this thread must end by (``at``; None: none).
+_CALL_DEADLINE = threading.local()
+
+
+def _within_deadline(timeout: float | None, kind: str) -> float | None:
+    """``timeout`` of one socket operation, cut to what is left of the running call's deadline; raises
+    httpcore's timeout of that ``kind`` (connect | read | write) once nothing is left."""
+    at = getattr(_CALL_DEADLINE, "at", None)
+    if at is None:
+        return timeout
+    left = at - time.monotonic()
+    if left <= 0:
+        import httpcore  # loaded already: the pool that calls this is httpcore's
+
+        error = {"connect": httpcore.ConnectTimeout, "write": httpcore.WriteTimeout}.get(
+            kind, httpcore.ReadTimeout
+        )
+        raise error("the call's deadline passed")
+    return left if timeout is None else min(timeout, left)
+
+
+class _DeadlineStream:
+    """An httpcore network stream whose every read and write ends by the running call's deadline: httpx's
+    timeouts bound one socket operation each, so an answer that trickles in byte by byte never meets
+    them (httpcore's NetworkStream interface, httpcore/_backends/base.py)."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        return bytes(self._inner.read(max_bytes, _within_deadline(timeout, "read")))
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        self._inner.write(buffer, _within_deadline(timeout, "write"))
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def start_tls(
+        self, ssl_context: Any, server_hostname: str | None = None, timeout: float | None = None
+    ) -> Any:
+        inner = self._inner.start_tls(ssl_context, server_hostname, _within_deadline(timeout, "connect"))
+        return _DeadlineStream(inner)
+
+    def get_extra_info(self, info: str) -> Any:
+        return self._inner.get_extra_info(info)
+
+
+class _DeadlineBackend:
+    """httpcore's network backend (connect, sleep) with `_DeadlineStream` connections."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Any = None,
+    ) -> _DeadlineStream:
+        stream = self._inner.connect_tcp(
+            host, port, _within_deadline(timeout, "connect"), local_address, socket_options
+        )
+        return _DeadlineStream(stream)
+
+    def connect_unix_socket(self, path: str, timeout: float | None = None, socket_options: Any = None) -> Any:
+        return _DeadlineStream(
+            self._inner.connect_unix_socket(path, _within_deadline(timeout, "connect"), socket_options)
+        )
+
+    def sleep(self, seconds: float) -> None:
+        self._inner.sleep(seconds)
+
+
+def _bound_by_deadline(http: httpx.Client) -> bool:
+    """Puts `_DeadlineBackend` under the connection pools of ``http``'s own transports (its default one
+    and the proxies it mounted from the environment); a transport passed in by the caller keeps its own
+    (its calls are then bounded by httpx's timeouts cut to the time left at each attempt). The pool's
+    backend is httpcore's ``ConnectionPool._network_backend``, which httpx's transport does not let a
+    caller choose; True when at least one pool was bounded."""
+    bounded = False
+    transports = [getattr(http, "_transport", None), *getattr(http, "_mounts", {}).values()]
+    for transport in transports:
+        pool = getattr(transport, "_pool", None)
+        backend = getattr(pool, "_network_backend", None)
+        if backend is not None and not isinstance(backend, _DeadlineBackend):
+            pool._network_backend = _DeadlineBackend(backend)  # type: ignore[union-attr]
+            bounded = True
+    return bounded
+
+
+# ---------------------------------------------------------------------------------------------------
 # Shared retry policy
 # ---------------------------------------------------------------------------------------------------
+_NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+
+
+def _retry_after(response: httpx.Response | None) -> float | None:
+    """The seconds an answer's ``Retry-After`` asks to wait (a number of seconds or an HTTP date), or
+    None when it has none that can be read."""
+    value = response.headers.get("Retry-After") if response is not None else None
+    if value is None:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        from email.utils import parsedate_to_datetime  # here: only a dated Retry-After pays for it
+
+        try:
+            when = parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            return None
+        if when.tzinfo is None:
+            return None
+        seconds = when.timestamp() - time.time()
+    return max(seconds, 0.0) if math.isfinite(seconds) else None
+
+
+def _replace_headers(call: _Call[T], headers: dict[str, str]) -> _Call[T]:
+    return replace(call, headers={**(call.headers or {}), **headers})
+
+
+class _Attempts:
+    """One call's attempts: its deadline, how many were made, whether one may have reached the service,
+    and the last failure. ``reached`` starts True for an observe whose request id's last call ended in
+    OutcomeUnknown: this call continues it."""
+
+    def __init__(self, deadline_s: float, reached: bool) -> None:
+        self.deadline_at = time.monotonic() + deadline_s
+        self.count = 0
+        self.reached = reached
+        self.sent = False  # the current attempt started sending its request
+        self.last: BaseException | httpx.Response | None = None
+        self.ended = ""  # why no further attempt was made
+
+    def left(self) -> float:
+        return self.deadline_at - time.monotonic()
+
+    def start(self, timeout: float) -> httpx.Timeout | None:
+        """The timeouts of the next attempt (each cut to the time left), or None when none is left."""
+        left = self.left()
+        if left <= 0:
+            return None
+        self.count += 1
+        self.sent = False
+        return httpx.Timeout(min(timeout, left))
+
+    def trace(self, event: str, info: Mapping[str, Any]) -> None:
+        """httpcore's trace extension: notes when the attempt starts sending (before its first byte)."""
+        if event.endswith("send_request_headers.started"):
+            self.sent = True
+
+    async def atrace(self, event: str, info: Mapping[str, Any]) -> None:
+        self.trace(event, info)
+
+    def failed(self, what: BaseException | httpx.Response) -> None:
+        """Records a failed attempt: an exception, or an answer 502/503/504 (it came from something the
+        request reached). An exception of the connect phase before anything was sent reached nothing."""
+        self.last = what
+        if isinstance(what, httpx.Response) or self.sent or not isinstance(what, _NOT_SENT):
+            self.reached = True
+
+
 class _Base:
     def __init__(
-        self, base_url: str, token: str | None, timeout: float, retries: int, backoff: float
+        self,
+        base_url: str,
+        token: str | None,
+        timeout: float,
+        retries: int,
+        backoff: float,
+        deadline: float | None = None,
     ) -> None:
         if retries < 0:
             raise ValueError("retries must be >= 0")
         if backoff < 0:
             raise ValueError("backoff must be >= 0")
+        if not timeout > 0:
+            raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
+        if deadline is not None and not deadline > 0:
+            raise ValueError(f"deadline must be > 0 seconds (or None for the default), got {deadline!r}")
         if not base_url.startswith(("http://", "https://")):
             raise ValueError(f"service URL must start with http:// or https://, got {base_url!r}")
         self.base_url = base_url.rstrip("/")
         self.retries = retries
         self.backoff = backoff
+        self.timeout = float(timeout)
+        #: Seconds one call may take in all (connect, send, every read, retries and waits).
+        self.deadline = (
+            float(deadline) if deadline is not None else default_deadline(timeout, retries, backoff)
+        )
         self._timeout = httpx.Timeout(timeout)
         self._headers = {"Accept": "application/json", contract.CONTRACT_HEADER: str(contract.CONTRACT)}
         token = token or os.environ.get("SELECTOR_API_TOKEN") or None
         if token:
             self._headers["Authorization"] = f"Bearer {token}"
+        # request id -> the call id of its last observe, while that ended in OutcomeUnknown
+        self._pending: dict[str, str] = {}
+        self._pending_lock = threading.Lock()
 
-    def _delay(self, attempt: int, response: httpx.Response | None) -> float:
-        """Seconds to wait before retry number ``attempt + 1`` (honours a short ``Retry-After``)."""
-        if response is not None:
-            retry_after = response.headers.get("Retry-After")
-            if retry_after is not None:
-                try:
-                    return min(max(float(retry_after), 0.0), _MAX_BACKOFF_S)
-                except ValueError:
-                    pass
-        return min(self.backoff * (2**attempt), _MAX_BACKOFF_S)
+    # --- one call's attempts ----------------------------------------------------------------------
+    def _wait(self, call: _Call[Any], attempts: _Attempts) -> float:
+        """After a failed attempt: the seconds to wait before the next one; raises the call's error when
+        there is none (retries spent, the deadline passed, or a Retry-After beyond it)."""
+        left = attempts.left()
+        if left <= 0:
+            raise self._deadline_passed(call, attempts)
+        if attempts.count > self.retries:
+            attempts.ended = f"retries={self.retries} spent"
+            raise self._gave_up(call, attempts)
+        response = attempts.last if isinstance(attempts.last, httpx.Response) else None
+        asked = _retry_after(response)
+        delay = (
+            asked if asked is not None else min(self.backoff * (2 ** (attempts.count - 1)), _MAX_BACKOFF_S)
+        )
+        if delay >= left:
+            attempts.ended = (
+                f"the service asked to retry after {asked:g} s, beyond the call's deadline ({left:.1f} s left "
+                f"of {self.deadline:g} s)"
+                if asked is not None
+                else f"the call's deadline of {self.deadline:g} s leaves no time for another attempt"
+            )
+            raise self._gave_up(call, attempts)
+        return delay
 
-    def _unreachable(self, call: _Call[Any], exc: Exception, attempts: int) -> ServiceUnavailable:
+    def _deadline_passed(self, call: _Call[Any], attempts: _Attempts) -> ServiceUnavailable:
+        attempts.ended = f"the call's deadline of {self.deadline:g} s passed"
+        if attempts.last is None:
+            attempts.last = TimeoutError(f"no answer within the call's deadline of {self.deadline:g} s")
+        return self._gave_up(call, attempts)
+
+    def _gave_up(self, call: _Call[Any], attempts: _Attempts) -> ServiceUnavailable:
+        """The error of a call that got no answer: `OutcomeUnknown` for a write that may have been
+        applied, else `ServiceUnavailable` (a write: nothing was applied)."""
+        last = attempts.last
+        status: int | None = None
+        if isinstance(last, httpx.Response):
+            status = last.status_code
+            detail = _detail_text(last)
+            cause = f"HTTP {status}: {detail}"
+        else:
+            detail = _cause(last) if last is not None else "no attempt was made"
+            cause = detail
+        tried = (
+            f"{_attempts(attempts.count)}, {attempts.ended}" if attempts.ended else _attempts(attempts.count)
+        )
+        where = f"{call.method} {call.path} at {self.base_url}"
+        common: dict[str, Any] = {
+            "status": status,
+            "detail": detail,
+            "method": call.method,
+            "path": call.path,
+            "attempts": attempts.count,
+        }
+        if call.resend is not None and attempts.reached:
+            return OutcomeUnknown(
+                f"{where}: outcome unknown, it may have been applied: a request was sent and no answer "
+                f"came back (last: {cause}; {tried}). {call.resend}",
+                request_id=call.request_id,
+                **common,
+            )
+        applied = "; it never reached the service, so nothing was applied" if call.resend is not None else ""
+        if status is not None:
+            return ServiceUnavailable(
+                f"{call.method} {call.path} -> HTTP {status} ({tried}): {detail}{applied}", **common
+            )
         return ServiceUnavailable(
-            f"cannot reach the selector service at {self.base_url} ({type(exc).__name__}: {exc}) "
-            f"after {attempts} attempt(s) of {call.method} {call.path}; check that it is running "
-            "(`selector-service serve`) and that the URL is right",
-            status=None,
-            detail=str(exc),
+            f"cannot reach the selector service at {self.base_url}: {call.method} {call.path} failed ({cause}; "
+            f"{tried}){applied}; check that it is running (`selector-service serve`) and that the URL is right",
+            **common,
         )
 
-    def _outcome(self, call: _Call[T], response: httpx.Response) -> T:
+    # --- observe call ids -------------------------------------------------------------------------
+    def _observe_call_id(self, call: _Call[T]) -> tuple[_Call[T], bool]:
+        """The observe with its ``Selector-Call`` header: the call id its request id's last call ended
+        with in OutcomeUnknown (this call continues it: True), else a new one."""
+        assert call.request_id is not None
+        with self._pending_lock:
+            pending = self._pending.get(call.request_id)
+        call_id = pending or os.urandom(12).hex()
+        return _replace_headers(call, {contract.CALL_HEADER: call_id}), pending is not None
+
+    def _observe_ended(self, call: _Call[Any], error: BaseException | None) -> None:
+        """Keeps the call id of an observe that ended in OutcomeUnknown (until the caller sends it
+        again), forgets it once its request id has an answer."""
+        assert call.request_id is not None and call.headers is not None
+        with self._pending_lock:
+            if isinstance(error, OutcomeUnknown):
+                self._pending[call.request_id] = call.headers[contract.CALL_HEADER]
+                while len(self._pending) > PENDING_CALLS:
+                    del self._pending[next(iter(self._pending))]
+            elif not isinstance(error, ServiceUnavailable):
+                self._pending.pop(call.request_id, None)
+
+    def _outcome(self, call: _Call[T], response: httpx.Response, attempts: _Attempts) -> T:
         # Every answer of the service names its contract version; one that names none (a proxy's own
         # answer, say) speaks the first.
         problem = contract.mismatch(contract.CONTRACT, response.headers.get(contract.CONTRACT_HEADER))
         if problem:
             raise ContractMismatch(
-                f"{call.method} {call.path} at {self.base_url}: {problem}", status=response.status_code
+                f"{call.method} {call.path} at {self.base_url}: {problem}",
+                status=response.status_code,
+                method=call.method,
+                path=call.path,
+                attempts=attempts.count,
             )
+        if (
+            call.method == "DELETE"
+            and response.status_code == 404
+            and attempts.count > 1
+            and attempts.reached
+        ):
+            return call.parse(response)  # type: ignore[no-any-return]  # an earlier attempt deleted it
         if not response.is_success:
-            raise _error_for(call.method, call.path, response, token_sent=self._token_sent)
+            raise _error_for(
+                call.method, call.path, response, token_sent=self._token_sent, attempts=attempts.count
+            )
         try:
-            return call.parse(response)
+            return call.parse(response)  # type: ignore[no-any-return]
         except (ValueError, KeyError, TypeError, IndexError) as exc:
             raise SelectorError(
                 f"{call.method} {call.path} at {self.base_url} answered HTTP {response.status_code} with a body "
                 f"that is not the selector service's ({type(exc).__name__}: {exc}); is --service-url right?",
                 status=response.status_code,
+                method=call.method,
+                path=call.path,
+                attempts=attempts.count,
             ) from None
 
     @property
@@ -700,7 +1148,12 @@ class SelectorClient(_Base):
     ``token``: the service's bearer token; when none is passed (None or empty) the client reads
     ``SELECTOR_API_TOKEN``, and sends no token when that is unset or empty.
 
-    ``transport`` is a seam for tests (e.g. wrapping the real transport to drop a response).
+    ``timeout``: seconds for each connect, send and read of an attempt; ``retries``, ``backoff``: the
+    retry schedule; ``deadline``: seconds one call may take in all, retries and waits included (None:
+    `default_deadline`). See the module docstring for what each error means and what to do.
+
+    ``transport`` is a seam for tests (e.g. wrapping the real transport to drop a response); a call
+    through it is bounded by the timeouts cut to the time left at each attempt.
     """
 
     def __init__(
@@ -711,12 +1164,14 @@ class SelectorClient(_Base):
         retries: int = 3,
         backoff: float = 0.5,
         *,
+        deadline: float | None = None,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
-        super().__init__(base_url, token, timeout, retries, backoff)
+        super().__init__(base_url, token, timeout, retries, backoff, deadline)
         self._http = httpx.Client(
             base_url=self.base_url, headers=self._headers, timeout=self._timeout, transport=transport
         )
+        _bound_by_deadline(self._http)
 
     def __enter__(self) -> SelectorClient:
         return self
@@ -727,20 +1182,32 @@ class SelectorClient(_Base):
     def close(self) -> None:
         self._http.close()
 
-    def _run(self, call: _Call[T]) -> T:
-        for attempt in range(self.retries + 1):
-            try:
-                response = self._http.request(call.method, call.path, **call.send_kwargs())
-            except httpx.TransportError as exc:  # connect errors, timeouts, dropped connections
-                if attempt == self.retries:
-                    raise self._unreachable(call, exc, attempt + 1) from None
-                time.sleep(self._delay(attempt, None))
-                continue
-            if response.status_code in _RETRY_STATUSES and attempt < self.retries:
-                time.sleep(self._delay(attempt, response))
-                continue
-            return self._outcome(call, response)
-        raise AssertionError("unreachable")  # pragma: no cover
+    def _run(self, call: _Call[T], continues: bool = False) -> T:
+        attempts = _Attempts(self.deadline, continues)
+        outer = getattr(_CALL_DEADLINE, "at", None)
+        _CALL_DEADLINE.at = attempts.deadline_at  # read by _DeadlineStream in this thread
+        try:
+            while True:
+                timeout = attempts.start(self.timeout)
+                if timeout is None:
+                    raise self._deadline_passed(call, attempts)
+                try:
+                    response = self._http.request(
+                        call.method,
+                        call.path,
+                        timeout=timeout,
+                        extensions={"trace": attempts.trace},
+                        **call.send_kwargs(),
+                    )
+                except httpx.TransportError as exc:  # connect errors, timeouts, dropped connections
+                    attempts.failed(exc)
+                else:
+                    if response.status_code not in _RETRY_STATUSES:
+                        return self._outcome(call, response, attempts)
+                    attempts.failed(response)
+                time.sleep(self._wait(call, attempts))
+        finally:
+            _CALL_DEADLINE.at = outer
 
     # --- datasets ---------------------------------------------------------------------------------
     def create_dataset(
@@ -792,7 +1259,7 @@ class SelectorClient(_Base):
         return self._run(_Call("GET", "/datasets", _parse_dataset_names))
 
     def delete_dataset(self, name: str) -> None:
-        self._run(_Call("DELETE", _dataset_path(name), lambda r: None))
+        self._run(_delete_call(name))
 
     # --- selection and feedback -------------------------------------------------------------------
     def select(
@@ -820,10 +1287,21 @@ class SelectorClient(_Base):
         request_id: str,
         selected_step: int | None = None,
     ) -> ObserveAck:
-        """Report rollout outcomes; retries reuse ``request_id`` so they are applied at most once. With
+        """Report rollout outcomes; retries reuse ``request_id`` so they are applied at most once, and the
+        answer counts what this call applied even when a retry found its first attempt applied. With
         ``selected_step`` (the step the prompts were selected at) a group that comes back more than the
-        dataset's ``max_lag`` steps late is filed at the open step instead of refused (docs/api.md, 4)."""
-        return self._run(_observe_call(dataset, step, results, request_id, selected_step))
+        dataset's ``max_lag`` steps late is filed at the open step instead of refused (docs/api.md, 4).
+        `OutcomeUnknown`: send the same observe again (module docstring)."""
+        call, continues = self._observe_call_id(
+            _observe_call(dataset, step, results, request_id, selected_step)
+        )
+        try:
+            ack = self._run(call, continues)
+        except SelectorError as exc:
+            self._observe_ended(call, exc)
+            raise
+        self._observe_ended(call, None)
+        return ack
 
     def beliefs(self, dataset: str, ids: Iterable[int]) -> Beliefs:
         """The beliefs about ``ids``, in that order, at one open step. A URL holds a few thousand ids, so
@@ -903,9 +1381,10 @@ class AsyncSelectorClient(_Base):
         retries: int = 3,
         backoff: float = 0.5,
         *,
+        deadline: float | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
-        super().__init__(base_url, token, timeout, retries, backoff)
+        super().__init__(base_url, token, timeout, retries, backoff, deadline)
         self._http = httpx.AsyncClient(
             base_url=self.base_url, headers=self._headers, timeout=self._timeout, transport=transport
         )
@@ -919,22 +1398,42 @@ class AsyncSelectorClient(_Base):
     async def aclose(self) -> None:
         await self._http.aclose()
 
-    async def _run(self, call: _Call[T]) -> T:
+    async def _run(self, call: _Call[T], continues: bool = False) -> T:
         import asyncio  # here, not at the top: the blocking client's users do not pay its import
 
-        for attempt in range(self.retries + 1):
+        attempts = _Attempts(self.deadline, continues)
+        try:
+            # The whole call, every read of a trickling answer and every wait included, ends by the deadline.
+            async with asyncio.timeout(attempts.left()):
+                return await self._attempt(call, attempts)
+        except TimeoutError:
+            if attempts.sent:
+                attempts.reached = True  # cut off while its request was on the wire
+            raise self._deadline_passed(call, attempts) from None
+
+    async def _attempt(self, call: _Call[T], attempts: _Attempts) -> T:
+        import asyncio
+
+        while True:
+            timeout = attempts.start(self.timeout)
+            if timeout is None:
+                raise TimeoutError
             try:
-                response = await self._http.request(call.method, call.path, **call.send_kwargs())
+                response = await self._http.request(
+                    call.method,
+                    call.path,
+                    timeout=timeout,
+                    extensions={"trace": attempts.atrace},
+                    **call.send_kwargs(),
+                )
             except httpx.TransportError as exc:  # connect errors, timeouts, dropped connections
-                if attempt == self.retries:
-                    raise self._unreachable(call, exc, attempt + 1) from None
-                await asyncio.sleep(self._delay(attempt, None))
-                continue
-            if response.status_code in _RETRY_STATUSES and attempt < self.retries:
-                await asyncio.sleep(self._delay(attempt, response))
-                continue
-            return self._outcome(call, response)
-        raise AssertionError("unreachable")  # pragma: no cover
+                attempts.failed(exc)
+            else:
+                if response.status_code not in _RETRY_STATUSES:
+                    return self._outcome(call, response, attempts)
+                attempts.failed(response)
+            attempts.sent = False  # waiting, nothing on the wire
+            await asyncio.sleep(self._wait(call, attempts))
 
     async def create_dataset(
         self,
@@ -975,7 +1474,7 @@ class AsyncSelectorClient(_Base):
         return await self._run(_Call("GET", "/datasets", _parse_dataset_names))
 
     async def delete_dataset(self, name: str) -> None:
-        await self._run(_Call("DELETE", _dataset_path(name), lambda r: None))
+        await self._run(_delete_call(name))
 
     async def select(
         self,
@@ -1000,7 +1499,16 @@ class AsyncSelectorClient(_Base):
         request_id: str,
         selected_step: int | None = None,
     ) -> ObserveAck:
-        return await self._run(_observe_call(dataset, step, results, request_id, selected_step))
+        call, continues = self._observe_call_id(
+            _observe_call(dataset, step, results, request_id, selected_step)
+        )
+        try:
+            ack = await self._run(call, continues)
+        except SelectorError as exc:
+            self._observe_ended(call, exc)
+            raise
+        self._observe_ended(call, None)
+        return ack
 
     async def beliefs(self, dataset: str, ids: Iterable[int]) -> Beliefs:
         calls = _beliefs_calls(dataset, ids)

@@ -3,7 +3,8 @@
 - `CONTRACT`, the contract's version: the client sends it with every request (`CONTRACT_HEADER`), the
   service answers with its own, and each refuses the other's when they differ, saying which package to
   upgrade (`mismatch`).
-- Names and their patterns: a dataset's name (`NAME`), a report's request id (`REQUEST_ID`).
+- Names and their patterns: a dataset's name (`NAME`), a report's request id (`REQUEST_ID`), the id of
+  the client's call an observe belongs to (`CALL_HEADER`, `CALL_ID`).
 - A select's rollout budget: its policies and the bounds of its counts (`rollout_problems`), which the
   service, the trainer's options and the integrations' options check.
 - Each dataset setting of POST /datasets (docs/api.md) with its default and description (`SETTINGS`).
@@ -66,6 +67,12 @@ NAME = r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}"
 #: 1 to `REQUEST_ID_MAX` of them.
 REQUEST_ID = r"[^\x00-\x1f\x7f]+"
 REQUEST_ID_MAX = 128
+#: The header of an observe that names the client's call (an extension of the contract, docs/api.md section
+#: 4): every attempt of one call carries the same id, and the service answers an attempt whose call was
+#: applied already with what it applied (``applied: n, duplicate: false``) instead of as a duplicate.
+CALL_HEADER = "Selector-Call"
+#: A call id (without the anchors of its pattern): 1 to 64 letters, digits, '-' or '_'.
+CALL_ID = r"[A-Za-z0-9_-]{1,64}"
 #: The most steps late an observation may be accepted (max_lag).
 MAX_LAG = 1000
 

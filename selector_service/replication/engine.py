@@ -517,12 +517,15 @@ class Engine:
         request_id: str,
         results: Sequence[Any],
         selected_step: int | None = None,
+        call: str | None = None,
     ) -> tuple[int, bool, int]:
         """Validates a whole request, then appends it to the log atomically with its request id.
 
         Returns (results applied, duplicate, lag). A request id names one body: its retry is a duplicate
         (nothing applied, the first call's lag), the same id with another body, for another dataset or
-        for an earlier incarnation of this one is a Conflict. With `selected_step` (the step the results'
+        for an earlier incarnation of this one is a Conflict. `call` (the client's Selector-Call id, the
+        same on every attempt of one call) is the call token the request id is stored with, so a retry
+        of a call whose first attempt was applied is answered with what it applied, not as a duplicate. With `selected_step` (the step the results'
         prompts were selected at, <= step) a step closed more than max_lag steps ago is filed at the open
         step instead of refused, and the lag counts from `selected_step` (the store's _OBSERVE).
         """
@@ -562,7 +565,7 @@ class Engine:
             try:
                 res = await self._until_not_busy(
                     lambda: self.store.append_observe(
-                        name, spec.uid, step, request_id, payload, digest, spec.max_lag, selected_step
+                        name, spec.uid, step, request_id, payload, digest, spec.max_lag, selected_step, call
                     )
                 )
             except DatasetGone:

@@ -96,7 +96,8 @@ def _kinds(script: str) -> str:
 # shortly).
 # The request id is bound to "<log id> <digest> <lag> <call token>": the token names the engine's call
 # that applied it, so the client library resending that same call (a lost reply) is answered ok, with
-# what the first applied, not dup.
+# what the first applied, not dup. When the HTTP client names its call (the Selector-Call header) the
+# token is that name, so the client's own retry of a call whose reply was lost is answered ok as well.
 # A step s < open step c is accepted as late evidence when c - s <= max lag (docs/methods.md §3.1); the answer
 # and the remembered request id carry its lag, so a retry answers what the first call answered.
 # With a selected step e (<= s), a step closed more than max lag ago is filed at the open step (the record's
@@ -499,6 +500,12 @@ def _call_token() -> str:
     return uuid.uuid4().hex[:16]
 
 
+def _client_call_token(call: str) -> str:
+    """The call token of a client's call id (contract.CALL_ID): prefixed, so that it is never one of
+    `_call_token`'s."""
+    return f"c.{call}"
+
+
 def _s(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
@@ -793,9 +800,11 @@ class Store:
         digest: str,
         max_lag: int = 0,
         selected_step: int | None = None,
+        call: str | None = None,
     ) -> WriteResult:
         """Appends an observe record atomically with its request id (_OBSERVE above); DatasetGone when
-        incarnation `uid` is gone."""
+        incarnation `uid` is gone. `call`: the client's id of the call (its Selector-Call header, the same
+        on each of its attempts), stored as the call token instead of one drawn for this call."""
         res = await self._observe(
             keys=[
                 self.keys.meta(name),
@@ -812,7 +821,7 @@ class Store:
                 self.max_step_gap,
                 digest,
                 max_lag,
-                _call_token(),
+                _client_call_token(call) if call else _call_token(),
                 "" if selected_step is None else selected_step,
             ],
         )

@@ -232,3 +232,42 @@ def test_selected_step_files_a_late_group_at_the_open_step(http, dsname):
     assert http.post(f"/datasets/{dsname}-copy/import", content=blob).status_code == 201
     copy = http.get(f"/datasets/{dsname}-copy/history").json()["rows"]
     assert copy == http.get(f"/datasets/{dsname}/history").json()["rows"]
+
+
+def test_a_call_id_answers_its_own_retry_with_what_it_applied(http, dsname):
+    """The Selector-Call header (docs/api.md section 4): an attempt of a call whose earlier attempt was
+    applied (its answer lost) is answered with what that attempt applied, so a client that sums `applied`
+    over its calls counts every result; any other send of the request id is a duplicate."""
+    make(http, dsname, max_lag=2)
+    body = {
+        "dataset": dsname,
+        "step": 0,
+        "request_id": f"{dsname}-c",
+        "results": [{"prompt_id": 1, "rewards": [1, 0]}],
+    }
+
+    def send(call=None, **changes):
+        headers = {} if call is None else {"Selector-Call": call}
+        return http.post("/observe", json={**body, **changes}, headers=headers)
+
+    assert send("call-a").json() == {"applied": 1, "duplicate": False, "lag": 0}
+    http.post("/select", json={"dataset": dsname, "step": 1, "batch_size": 2}).raise_for_status()
+    # its retry, after a step closed: what the first attempt applied, at its lag
+    assert send("call-a").json() == {"applied": 1, "duplicate": False, "lag": 0}
+    assert send("call-b").json() == {"applied": 0, "duplicate": True, "lag": 0}  # another call: a resend
+    assert send().json() == {"applied": 0, "duplicate": True, "lag": 0}  # no call id: as before
+    # the same call with another body is still a conflict: a request id names one body
+    r = send("call-a", results=[{"prompt_id": 2, "rewards": [1, 0]}])
+    assert r.status_code == 409 and "different body" in r.json()["detail"], r.text
+    assert summary(http, dsname)["observations"] == 1
+    # a call id outside its domain is refused before anything is read or applied
+    for bad in [b"", b"a b", b"x" * 65, b"call/1", "caf\u00e9".encode()]:
+        r = http.post(
+            "/observe", json={**body, "request_id": f"{dsname}-bad"}, headers={"Selector-Call": bad}
+        )
+        assert r.status_code == 422 and "Selector-Call" in r.text, (bad, r.text)
+    r = http.post(
+        "/observe", json={**body, "request_id": f"{dsname}-bad"}, headers={"Selector-Call": "ok_1-A"}
+    )
+    assert r.json() == {"applied": 1, "duplicate": False, "lag": 1}  # the id was not taken by the refusals
+    assert summary(http, dsname)["observations"] == 2

@@ -67,11 +67,13 @@ class DropFirstResponse(httpx.BaseTransport):
         self.path = path
         self.dropped = 0
         self.bodies: list[bytes] = []
+        self.calls: list[str | None] = []  # the Selector-Call header of each request to ``path``
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         response = self.inner.handle_request(request)
         if request.url.path == self.path:
             self.bodies.append(request.read())
+            self.calls.append(request.headers.get(contract.CALL_HEADER))
             if not self.dropped:
                 response.read()
                 response.close()
@@ -321,10 +323,15 @@ def test_retry_after_a_lost_response_reuses_the_request_id(service_url, dataset)
     transport = DropFirstResponse("/observe")
     with SelectorClient(service_url, token=TOKEN, backoff=0.01, transport=transport) as flaky:
         ack = flaky.observe(dataset, 0, [Result(4, rewards=[1, 1, 0, 0])], request_id="run-b-s0-r0")
-        # the first attempt was applied, its answer lost; the retry is recognised as a duplicate
-        assert (ack.applied, ack.duplicate) == (0, True)
+        # the first attempt was applied, its answer lost; the retry is answered with what that attempt
+        # applied: the call was made once, and its ack counts its one result
+        assert (ack.applied, ack.duplicate) == (1, False)
         assert transport.dropped == 1 and len(transport.bodies) == 2
         assert transport.bodies[0] == transport.bodies[1]  # byte-identical retry, same request id
+        assert transport.calls[0] and transport.calls[0] == transport.calls[1]  # the same call id
+        # a second send by the caller is a duplicate: it applies nothing
+        again = flaky.observe(dataset, 0, [Result(4, rewards=[1, 1, 0, 0])], request_id="run-b-s0-r0")
+        assert (again.applied, again.duplicate) == (0, True) and transport.calls[2] != transport.calls[0]
         belief = flaky.beliefs(dataset, [4]).beliefs[0]
     assert (belief.observations, belief.alpha, belief.beta) == (1, 3.0, 3.0)  # counted once
 

@@ -24,7 +24,9 @@ makes a retried report count once.
 What every adapter does the same way lives here: the options (`SelectorOptions`), creating the service
 dataset (`ensure_dataset`), grouping rewards (`group_results`), handing out a selected step's rows one at
 a time with a checkpointable position (`StepIterator` over a `StepSampler`), request ids
-(`request_id`, `new_run_id`) and the installed framework's version (`framework_version`).
+(`request_id`, `new_run_id`), the installed framework's version (`framework_version`), and reporting a
+group so that it counts exactly once while the service is away (`observe_exactly_once`, and
+`observe_exactly_once_async` for an `AsyncSelectorClient`): every adapter's ``/observe`` goes through it.
 
 This package imports no trainer framework; each submodule imports its framework when it is imported.
 """
@@ -34,6 +36,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import time
 import uuid
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import InitVar, dataclass, field, fields
@@ -41,12 +44,15 @@ from typing import Any, NamedTuple
 
 from rlvr_selector_client import contract
 from rlvr_selector_client.client import (
+    AsyncSelectorClient,
     DatasetInfo,
     NotFound,
+    ObserveAck,
     Result,
     RolloutBudget,
     Selection,
     SelectorClient,
+    ServiceUnavailable,
     first_step,
 )
 from rlvr_selector_client.contract import DEFAULTS as DATASET_DEFAULTS
@@ -62,6 +68,8 @@ __all__ = [
     "framework_version",
     "group_results",
     "new_run_id",
+    "observe_exactly_once",
+    "observe_exactly_once_async",
     "open_dataset",
     "request_id",
 ]
@@ -383,6 +391,90 @@ def request_id(
     if round_index is not None:
         parts.append(f"d{round_index}")
     return "-".join(parts)
+
+
+#: How long `observe_exactly_once` keeps sending one report again while the service is away, in seconds.
+RESEND_PATIENCE_S = 600.0
+#: Its waits between sends, in seconds: the first, doubling up to the second.
+RESEND_WAITS_S = (1.0, 30.0)
+
+
+def observe_exactly_once(
+    client: SelectorClient,
+    dataset: str,
+    step: int,
+    results: Sequence[Result],
+    request_id: str,
+    *,
+    selected_step: int | None = None,
+    patience_s: float = RESEND_PATIENCE_S,
+    waits_s: tuple[float, float] = RESEND_WAITS_S,
+) -> ObserveAck:
+    """``client.observe(...)``, sent again with the same request id and results while the service is away,
+    so that the report counts exactly once: how every adapter reports, and the loop a trainer of its own
+    runs (docs/operations.md, "Errors and what to do").
+
+    `OutcomeUnknown` (the report may have been applied) and `ServiceUnavailable` (it was not) are logged
+    and the same report sent again, after waits doubling from 1 s to 30 s (``waits_s``), for up to
+    ``patience_s`` seconds. The service applies a request id at most once, and the client answers a
+    report whose earlier send got no answer with what that send applied (``applied: n, duplicate:
+    false``), so ``ack.applied`` counts the results of a report made once and ``ack.duplicate`` is
+    True only for a report that was acknowledged before (a resumed run's). Once ``patience_s`` is spent
+    the last error is raised (`OutcomeUnknown` when a send may have been applied: the run can still
+    send it again later under the same request id). Every other error (a 409 for a step closed beyond
+    max_lag, say) is raised at once: sending again cannot help."""
+    started, wait = time.monotonic(), waits_s[0]
+    late = {} if selected_step is None else {"selected_step": selected_step}  # as the adapter called it
+    while True:
+        try:
+            return client.observe(dataset, step, results, request_id=request_id, **late)
+        except ServiceUnavailable as exc:
+            _resend_or_raise(exc, request_id, started, wait, patience_s)
+        time.sleep(wait)
+        wait = min(wait * 2, waits_s[1])
+
+
+async def observe_exactly_once_async(
+    client: AsyncSelectorClient,
+    dataset: str,
+    step: int,
+    results: Sequence[Result],
+    request_id: str,
+    *,
+    selected_step: int | None = None,
+    patience_s: float = RESEND_PATIENCE_S,
+    waits_s: tuple[float, float] = RESEND_WAITS_S,
+) -> ObserveAck:
+    """`observe_exactly_once` for an `AsyncSelectorClient`."""
+    import asyncio
+
+    started, wait = time.monotonic(), waits_s[0]
+    late = {} if selected_step is None else {"selected_step": selected_step}
+    while True:
+        try:
+            return await client.observe(dataset, step, results, request_id=request_id, **late)
+        except ServiceUnavailable as exc:
+            _resend_or_raise(exc, request_id, started, wait, patience_s)
+        await asyncio.sleep(wait)
+        wait = min(wait * 2, waits_s[1])
+
+
+def _resend_or_raise(
+    error: ServiceUnavailable, request_id: str, started: float, wait: float, patience_s: float
+) -> None:
+    """Raises ``error`` once a wait of ``wait`` seconds would pass ``patience_s``, else logs the resend."""
+    spent = time.monotonic() - started
+    if spent + wait > patience_s:
+        raise error
+    logger.warning(
+        "the selector did not acknowledge report %r; sending it again with the same request id in %.1f s "
+        "(%.0f of %.0f s of patience spent): %s",
+        request_id,
+        wait,
+        spent,
+        patience_s,
+        error,
+    )
 
 
 def one_group(run_id: str, step: int, prompt_id: int, rewards: list[float]) -> tuple[list[Result], str]:

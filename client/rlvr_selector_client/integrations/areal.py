@@ -76,6 +76,7 @@ from rlvr_selector_client.integrations import (
     ensure_dataset,
     log_too_late,
     new_run_id,
+    observe_exactly_once_async,
     one_group,
 )
 
@@ -307,8 +308,8 @@ class SelectorWorkflow(_WorkflowBase):  # type: ignore[misc,valid-type]
     async def _report(self, step: int, prompt_id: int, values: list[float]) -> None:
         results, request_id = one_group(self.run_id, step, prompt_id, values)
         try:
-            ack = await self._client().observe(
-                self.dataset, step, results, request_id=request_id, selected_step=step
+            ack = await observe_exactly_once_async(
+                self._client(), self.dataset, step, results, request_id, selected_step=step
             )
         except Conflict as exc:
             log_too_late(

@@ -78,6 +78,7 @@ from rlvr_selector_client.integrations import (
     framework_version,
     log_too_late,
     new_run_id,
+    observe_exactly_once,
     one_group,
 )
 
@@ -249,7 +250,9 @@ class GroupReporter:
         try:
             # selected_step: a group reported more than max_lag steps after its selection (dynamic
             # filtering pulls the next steps' prompts while a step's groups run) is filed at the open step.
-            ack = self.client.observe(self.dataset, step, results, request_id=request_id, selected_step=step)
+            ack = observe_exactly_once(
+                self.client, self.dataset, step, results, request_id, selected_step=step
+            )
         except Conflict as exc:
             log_too_late(prompt_id, step, exc.detail, "create the dataset with a larger --selector.max_lag")
             self.lost.append((step, prompt_id))

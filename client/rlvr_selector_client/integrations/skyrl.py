@@ -71,6 +71,7 @@ from rlvr_selector_client.integrations import (
     ensure_dataset,
     group_results,
     new_run_id,
+    observe_exactly_once_async,
     request_id,
 )
 
@@ -268,8 +269,8 @@ class SelectorRayPPOTrainer(RayPPOTrainer):  # type: ignore[misc]
 
     async def _send(self, step: int, results: list[Any], rid: str) -> Any:
         """The one place a report goes to the service (its request id makes a resend count once)."""
-        return await self._async_client().observe(
-            self.selector.dataset, step, results, request_id=rid, selected_step=step
+        return await observe_exactly_once_async(
+            self._async_client(), self.selector.dataset, step, results, rid, selected_step=step
         )
 
     def _async_client(self) -> AsyncSelectorClient:

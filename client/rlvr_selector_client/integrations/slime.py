@@ -50,6 +50,7 @@ from rlvr_selector_client.integrations import (
     ensure_dataset,
     group_results,
     new_run_id,
+    observe_exactly_once,
     request_id,
 )
 
@@ -210,10 +211,11 @@ def report_all_samples(args: Any, all_samples: Sequence[Sequence[Any]], data_sou
     for step in sorted(by_step):
         ids, rewards = by_step[step]
         results = group_results(ids, rewards)
-        data_source.client.observe(
+        observe_exactly_once(
+            data_source.client,
             data_source.options.dataset,
             step,
             results,
-            request_id=request_id(data_source.run_id, step, prompts=ids),
+            request_id(data_source.run_id, step, prompts=ids),
             selected_step=step,
         )

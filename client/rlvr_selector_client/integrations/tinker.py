@@ -85,6 +85,7 @@ from rlvr_selector_client.integrations import (
     ensure_dataset,
     log_too_late,
     new_run_id,
+    observe_exactly_once_async,
     one_group,
 )
 
@@ -278,8 +279,8 @@ class SelectorRLDataset(RLDataset):
 
     async def _send(self, step: int, results: list[Any], request_id: str) -> Any:
         """The one place a report goes to the service (its request id makes a resend count once)."""
-        return await self._client().observe(
-            self.options.dataset, step, results, request_id=request_id, selected_step=step
+        return await observe_exactly_once_async(
+            self._client(), self.options.dataset, step, results, request_id, selected_step=step
         )
 
     async def aclose(self) -> None:

@@ -73,6 +73,7 @@ from rlvr_selector_client.integrations import (
     ensure_dataset,
     group_results,
     new_run_id,
+    observe_exactly_once,
     request_id,
 )
 
@@ -251,8 +252,8 @@ class ObservingReward:
         results = group_results((p for p, _ in pairs), (r for _, r in pairs))
         step = sampler.claim({r.prompt_id for r in results}, self.id_column)
         if results:
-            self.client.observe(
-                self.dataset, step, results, request_id=request_id(self.run_id, step), selected_step=step
+            observe_exactly_once(
+                self.client, self.dataset, step, results, request_id(self.run_id, step), selected_step=step
             )
         self.reports += 1
 
@@ -393,11 +394,12 @@ class SelectorGRPOTrainer(GRPOTrainer):
                 f"{self.selector.id_column!r} the service prompt id?"
             )
         if results:
-            self.selector_client.observe(
+            observe_exactly_once(
+                self.selector_client,
                 self.selector.dataset,
                 step,
                 results,
-                request_id=request_id(self.selector_run_id, step),
+                request_id(self.selector_run_id, step),
                 selected_step=step,
             )
         self.selector_reports += 1

@@ -62,6 +62,7 @@ from rlvr_selector_client.integrations import (
     framework_version,
     group_results,
     new_run_id,
+    observe_exactly_once,
     open_dataset,
     request_id,
 )
@@ -337,7 +338,12 @@ class SelectorCurriculumSampler(StepSampler, _SamplerBase):  # type: ignore[misc
                 "supported: every selected group must be reported"
             )
         step = self.open_step
-        self.client.observe(
-            self.options.dataset, step, results, request_id=request_id(self.run_id, step), selected_step=step
+        observe_exactly_once(
+            self.client,
+            self.options.dataset,
+            step,
+            results,
+            request_id(self.run_id, step),
+            selected_step=step,
         )
         self.open_step, self.open_ids = None, []

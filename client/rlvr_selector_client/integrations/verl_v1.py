@@ -59,7 +59,7 @@ from collections import defaultdict
 from typing import Any
 
 from rlvr_selector_client.client import Conflict
-from rlvr_selector_client.integrations import log_too_late, one_group
+from rlvr_selector_client.integrations import log_too_late, observe_exactly_once, one_group
 from rlvr_selector_client.integrations.verl import SelectorCurriculumSampler, replace_name
 
 __all__ = [
@@ -282,8 +282,8 @@ class ReportingBuffer:
         try:
             # selected_step: a group that finishes more than max_lag steps after its selection (a response
             # spanning several updates, a group re-issued by a resumed run) is filed at the open step.
-            ack = sampler.client.observe(
-                sampler.options.dataset, step, results, request_id=request_id, selected_step=step
+            ack = observe_exactly_once(
+                sampler.client, sampler.options.dataset, step, results, request_id, selected_step=step
             )
         except Conflict as exc:
             entry["refused"] = str(exc)

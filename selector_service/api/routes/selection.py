@@ -4,12 +4,14 @@ strategies' scores of any prompts (score)."""
 from __future__ import annotations
 
 import asyncio
+from typing import Annotated
 
 import numpy as np
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, Header, Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
+from rlvr_selector_client import contract
 from selector_service.api.deps import EngineDep, SettingsDep, require_token
 from selector_service.api.errors import ERRORS
 from selector_service.api.openapi import json_body
@@ -85,7 +87,21 @@ async def select(body: SelectRequest, engine: EngineDep, settings: SettingsDep) 
     summary="Report rollout results",
     operation_id="observe",
 )
-async def observe(request: Request, engine: EngineDep) -> ObserveResponse:
+async def observe(
+    request: Request,
+    engine: EngineDep,
+    call: Annotated[
+        str | None,
+        Header(
+            alias=contract.CALL_HEADER,
+            pattern=f"^{contract.CALL_ID}$",
+            description="Optional: the client's id of this call, the same on each of its attempts (1 to 64 "
+            "letters, digits, '-' or '_'). A request id applied by an attempt with the same call id is "
+            "answered with what that attempt applied (`duplicate: false`), not as a duplicate (an extension "
+            "of the contract; docs/api.md section 4).",
+        ),
+    ] = None,
+) -> ObserveResponse:
     """Report rollout results for a step; idempotent by request_id, applied whole or not at all."""
     # The hot write path: the bytes are parsed and validated in one pass by ObserveRequest's fast twin
     # (schemas.decode_observe), in a worker thread for large bodies: one C call that holds the GIL for
@@ -111,6 +127,7 @@ async def observe(request: Request, engine: EngineDep) -> ObserveResponse:
         request_id=body.request_id,
         results=body.results,
         selected_step=body.selected_step,
+        call=call,
     )
     return ObserveResponse(applied=applied, duplicate=duplicate, lag=lag)
 

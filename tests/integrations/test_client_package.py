@@ -92,6 +92,24 @@ def test_the_client_wheel_requires_httpx_alone() -> None:
     assert "rlvr_selector_client/VERSION" in files and "rlvr_selector_client/integrations/verl_v1.py" in files
 
 
+def test_both_wheels_carry_the_license_a_packager_reads() -> None:
+    """PEP 639: an SPDX expression in the metadata and the license text in the wheel, for the client
+    (what trainers install) and the service, as `make dist` builds them."""
+    service_wheel = client_install.build_wheel(client_install.ROOT)
+    for path, source in (
+        (client_install.wheel(), client_install.ROOT / "client"),
+        (service_wheel, client_install.ROOT),
+    ):
+        with zipfile.ZipFile(path) as wheel:
+            names = wheel.namelist()
+            (meta,) = [n for n in names if n.endswith(".dist-info/METADATA")]
+            metadata = wheel.read(meta).decode()
+            (text,) = [n for n in names if n.endswith(".dist-info/licenses/LICENSE")]
+            assert wheel.read(text) == (source / "LICENSE").read_bytes(), path.name
+        assert "License-Expression: Apache-2.0" in metadata.splitlines(), path.name
+        assert "License-File: LICENSE" in metadata.splitlines(), path.name
+
+
 @pytest.fixture(scope="module")
 def bare_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A fresh venv holding the client wheel and what it requires, nothing else."""

@@ -30,28 +30,23 @@ def _canonical(name: str) -> str:
 @cache
 def wheel() -> Path:
     """The client's wheel, built from client/ without dependencies (`make dist` builds the same)."""
-    out = Path(tempfile.mkdtemp(prefix="rlvr-client-wheel-"))
+    return build_wheel(ROOT / "client")
+
+
+def build_wheel(source: Path) -> Path:
+    """The wheel of the distribution whose pyproject.toml is in `source`, built without dependencies."""
+    out = Path(tempfile.mkdtemp(prefix="rlvr-wheel-"))
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "-q",
-            "--no-deps",
-            "--wheel-dir",
-            str(out),
-            str(ROOT / "client"),
-        ],
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--wheel-dir", str(out), str(source)],
         capture_output=True,
         text=True,
     )
-    built = sorted(out.glob("rlvr_selector_client-*.whl"))
-    if proc.returncode != 0 or not built:
+    built = sorted(out.glob("*.whl"))
+    if proc.returncode != 0 or len(built) != 1:
         raise venvs.VenvError(
-            f"building the client wheel failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}"
+            f"building the wheel of {source} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}"
         )
-    return built[-1]
+    return built[0]
 
 
 def freeze(python: Path) -> dict[str, str]:

@@ -73,6 +73,8 @@ REQUEST_ID_MAX = 128
 CALL_HEADER = "Selector-Call"
 #: A call id (without the anchors of its pattern): 1 to 64 letters, digits, '-' or '_'.
 CALL_ID = r"[A-Za-z0-9_-]{1,64}"
+#: The largest training step a request may name (select, observe, a history query's `since`).
+MAX_STEP = 10**12
 #: The most steps late an observation may be accepted (max_lag).
 MAX_LAG = 1000
 

@@ -40,7 +40,7 @@ def _strategies_doc() -> str:
 
 # The bounds of the fields that ObserveRequest and its fast twin (msgspec structs, below) both check,
 # declared once: pydantic's Field and msgspec's Meta take them by the same names.
-_STEP_BOUNDS: dict[str, Any] = {"ge": 0, "le": 10**12}
+_STEP_BOUNDS: dict[str, Any] = {"ge": 0, "le": contract.MAX_STEP}
 _PROMPT_ID_BOUNDS: dict[str, Any] = {"ge": 0, "le": 2**62}
 _REQUEST_ID_BOUNDS: dict[str, Any] = {"min_length": 1, "max_length": contract.REQUEST_ID_MAX}
 _REWARDS_BOUNDS: dict[str, Any] = {"max_length": 65536}

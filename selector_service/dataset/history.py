@@ -70,7 +70,6 @@ _STRATEGY = re.compile(r"[a-z][a-z0-9_]{0,63}")
 _DIGEST = re.compile(r"[0-9a-f]{1,64}")
 _MAX_STRATEGIES = 64
 _COUNT_MAX = 2**62
-_STEP_MAX = 10**12
 #: No step has this many select requests; below it a row's strategy counts sum without overflow.
 _SELECTS_MAX = 2**56
 #: The most trials one result may carry (core/domain.py TRIALS_MAX, the API's bound).

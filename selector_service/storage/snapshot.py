@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import zstandard
 
+from rlvr_selector_client.contract import MAX_STEP
 from selector_service.core.belief_domain import check_beliefs
 from selector_service.core.beliefs import COLUMN_FIELDS, BeliefArrays
 from selector_service.core.coldstart import MAX_GROUPS, SharedState
@@ -45,7 +46,6 @@ _COMPRESS_FEED_BYTES = 4 * 2**20  # input slice handed to the compressor at a ti
 _EXPORT_PIECE_BYTES = 16 * 2**20  # how much serialize_snapshot copies into its buffer at a time
 _ZSTD_FRAME_HEADER_MAX = 18  # bytes; enough for frame_content_size
 _INFLATE_STEP_BYTES = 32 * 2**20  # about how much one decompression call may produce (see _inflate_into)
-STEP_MAX = 10**12  # the largest training step the API accepts (schemas.Step)
 _COUNTER_MAX = 2**63 - 1  # record numbers and result counts
 _CURSOR = re.compile(r"|[0-9]{1,20}-[0-9]{1,20}")  # "" (no record applied) or a log record id
 _OTHER_PREFIXES = (SHARED_PREFIX, HISTORY_PREFIX)  # snapshot arrays that are not per-prompt beliefs
@@ -327,8 +327,8 @@ def _state_from(spec: DatasetSpec, header: dict[str, Any], arrays: dict[str, np.
     check_beliefs(beliefs)
     state = DatasetState(spec, beliefs)
     try:
-        state.open_step = _count(header, "open_step", STEP_MAX)
-        state.steps_closed = _count(header, "steps_closed", STEP_MAX)
+        state.open_step = _count(header, "open_step", MAX_STEP)
+        state.steps_closed = _count(header, "steps_closed", MAX_STEP)
         cursor = header["cursor"]
         if not isinstance(cursor, str) or not _CURSOR.fullmatch(cursor):
             raise ValueError(f"snapshot header field 'cursor' = {cursor!r} is not a log position")

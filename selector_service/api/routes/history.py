@@ -6,6 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query
 
+from rlvr_selector_client.contract import MAX_STEP
 from selector_service.api.deps import DigitsOnly, EngineDep, NamePath, require_token
 from selector_service.api.errors import ERRORS
 from selector_service.contract.schemas import HistoryResponse
@@ -25,7 +26,7 @@ MAX_LIMIT = 10_000
 async def history(
     name: NamePath,
     engine: EngineDep,
-    since: Annotated[int, DigitsOnly, Query(ge=0, le=10**12, description="First step to return.")] = 0,
+    since: Annotated[int, DigitsOnly, Query(ge=0, le=MAX_STEP, description="First step to return.")] = 0,
     limit: Annotated[int, DigitsOnly, Query(ge=1, le=MAX_LIMIT, description="Most rows to return.")] = 1000,
 ) -> HistoryResponse:
     """One row per closed step from `since` on, oldest first: prompts selected and observed, rollouts,

@@ -49,7 +49,7 @@ class ArithmeticEnv(ProblemEnv):
     """Problem ``i``: ``what is i + 1?``, right when the answer's last number is ``i + 1``."""
 
     def __init__(self, prompt_id: int, renderer: renderers.Renderer) -> None:
-        super().__init__(renderer)  # format_coef 0.1: the format is worth 0.1 of the total reward
+        super().__init__(renderer)  # format_coef 0.1: a missed format costs 0.1 of the total reward
         self.prompt_id = prompt_id
 
     def get_question(self) -> str:

@@ -657,11 +657,27 @@ def test_verl_v1_long_responses_and_a_resume_in_a_new_process_lose_no_group(
 # --------------------------------------------------------------------------------------------------
 
 
-def service_history(url: str, dataset: str) -> dict[int, dict[str, Any]]:
-    """The service's closed steps (GET /datasets/{name}/history), by step."""
+def service_history(url: str, dataset: str) -> tuple[dict[int, dict[str, Any]], int]:
+    """The service's closed steps (GET /datasets/{name}/history), by step, and its open step."""
     with SelectorClient(url) as client:
         body = client._http.get(f"/datasets/{dataset}/history").json()
-    return {int(row["step"]): row for row in body["rows"]}
+    return {int(row["step"]): row for row in body["rows"]}, int(body["open_step"])
+
+
+def check_steps_on_time(url: str, dataset: str, steps: int, per_step: int) -> None:
+    """Steps ``0..steps-1`` each observed at their own step, on time: the closed ones hold their whole
+    batch (``per_step`` groups) and nothing late, and the last selected step is the open one (a run
+    that selected a step it never rolled out would leave a row observing nothing, or open a step more)."""
+    rows, open_step = service_history(url, dataset)
+    assert open_step == steps - 1, f"the service is at step {open_step}, not {steps - 1}"
+    assert sorted(rows) == list(range(steps - 1))
+    for step, row in rows.items():
+        assert row["observed"] == per_step and not row["late"], (step, row)
+
+
+def reported_pairs(reports: list[dict[str, Any]]) -> list[tuple[int, float]]:
+    """Every (prompt id, reward) the recorded ``/observe`` calls sent, sorted."""
+    return sorted((int(pid), reward) for r in reports for pid, rewards in r["results"] for reward in rewards)
 
 
 def check_tinker_updates(
@@ -685,20 +701,25 @@ def check_tinker_updates(
             )
 
 
-def test_tinker_cookbook_trains_on_selected_prompts_and_reports_every_group(
+def test_tinker_cookbook_example_trains_on_selected_prompts_and_refuses_the_mistakes(
     service: Any, dsname: str, tmp_path: Path
 ) -> None:
-    """tinker-cookbook 0.6's ``rl.train.main`` with `SelectorDatasetBuilder` as its dataset builder, the
-    Tinker service faked behind the SDK's clients. Synchronous: the prompts of each step are the ones the
-    service picked, every group is reported once with its own size, and a run that dies after step 2's
-    groups were reported resumes from the cookbook's checkpoint at the next service step. With a rollout
-    budget: every group has the size the service gave it. Asynchronous: groups finishing after later
-    steps were selected are reported for the step they were selected at (late within max_lag; a group
-    held past max_lag is filed at the open step), none refused."""
+    """examples/tinker_grpo.py, the Tinker example of docs/integrations.md, run by tinker-cookbook 0.6's
+    ``rl.train.main`` with the Tinker service faked behind the SDK's clients (drive_tinker.py).
+    Synchronous: the prompts of each step are the ones the service picked, every group is reported once
+    at its own step, on time, with its ProblemEnv ``correct`` metric (``reward_key``), and a run that dies
+    after step 2's groups were reported resumes from the cookbook's checkpoint at the next service step,
+    the service named by the ``SELECTOR_*`` variables. Without ``reward_key`` (and with a rollout budget):
+    the total reward, format penalty included, and every group with the size the service gave it.
+    Asynchronous: groups finishing after later steps were selected are reported for the step they were
+    selected at (late within max_lag; a group held past max_lag is filed at the open step), none refused.
+    A group size other than the dataset's, a URL with a path and a ``reward_key`` the environment does not
+    log each stop the run, saying what to do."""
     report = run_driver(
         "tinker", "drive_tinker.py", ["--url", service.url, "--dataset", dsname, "--workdir", str(tmp_path)]
     )
-    n, batch = 4, 3
+    n, batch = report["group_size"], 3
+    observed = report["observed"]
     # Synchronous, with a death and a resume.
     first, resumed = report["sync"]["runs"]
     assert first["died"] and not resumed["died"]
@@ -712,15 +733,27 @@ def test_tinker_cookbook_trains_on_selected_prompts_and_reports_every_group(
     # service never went back to a step, and nothing was resent.
     assert [(s[0], s[1]) for s in resumed["selections"]] == [(3, 2), (4, 3)]
     check_tinker_updates(resumed, resumed["updates"][2:], defaultdict(lambda: n))
+    # The resumed run had no selector settings on its command line: SELECTOR_URL, _DATASET, _SEED and
+    # _STRATEGY named them (the first run's came from its command line and the defaults).
+    assert first["options"] == {"strategy": "insight", "seed": 3}
+    assert resumed["options"] == {"strategy": "uniform", "seed": 7}
     reported = first["reported"] + resumed["reported"]
     assert len({(step, pid) for step, pid, *_ in reported}) == len(reported) == 5 * batch
     assert all(size == n and lag == 0 and not dup for _, _, size, lag, dup in reported)
     assert first["lost"] == resumed["lost"] == []
-    assert_beliefs_match(service.url, dsname, report["sync"]["scored"], groups=len(reported))
-    history = service_history(service.url, dsname)
-    assert [history[step]["rollouts"] for step in range(4)] == [n * batch] * 4
+    # Each group at the step it was selected at, with the `correct` metric of each answer: exactly what
+    # the fake policy earned (the cookbook's total would be 0.9 / -0.1, the answers missing the format).
+    sync = observed[dsname]
+    assert all(r["selected_step"] == r["step"] and r["lag"] == 0 for r in sync)
+    selected_at = {(s[0], pid) for run in (first, resumed) for s in run["selections"] for pid in s[2]}
+    assert {(r["step"], pid) for r in sync for pid, _ in r["results"]} == selected_at
+    earned = report["sync"]["earned"]
+    assert reported_pairs(sync) == sorted((int(pid), reward) for pid, reward in earned)
+    assert_beliefs_match(service.url, dsname, earned, groups=len(reported))
+    check_steps_on_time(service.url, dsname, steps=5, per_step=batch)
 
-    # A rollout budget: 10 rollouts per step, 2 to 6 per prompt; each group as large as its count.
+    # A rollout budget, no reward_key: 10 rollouts per step, 2 to 6 per prompt; each group as large as its
+    # count; the reward reported is the cookbook's total, ProblemEnv's `correct - 0.1 * (1 - format)`.
     (budget,) = report["budget"]["runs"]
     counts = [s[3] for s in budget["selections"]]
     assert all(sum(c) == 10 and all(2 <= x <= 6 for x in c) for c in counts)
@@ -730,7 +763,11 @@ def test_tinker_cookbook_trains_on_selected_prompts_and_reports_every_group(
     assert sorted((step, pid, size) for step, pid, size, *_ in budget["reported"]) == sorted(
         (step, pid, size) for (step, pid), size in sizes.items()
     )
-    assert_beliefs_match(service.url, f"{dsname}-budget", report["budget"]["scored"], groups=len(sizes))
+    got = reported_pairs(observed[f"{dsname}-budget"])
+    want = sorted((int(pid), reward - 0.1) for pid, reward in report["budget"]["earned"])
+    assert [pid for pid, _ in got] == [pid for pid, _ in want]
+    assert [reward for _, reward in got] == pytest.approx([reward for _, reward in want])
+    check_steps_on_time(service.url, f"{dsname}-budget", steps=2, per_step=batch)
 
     # Asynchronous, one step off policy.
     late = report["async"]
@@ -741,6 +778,9 @@ def test_tinker_cookbook_trains_on_selected_prompts_and_reports_every_group(
     reported = {(step, pid): lag for step, pid, size, lag, dup in run["reported"]}
     assert len(reported) == len(run["reported"]) and set(reported) <= selected
     assert all(size == n and not dup for _, _, size, _, dup in run["reported"])
+    # Every selected step was rolled out and reported (the cookbook's loader stops at the last batch).
+    assert set(reported) == selected
+    assert all(r["selected_step"] == r["step"] for r in observed[f"{dsname}-async"])
     # Groups finished after the next step had been selected, and the service took them late...
     assert any(1 <= lag <= max_lag for lag in reported.values())
     # ...and the group held for three updates came back later than max_lag: filed at the open step.
@@ -749,8 +789,8 @@ def test_tinker_cookbook_trains_on_selected_prompts_and_reports_every_group(
     # Every group trained had been selected and reported; every graded group was applied once.
     trained = {datum["prompt_id"] for update in run["updates"] for datum in update}
     assert trained <= {pid for _, pid in reported}
-    assert_beliefs_match(service.url, f"{dsname}-async", late["scored"], groups=len(reported))
-    history = service_history(service.url, f"{dsname}-async")
+    assert_beliefs_match(service.url, f"{dsname}-async", late["earned"], groups=len(reported))
+    history, _ = service_history(service.url, f"{dsname}-async")
     assert sum(sum(row["late"].values()) for row in history.values()) >= 1
 
     # A later batch's group started first: its step was selected after the earlier one's.
@@ -758,6 +798,15 @@ def test_tinker_cookbook_trains_on_selected_prompts_and_reports_every_group(
     assert [(s[0], s[1]) for s in order["selections"]] == [(0, 0), (1, 1)]
     assert order["later_step"] == 1 and order["later_prompt"] in order["selections"][1][2]
     assert not order["earlier_started"] and order["envs"] == n
+
+    mistakes = report["mistakes"]
+    assert f"created with rollouts_per_prompt={n}, but group_size is {n + 2}" in mistakes["group_size"]
+    assert f"Set group_size to {n}" in mistakes["group_size"]
+    assert "/api is not the selector service's URL" in mistakes["url_with_a_path"]
+    assert "Check the URL" in mistakes["url_with_a_path"]
+    # With rollout_error_tolerance the cookbook skips the failing groups; the next batch stops the run.
+    assert "reward_key='accuracy'" in mistakes["reward_key"]
+    assert "its metrics: ['correct', 'format']" in mistakes["reward_key"]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -780,13 +829,16 @@ def check_skyrl_update(update: list[dict[str, Any]], prompts: list[int], n: int)
             assert (r["advantage"] > 1e-9) - (r["advantage"] < -1e-9) == expected, (pid, rows)
 
 
-def test_skyrl_trainer_trains_on_selected_prompts_and_reports_every_group(
+def test_skyrl_trainer_trains_on_selected_prompts_and_refuses_the_mistakes(
     service: Any, dsname: str, tmp_path: Path
 ) -> None:
-    """skyrl 0.3's ``RayPPOTrainer.train`` as `SelectorRayPPOTrainer`: each step trains the prompts the
-    service picked, every group rolled out (those dynamic sampling filters out included) is reported once,
-    and a trainer that dies in its third update resumes from SkyRL's checkpoint at the next service
-    step."""
+    """skyrl 0.3's ``RayPPOTrainer.train`` as `SelectorRayPPOTrainer`, with the data, overrides and options
+    of examples/skyrl_grpo.py (drive_skyrl.py): each step trains the prompts the service picked, every
+    group rolled out (those dynamic sampling filters out included) is reported once at its own step, on
+    time, no step is selected that is not rolled out, and a trainer that dies in its third update resumes
+    from SkyRL's checkpoint at the next service step, its options from the ``SELECTOR_*`` variables. A
+    ``generator.n_samples_per_prompt`` other than the dataset's, a URL with a path and a ``reward_key``
+    are refused when the trainer is built, saying what to do."""
     report = run_driver(
         "skyrl", "drive_skyrl.py", ["--url", service.url, "--dataset", dsname, "--workdir", str(tmp_path)]
     )
@@ -800,6 +852,9 @@ def test_skyrl_trainer_trains_on_selected_prompts_and_reports_every_group(
     # Resumed from the checkpoint of step 2 (its dataloader state): the epoch's last two batches, at
     # service steps 3 and 4, never step 2 again; the same run id.
     assert resumed["run_id"] == first["run_id"] and resumed["start_step"] == 3
+    # The resumed trainer's options came from SELECTOR_URL, _DATASET, _SEED and _STRATEGY.
+    assert first["options"] == {"strategy": "insight", "seed": 4}
+    assert resumed["options"] == {"strategy": "uniform", "seed": 7}
     assert [r[0] for r in resumed["reported"]] == [3, 4]
     assert resumed["updates"][:2] == first["updates"] and len(resumed["updates"]) == 4
     for update, (_, prompts, _, _) in zip(resumed["updates"][2:], resumed["reported"], strict=True):
@@ -809,7 +864,7 @@ def test_skyrl_trainer_trains_on_selected_prompts_and_reports_every_group(
     assert first["lost"] == resumed["lost"] == []
     fed = first["earned"] + resumed["earned"]
     assert_beliefs_match(service.url, dsname, fed, groups=len(fed) // n)
-    assert report["open_steps"][dsname] == 4
+    check_steps_on_time(service.url, dsname, steps=5, per_step=batch)
 
     # Dynamic sampling (filter): the trainer drew batches (service steps) until it had a batch of groups
     # with reward spread; every group drawn was reported, the trained ones were the spread ones.
@@ -824,4 +879,18 @@ def test_skyrl_trainer_trains_on_selected_prompts_and_reports_every_group(
         assert all(0 < sum(r["reward"] for r in update if r["prompt_id"] == pid) < n for pid in trained)
     assert_beliefs_match(
         service.url, f"{dsname}-filter", filtered["earned"], groups=len(filtered["earned"]) // n
+    )
+    check_steps_on_time(service.url, f"{dsname}-filter", steps=len(filtered["reported"]), per_step=batch)
+
+    mistakes = report["mistakes"]
+    assert (
+        f"created with rollouts_per_prompt={n}, but generator.n_samples_per_prompt is {n + 2}"
+        in mistakes["n_samples_per_prompt"]
+    )
+    assert f"Set generator.n_samples_per_prompt to {n}" in mistakes["n_samples_per_prompt"]
+    assert "/api is not the selector service's URL" in mistakes["url_with_a_path"]
+    assert "Check the URL" in mistakes["url_with_a_path"]
+    assert (
+        "reward_key='correct'" in mistakes["reward_key"]
+        and "leave reward_key unset" in mistakes["reward_key"]
     )

@@ -12,9 +12,9 @@ The seams, in the installed wheel (skyrl 0.3.0):
 - Observation: ``RayPPOTrainer.generate`` (line 970) is what the training loop awaits for every
   dataloader batch's rollouts (line 360), before dynamic sampling may drop groups and before the rewards
   are turned into per-token rewards; evaluation calls the generator directly (lines 247-259), not this
-  method. `SelectorRayPPOTrainer.generate` reports each rollout's reward (a response-level reward, or a
-  token-level reward list summed; with step-wise trajectories the last turn's) grouped by prompt, one
-  ``/observe`` per step with request id ``{run_id}-s{step}``, on the trainer's event loop (async client).
+  method. `SelectorRayPPOTrainer.generate` reports each rollout's reward grouped by prompt, one
+  ``/observe`` per step with request id ``{run_id}-s{step}`` and that step as its ``selected_step``, on
+  the trainer's event loop (async client).
   SkyRL's callbacks (skyrl/train/utils/callbacks.py, ``on_step_end``) are not used: the batch they get has
   had its ``rewards`` and ``uids`` removed (trainer.py lines 434-436), and groups that dynamic sampling
   filtered out never reach it.
@@ -25,6 +25,17 @@ training, so never the row position). The row's ``uid`` (SkyRL uses the row inde
 dataset.py line 92) becomes ``s{step}-p{prompt_id}``: GRPO still groups by it, and the reports know
 which step and prompt each rollout belongs to.
 
+Which reward: a SkyRL trajectory has one reward, its environment's (skyrl-gym's ``step`` returns one
+``reward`` per turn; the generator puts it on the turn's last token), and GRPO scores a trajectory by the
+sum of its token-level rewards (``compute_grpo_outcome_advantage``,
+skyrl/backends/skyrl_train/utils/ppo_utils.py line 1310). That sum is reported (a response-level reward
+as it is; with step-wise trajectories, the reward of the episode's last turn). There is nothing to
+choose between, so a ``reward_key`` in the options is refused rather than ignored.
+
+Group size: ``generator.n_samples_per_prompt`` is the service dataset's ``rollouts_per_prompt``; an
+existing dataset created with another is refused at start, naming both. Settings left out of the options
+come from the ``SELECTOR_*`` environment variables (`SelectorOptions`).
+
 Rollout counts: SkyRL rolls out every prompt ``generator.n_samples_per_prompt`` times
 (``prepare_generator_input``, skyrl/train/generators/utils.py lines 498-507) and its mini-batch
 boundaries assume it, so per-prompt counts are not supported: a ``rollout_budget`` is refused.
@@ -33,7 +44,7 @@ Resuming (``trainer.resume_mode``): the dataloader state restores the sampler, w
 step after the checkpoint's or the service's latest, whichever is later (a checkpoint taken in the
 middle of a step resumes at the next step); the run id is kept, and a step is never selected twice.
 
-Usage (in your own entry point, like SkyRL's examples)::
+Usage (in your own entry point, like SkyRL's examples; examples/skyrl_grpo.py is a complete one)::
 
     from rlvr_selector_client.integrations.skyrl import SelectorOptions, SelectorPPOExp
 
@@ -76,6 +87,7 @@ from rlvr_selector_client.integrations import (
 )
 
 __all__ = [
+    "GROUP_OPTION",
     "SelectorOptions",
     "SelectorPPOExp",
     "SelectorPromptDataset",
@@ -85,6 +97,9 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+#: SkyRL's setting for the rollouts per prompt (the dataset's ``rollouts_per_prompt``).
+GROUP_OPTION = "generator.n_samples_per_prompt"
 
 
 def selector_uid(step: int, prompt_id: int) -> str:
@@ -168,6 +183,12 @@ class SelectorRayPPOTrainer(RayPPOTrainer):  # type: ignore[misc]
     ``options.id_column`` (default ``prompt_id``)."""
 
     def __init__(self, *args: Any, selector: SelectorOptions, **kwargs: Any) -> None:
+        if selector.reward_key is not None:
+            raise ValueError(
+                f"reward_key={selector.reward_key!r}: a SkyRL trajectory has one reward, its environment's, "
+                "and the selector reports it (summed over tokens, as GRPO scores it); leave reward_key unset "
+                "and make the environment's reward the verifiable one"
+            )
         self.selector = selector
         self.selector_client = selector.connect()
         self._async_clients: dict[int, AsyncSelectorClient] = {}
@@ -196,7 +217,9 @@ class SelectorRayPPOTrainer(RayPPOTrainer):  # type: ignore[misc]
         row_of = check_permutation(ids, f"train dataset column {column!r}")
         n = int(cfg.generator.n_samples_per_prompt)
         lag = options.max_lag if options.max_lag is not None else 0
-        start = ensure_dataset(self.selector_client, options, len(data), n, max_lag=lag)
+        start = ensure_dataset(
+            self.selector_client, options, len(data), n, max_lag=lag, group_option=GROUP_OPTION
+        )
         if cfg.data.dataloader.num_workers:
             logger.info(
                 "the selector's train dataloader runs without worker processes (data.dataloader.num_workers=%s "
@@ -321,15 +344,18 @@ def _run(cfg: Any, selector: SelectorOptions) -> None:
     SelectorPPOExp(cfg, selector).run()
 
 
-def main() -> None:
-    """SkyRL's ``main_base`` with `SelectorPPOExp`: what ``trainer.override_entrypoint`` runs."""
+def main(argv: Sequence[str] | None = None, selector: SelectorOptions | None = None) -> None:
+    """SkyRL's ``main_base`` with `SelectorPPOExp`: what ``trainer.override_entrypoint`` runs. ``argv``:
+    SkyRL's command-line overrides (default ``sys.argv[1:]``); ``selector``: the options (default: from
+    the ``SELECTOR_*`` environment variables)."""
     import ray
     from skyrl.train.config import SkyRLTrainConfig
     from skyrl.train.utils import validate_cfg
     from skyrl.train.utils.utils import initialize_ray
 
-    selector = SelectorOptions.resolve({}, os.environ, where="the environment")
-    cfg = SkyRLTrainConfig.from_cli_overrides(sys.argv[1:])
+    if selector is None:
+        selector = SelectorOptions.resolve({}, os.environ, where="the environment")
+    cfg = SkyRLTrainConfig.from_cli_overrides(list(sys.argv[1:] if argv is None else argv))
     validate_cfg(cfg)
     initialize_ray(cfg)
     ray.get(ray.remote(num_cpus=1)(_run).remote(cfg, selector))

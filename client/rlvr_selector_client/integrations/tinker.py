@@ -20,11 +20,22 @@ So which prompts a step trains on, and how many rollouts each gets, are the data
     One slot of a step. On ``make_envs`` it takes its prompt from the step's selection and asks the user's
     `PromptGroups` for that prompt's builder with the group size: the selection's rollout count when the
     options give a ``rollout_budget``, else ``group_size``. Once the cookbook has graded the group
-    (``compute_group_rewards``) it reports each trajectory's total reward (its step rewards plus the group
-    reward, ``TrajectoryGroup.get_total_rewards``) to ``/observe`` under the step the prompt was selected
-    at, request id ``{run_id}-s{step}-p{prompt}``, and ``cleanup`` (which the cookbook awaits, shielded from
-    cancellation, before it hands the group to training) waits for the service's answer. A group whose
-    rollout or grading failed reports nothing.
+    (``compute_group_rewards``) it reports one reward per trajectory (`trajectory_reward`) to ``/observe``
+    under the step the prompt was selected at (its ``selected_step``), request id
+    ``{run_id}-s{step}-p{prompt}``, and ``cleanup`` (which the cookbook awaits, shielded from cancellation,
+    before it hands the group to training) waits for the service's answer. A group whose rollout or
+    grading failed reports nothing.
+
+Which reward: an episode's reward in the cookbook is the sum of its step rewards (``Env.step``) plus the
+group reward (``EnvGroupBuilder.compute_group_rewards``); ``TrajectoryGroup.get_total_rewards``
+(tinker_cookbook/rl/types.py line 429) is what its advantages are computed from. Without ``reward_key``
+that total is reported. It can mix a verifiable reward with shaping: ``ProblemEnv.step``
+(tinker_cookbook/rl/problem_env.py line 130) gives ``format_coef * (format - 1) + correct``, so with the
+default ``format_coef`` 0.1 a right answer that misses the format earns 0.9, unsolved under the
+dataset's default ``success_threshold`` 1.0. ``reward_key`` names a metric to report instead (for
+``ProblemEnv``, ``"correct"``): the trajectory's value in the group metrics ``compute_group_rewards``
+returns, else in the metrics of its last transition that has it. A trajectory without that metric stops
+the run with a message naming ``reward_key`` and the metrics it has.
 
 Asynchronous (off-policy) training (``Config.async_config``) needs nothing more: a group that finishes
 after later steps were selected is reported with the step it was selected for (``selected_step``), so the
@@ -51,12 +62,21 @@ Usage::
 
     config = train.Config(dataset_builder=SelectorDatasetBuilder(
         prompts=MathGroups(), url="http://selector:8000", dataset="math-tinker",
-        groups_per_batch=64, group_size=16), ...)
+        groups_per_batch=64, group_size=16, reward_key="correct"), ...)
+
+examples/tinker_grpo.py is a complete script.
+
+Group size: ``group_size`` (the name the cookbook's recipes give it) is the service dataset's
+``rollouts_per_prompt``; an existing dataset created with another is refused at start, naming both (with
+a rollout budget every group has its own size, and nothing is compared). Settings the builder leaves out
+come from the ``SELECTOR_*`` environment variables (`SelectorOptions`).
 
 Limits: rollouts run in the training process (a rollout executor, ``set_rollout_executor``, would pickle
 the builders to other processes, which cannot share the step's selection; the builder refuses to be
-pickled). The reward reported is the grader's total before the cookbook's ``termination`` policy clamps
-limit-stopped trajectories (that clamp happens after ``compute_group_rewards``, outside the builder).
+pickled). The reward reported is the grader's, before the cookbook's ``termination`` policy clamps
+limit-stopped trajectories (that clamp happens after ``compute_group_rewards``, outside the builder); a
+group whose every trajectory hit such a limit is not graded by the cookbook (``do_group_rollout``), and
+reports nothing.
 """
 
 from __future__ import annotations
@@ -96,6 +116,7 @@ __all__ = [
     "SelectorEnvGroupBuilder",
     "SelectorOptions",
     "SelectorRLDataset",
+    "trajectory_reward",
 ]
 
 logger = logging.getLogger(__name__)
@@ -103,6 +124,31 @@ logger = logging.getLogger(__name__)
 #: The dataset's max_lag when the options name none: synchronous training reports every group before the
 #: next step is selected; asynchronous training with max_steps_off_policy=0 at most two steps late.
 DEFAULT_MAX_LAG = 2
+
+#: What the cookbook's recipes call the rollouts per prompt (the dataset's ``rollouts_per_prompt``).
+GROUP_OPTION = "group_size"
+
+
+def trajectory_reward(
+    trajectory: Trajectory, group_reward: float, group_metrics: Metrics, reward_key: str | None
+) -> float:
+    """The reward reported for one graded trajectory: without ``reward_key`` its total (step rewards plus
+    the group reward, as ``TrajectoryGroup.get_total_rewards``); with one, that metric's value in the
+    group metrics, else in the metrics of the last transition that has it. Raises ValueError, naming
+    ``reward_key`` and the metrics there are, when the trajectory has no such metric."""
+    if reward_key is None:
+        return sum(float(t.reward) for t in trajectory.transitions) + float(group_reward)
+    if reward_key in group_metrics:
+        return float(group_metrics[reward_key])
+    for transition in reversed(trajectory.transitions):
+        if reward_key in transition.metrics:
+            return float(transition.metrics[reward_key])
+    names = sorted({*group_metrics, *(k for t in trajectory.transitions for k in t.metrics)})
+    raise ValueError(
+        f"reward_key={reward_key!r}: the graded trajectory has no metric {reward_key!r} (its metrics: "
+        f"{names}); set reward_key to the metric that holds the verifiable reward (ProblemEnv's is "
+        "'correct'), or leave it unset to report the total reward"
+    )
 
 
 class PromptGroups(ABC):
@@ -188,6 +234,10 @@ class SelectorRLDataset(RLDataset):
         self.n_batches = n_batches if n_batches is not None else max(1, len(groups) // groups_per_batch)
         self.next_step = start_step
         self.run_id = new_run_id(options.run_id, "tinker")
+        #: A configuration error found while grading (a ``reward_key`` the trajectories lack): raised
+        #: again by the next ``get_batch``, so the run stops even where the cookbook's rollout strategy
+        #: catches errors of single groups.
+        self.error: Exception | None = None
         self._last: _Step | None = None
         self._clients: dict[int, AsyncSelectorClient] = {}
         #: Selections made: (service step, cookbook batch index, prompt ids, rollout counts or None).
@@ -214,7 +264,14 @@ class SelectorRLDataset(RLDataset):
         client = options.connect(per_prompt_rollouts=True)
         try:
             start = await asyncio.to_thread(
-                ensure_dataset, client, options, len(groups), group_size, max_lag=max_lag, what="the prompts"
+                ensure_dataset,
+                client,
+                options,
+                len(groups),
+                group_size,
+                max_lag=max_lag,
+                what="the prompts",
+                group_option=GROUP_OPTION,
             )
         finally:
             if options.client is None:
@@ -233,6 +290,8 @@ class SelectorRLDataset(RLDataset):
 
     def get_batch(self, index: int) -> Sequence[EnvGroupBuilder]:
         """The next service step's ``groups_per_batch`` slots (selected when the first one starts)."""
+        if self.error is not None:
+            raise self.error
         step = _Step(self, self.next_step, index, self._last)
         self.next_step += 1
         self._last = step
@@ -330,16 +389,19 @@ class SelectorEnvGroupBuilder(EnvGroupBuilder):
     ) -> list[tuple[float, Metrics]]:
         assert self.inner is not None and self.prompt_id is not None, "make_envs comes first"
         graded = await self.inner.compute_group_rewards(trajectory_group, env_group)
-        totals = [
-            sum(transition.reward for transition in trajectory.transitions) + float(final)
-            for trajectory, (final, _) in zip(trajectory_group, graded, strict=True)
-        ]
-        if totals:
+        dataset = self._step.dataset
+        try:
+            rewards = [
+                trajectory_reward(trajectory, final, metrics, dataset.options.reward_key)
+                for trajectory, (final, metrics) in zip(trajectory_group, graded, strict=True)
+            ]
+        except ValueError as exc:
+            dataset.error = exc
+            raise
+        if rewards:
             # Sent now, awaited in cleanup: outside the cookbook's grader timeout, and shielded from a
             # cancelled rollout (do_group_rollout awaits cleanup before it returns the group).
-            self._report = asyncio.ensure_future(
-                self._step.dataset._observe(self.step, self.prompt_id, totals)
-            )
+            self._report = asyncio.ensure_future(dataset._observe(self.step, self.prompt_id, rewards))
         return graded
 
     async def cleanup(self) -> None:
@@ -368,19 +430,22 @@ class SelectorDatasetBuilder(RLDatasetBuilder):
     ``prompts`` builds your `PromptGroups`; ``groups_per_batch`` prompts per step (the cookbook's
     ``batch_size``), each rolled out ``group_size`` times, or by the service's count when
     ``rollout_budget`` is set (that many rollouts per step, each prompt between ``rollout_min`` and
-    ``rollout_max``). ``url``, ``dataset`` and ``token`` fall back to ``SELECTOR_URL``,
-    ``SELECTOR_DATASET`` and ``SELECTOR_API_TOKEN``. ``max_lag`` (created datasets; default 2) should
-    be at least ``AsyncConfig.max_steps_off_policy + 2`` in asynchronous training. ``run_id`` names the
-    run's reports (default: random)."""
+    ``rollout_max``). ``reward_key`` names the metric reported instead of the total reward
+    (`trajectory_reward`). A setting left None is read from its ``SELECTOR_*`` environment variable
+    (``SELECTOR_URL``, ``SELECTOR_DATASET``, ``SELECTOR_STRATEGY``, ``SELECTOR_SEED``,
+    ``SELECTOR_API_TOKEN``, ``SELECTOR_MAX_LAG``), then ``strategy`` defaults to insight and ``seed`` to
+    0. ``max_lag`` (created datasets; default 2) should be at least ``AsyncConfig.max_steps_off_policy +
+    2`` in asynchronous training. ``run_id`` names the run's reports (default: random)."""
 
     prompts: PromptGroupsBuilder
     groups_per_batch: int
     group_size: int
     url: str | None = None
     dataset: str | None = None
-    strategy: str = "insight"
-    seed: int = 0
+    strategy: str | None = None
+    seed: int | None = None
     token: str | None = None
+    reward_key: str | None = None
     n_batches: int | None = None
     rollout_budget: int | None = None
     rollout_min: int = 1
@@ -397,6 +462,7 @@ class SelectorDatasetBuilder(RLDatasetBuilder):
             "strategy": self.strategy,
             "seed": self.seed,
             "token": self.token,
+            "reward_key": self.reward_key,
             "rollout_budget": self.rollout_budget,
             "rollout_min": self.rollout_min,
             "rollout_max": self.rollout_max,

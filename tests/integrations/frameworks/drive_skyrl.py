@@ -1,5 +1,6 @@
 """Drive SkyRL's PPO/GRPO trainer (``RayPPOTrainer.train``, skyrl 0.3.0) on CPU against a real selector
-service, in the skyrl venv.
+service, in the skyrl venv, with the pieces of examples/skyrl_grpo.py (the SkyRL example of
+docs/integrations.md): its parquet rows, its launch overrides and its selector options.
 
 SkyRL's own code runs the step: its config (``SkyRLTrainConfig.from_cli_overrides``), ``PromptDataset``
 reading a parquet file, the trainer's loop with ``prepare_generator_input``, its ``SkyRLGymGenerator``
@@ -14,11 +15,15 @@ started.
 SkyRL 0.3.0 does not import on Python 3.11 (skyrl/tinker/types.py declares a ``typing.TypedDict`` field
 in a pydantic model, which pydantic refuses before Python 3.12); this machine has 3.11, so the driver
 makes ``typing.TypedDict`` the ``typing_extensions`` one before importing SkyRL (what 3.12's typing is).
+That swap lives here only: neither the adapter nor the example makes it.
 
 Runs: ``grpo``: two steps with a checkpoint after each, a third that dies in its training step (after
-its rollouts were reported), and a new trainer resuming from the checkpoint of step 2. ``filter``:
-dynamic sampling with ``type=filter``, which draws more batches (more service steps) when groups have no
-reward spread; every group drawn is reported.
+its rollouts were reported), and a new trainer resuming from the checkpoint of step 2, its selector
+options from ``SELECTOR_URL`` / ``SELECTOR_DATASET`` / ``SELECTOR_SEED`` / ``SELECTOR_STRATEGY``.
+``filter``: dynamic sampling with ``type=filter``, which draws more batches (more service steps) when
+groups have no reward spread; every group drawn is reported. ``mistakes``: trainers built with a
+``generator.n_samples_per_prompt`` other than the dataset's, a service URL with a path, a ``reward_key``;
+each refused with what to do.
 
 Usage: python drive_skyrl.py --url URL --dataset NAME --workdir DIR
 """
@@ -42,7 +47,8 @@ os.environ["RAY_ENABLE_AUTO_CONNECT"] = "0"  # a Ray call fails instead of start
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
-from tests.integrations.frameworks import common  # noqa: E402 (after the TypedDict shim)
+from examples import skyrl_grpo  # noqa: E402 (after the TypedDict shim)
+from tests.integrations.frameworks import common  # noqa: E402
 
 SIZE = 12
 BATCH = 3  # prompts per step
@@ -54,19 +60,10 @@ class Crash(RuntimeError):
 
 
 def write_parquet(path: Path) -> None:
-    import pandas as pd
-
-    order = [5, 0, 11, 3, 8, 1, 10, 6, 2, 9, 4, 7]  # rows in another order than their prompt ids
-    rows = [
-        {
-            "prompt": [{"role": "user", "content": common.question(pid)}],
-            "env_class": "gsm8k",
-            "reward_spec": {"method": "rule", "ground_truth": str(common.answer_of(pid))},
-            "prompt_id": pid,
-        }
-        for pid in order
-    ]
-    pd.DataFrame(rows).to_parquet(path)
+    """The example's rows, in another order than their prompt ids."""
+    order = [5, 0, 11, 3, 8, 1, 10, 6, 2, 9, 4, 7]
+    rows = skyrl_grpo.records(SIZE)
+    skyrl_grpo.write_parquet([rows[pid] for pid in order], path)
 
 
 class SpreadPolicy(common.Policy):
@@ -200,7 +197,6 @@ def main() -> None:
     from skyrl.train.utils.tracking import Tracking
     from skyrl.utils.tok import get_tokenizer
 
-    from rlvr_selector_client.client import SelectorClient
     from rlvr_selector_client.integrations import skyrl as adapter
 
     # SkyRL removes old checkpoints on every node as Ray tasks; with one node and no Ray, here.
@@ -210,23 +206,15 @@ def main() -> None:
     data = work / "train.parquet"
     write_parquet(data)
 
-    def config(name: str, extra: list[str]) -> Any:
+    def config(name: str, extra: list[str], n: int = N) -> Any:
         return SkyRLTrainConfig.from_cli_overrides(
             [
-                f"trainer.policy.model.path={model}",
-                f"data.train_data=['{data}']",
-                "data.val_data=[]",
-                "data.dataloader.num_workers=0",
-                f"trainer.train_batch_size={BATCH}",
-                f"trainer.policy_mini_batch_size={BATCH}",
-                f"generator.n_samples_per_prompt={N}",
+                *skyrl_grpo.overrides(data, str(model), batch=BATCH, n=n),
                 "generator.batched=true",
                 "generator.sampling_params.max_generate_length=32",
                 "generator.max_input_length=128",
                 "trainer.max_prompt_length=128",
                 "trainer.placement.colocate_all=false",
-                "trainer.eval_interval=0",
-                "trainer.eval_before_train=false",
                 "trainer.logger=console",
                 "trainer.enable_ray_gpu_monitor=false",
                 "generator.inference_engine.enable_ray_prometheus_stats=false",
@@ -243,7 +231,9 @@ def main() -> None:
             ]
         )
 
-    def trainer(cfg: Any, dataset: str, dispatch: FakeDispatch, policy: type[common.Policy]) -> Any:
+    def trainer(
+        cfg: Any, selector: Any, dispatch: FakeDispatch, policy: type[common.Policy] = common.Policy
+    ) -> Any:
         tok = get_tokenizer(str(model), padding_side="left")
         train = PromptDataset(
             datasets=cfg.data.train_data, tokenizer=tok, max_prompt_length=128, num_workers=1
@@ -258,23 +248,21 @@ def main() -> None:
         )
         t = adapter.SelectorRayPPOTrainer(
             cfg=cfg,
-            tracker=Tracking(
-                project_name="selector", experiment_name=dataset, backend="console", config=None
-            ),
+            tracker=Tracking(project_name="selector", experiment_name="run", backend="console", config=None),
             tokenizer=tok,
             train_dataset=train,
             inference_engine_client=engine,
             generator=generator,
-            selector=adapter.SelectorOptions(url=args.url, dataset=dataset, strategy="insight", seed=4),
+            selector=selector,
         )
         t.dispatch = dispatch
         t.engine = engine
         return t
 
     def run(
-        cfg: Any, dataset: str, dispatch: FakeDispatch, policy: type[common.Policy] = common.Policy
+        cfg: Any, selector: Any, dispatch: FakeDispatch, policy: type[common.Policy] = common.Policy
     ) -> dict[str, Any]:
-        t = trainer(cfg, dataset, dispatch, policy)
+        t = trainer(cfg, selector, dispatch, policy)
         start = t.selector_sampler.next_step
         died = None
         try:
@@ -286,6 +274,7 @@ def main() -> None:
             "start_step": start,
             "next_step": t.selector_sampler.next_step,
             "run_id": t.selector_sampler.run_id,
+            "options": {"strategy": t.selector.strategy, "seed": t.selector.seed},
             "global_step": t.global_step,
             "reported": [[s, ids, n, dup] for s, ids, n, dup in t.selector_reported],
             "lost": list(t.selector_lost),
@@ -299,9 +288,21 @@ def main() -> None:
     trained: list[list[dict[str, Any]]] = []
     dispatch = FakeDispatch(common.tokenizer(), trained)
     dispatch.fail_at_update = 2
-    first = run(config("grpo", []), args.dataset, dispatch)
+    options = skyrl_grpo.selector(args.url, args.dataset)
+    options.seed = 4
+    first = run(config("grpo", []), options, dispatch)
     dispatch.fail_at_update = None
-    resumed = run(config("grpo", []), args.dataset, dispatch)
+    # The resumed trainer's options from the environment, as the example reads them without --url.
+    env = {
+        "SELECTOR_URL": args.url,
+        "SELECTOR_DATASET": args.dataset,
+        "SELECTOR_SEED": "7",
+        "SELECTOR_STRATEGY": "uniform",
+    }
+    os.environ.update(env)
+    resumed = run(config("grpo", []), skyrl_grpo.selector(None, None), dispatch)
+    for variable in env:
+        del os.environ[variable]
     report["grpo"] = {"runs": [first, resumed]}
 
     # Dynamic sampling (filter): batches whose groups have no spread are drawn again.
@@ -315,16 +316,30 @@ def main() -> None:
                 "trainer.max_training_steps=2",
             ],
         ),
-        args.dataset + "-filter",
+        skyrl_grpo.selector(args.url, args.dataset + "-filter"),
         FakeDispatch(common.tokenizer(), trained),
         SpreadPolicy,
     )
     report["filter"] = {"runs": [filtered]}
 
-    with SelectorClient(args.url) as client:
-        report["open_steps"] = {
-            name: client.get_dataset(name).open_step for name in (args.dataset, args.dataset + "-filter")
-        }
+    # Mistakes, each refused when the trainer is built.
+    def refusal(cfg: Any, selector: Any) -> str:
+        try:
+            trainer(cfg, selector, FakeDispatch(common.tokenizer(), []))
+        except Exception as exc:
+            return f"{type(exc).__name__}: {exc}"
+        return "accepted"
+
+    cfg = config("mistakes", [])
+    keyed = skyrl_grpo.selector(args.url, args.dataset + "-key")
+    keyed.reward_key = "correct"
+    report["mistakes"] = {
+        "n_samples_per_prompt": refusal(
+            config("mistakes", [], n=N + 2), skyrl_grpo.selector(args.url, args.dataset)
+        ),
+        "url_with_a_path": refusal(cfg, skyrl_grpo.selector(args.url + "/api", args.dataset + "-new")),
+        "reward_key": refusal(cfg, keyed),
+    }
     common.emit(report)
 
 

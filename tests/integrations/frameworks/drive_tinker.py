@@ -1,23 +1,33 @@
-"""Drive the Tinker cookbook's RL loop (``tinker_cookbook.rl.train.main``) on CPU against a real selector
-service, in the tinker venv.
+"""Run examples/tinker_grpo.py (the Tinker example of docs/integrations.md) with the Tinker cookbook's RL
+loop (``tinker_cookbook.rl.train.main``) on CPU against a real selector service, in the tinker venv.
 
-The cookbook's own code runs everything on the client side: its config, dataset builder call, sync and
-asynchronous training loops, ``do_group_rollout`` with its rollout strategy, ``ProblemEnv`` /
-``ProblemGroupBuilder`` environments graded by the cookbook's ``role_colon`` renderer, advantages,
-datum assembly, checkpoints (``checkpoints.jsonl``), resume and metrics logging. Faked, because it is a
-remote GPU service: the Tinker service behind the SDK's client objects (``tinker.ServiceClient`` and the
-training and sampling clients it makes): sampling answers from `common.Policy` (right or wrong by prompt,
-the same in every run), training returns the sampled log-probs and a loss.
+The cookbook's own code runs everything on the client side: its ``chz`` config from the example's
+command line, the dataset builder call, sync and asynchronous training loops, ``do_group_rollout`` with
+its rollout strategy, the example's ``ProblemEnv`` groups graded through the cookbook's ``role_colon``
+renderer, advantages, datum assembly, checkpoints (``checkpoints.jsonl``), resume and metrics logging.
+Faked, because it is a remote GPU service: the Tinker service behind the SDK's client objects
+(``tinker.ServiceClient`` and the training and sampling clients it makes): sampling answers from
+`common.Policy` (right or wrong by prompt, the same in every run; every answer ends with EOS rather than
+the renderer's stop sequence, so ProblemEnv takes the format penalty off each total reward), training
+returns the sampled log-probs and a loss. The example's model name gets the tiny offline tokenizer
+(``register_tokenizer``, the cookbook's own hook for custom tokenizers). The client's ``observe`` is
+wrapped to record what was sent.
 
-Three runs, reported together:
+Runs, each ``tinker_grpo.main(argv)`` as a user launches it:
 
 - ``sync``: 2 steps with a checkpoint after each, then a third whose training fails after its groups were
-  rolled out and reported (the process "dies" there); a new ``main`` on the same log path resumes from
-  the checkpoint of batch 2 and trains batches 2 and 3.
-- ``budget``: 2 synchronous steps with a rollout budget: each group has the size the service gave it.
+  rolled out and reported (the process "dies" there); the example again on the same log path, the
+  service named by ``SELECTOR_URL`` / ``SELECTOR_DATASET`` / ``SELECTOR_SEED`` / ``SELECTOR_STRATEGY``
+  instead of the command line, resumes from the checkpoint of batch 2 and trains batches 2 and 3.
+  Reward: ``reward_key="correct"`` (the example's).
+- ``budget``: 2 synchronous steps with a rollout budget and no ``reward_key``: each group has the size
+  the service gave it, and the total reward is reported.
 - ``async``: ``AsyncConfig(max_steps_off_policy=1)`` on a dataset with ``max_lag=2``; groups finish after
   the next step was selected, and one group of the first step only answers once the training client has
   made three updates, so it reports later than ``max_lag``.
+- ``order``: a later batch's group starting first (directly on the dataset).
+- ``mistakes``: a ``group_size`` other than the dataset's, a service URL with a path, a ``reward_key``
+  the environment does not log; each must stop ``train.main`` with a message saying what to do.
 
 Usage: python drive_tinker.py --url URL --dataset NAME --workdir DIR
 """
@@ -27,18 +37,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 import uuid
-from functools import partial
+from collections import defaultdict
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
+from examples import tinker_grpo
 from tests.integrations.frameworks import common
 
-MODEL = "selector-test/tiny"
+MODEL = tinker_grpo.MODEL  # the example's default model, with the tiny offline tokenizer
 SIZE = 12  # prompts
 G = 3  # groups (prompts) per step
 N = 4  # rollouts per prompt without a budget
@@ -65,6 +77,7 @@ class Service:
         self.version_changed = asyncio.Condition()
         self.fail_at_update: int | None = None
         self.hold: dict[int, int] = {}  # prompt id -> answer once this many updates happened
+        self.metadata: dict[str, str] = {}  # the training run's user metadata
 
 
 SERVICE: Service | None = None
@@ -216,7 +229,16 @@ class FakeServiceClient:
         pass
 
     async def create_lora_training_client(self, base_model: str, rank: int = 32, **kwargs: Any) -> Any:
+        assert SERVICE is not None
+        SERVICE.metadata = dict(kwargs.get("user_metadata") or {})
         return FakeTrainingClient()
+
+    async def get_training_run_by_tinker_path(self, path: str) -> Any:
+        """The run a checkpoint belongs to (the cookbook checks its renderer name on resume)."""
+        from types import SimpleNamespace
+
+        assert SERVICE is not None
+        return SimpleNamespace(user_metadata=SERVICE.metadata)
 
     async def create_training_client_from_state_with_optimizer(self, path: str, **kwargs: Any) -> Any:
         return FakeTrainingClient(int(path.rsplit("/v", 1)[1]))
@@ -232,80 +254,29 @@ class FakeServiceClient:
 
 
 # ---------------------------------------------------------------------------------------------------
-# The user's side: prompts as the cookbook's ProblemEnv groups
-# ---------------------------------------------------------------------------------------------------
-
-
-def build_prompts(scored: list[list[float]]) -> Any:
-    import chz
-    from tinker_cookbook import renderers
-    from tinker_cookbook.rl.problem_env import ProblemEnv, ProblemGroupBuilder
-    from tinker_cookbook.tokenizer_utils import get_tokenizer
-
-    from rlvr_selector_client.integrations.tinker import PromptGroups, PromptGroupsBuilder
-
-    class QuestionEnv(ProblemEnv):
-        def __init__(self, prompt_id: int, renderer: Any) -> None:
-            super().__init__(renderer, format_coef=0.0)
-            self.prompt_id = prompt_id
-
-        def get_question(self) -> str:
-            return common.question(self.prompt_id)
-
-        def check_answer(self, sample_str: str) -> bool:
-            right = f"#### {common.answer_of(self.prompt_id)}" in sample_str
-            scored.append([self.prompt_id, 1.0 if right else 0.0])
-            return right
-
-        def check_format(self, sample_str: str) -> bool:
-            return True
-
-        def get_reference_answer(self) -> str:
-            return str(common.answer_of(self.prompt_id))
-
-    class Questions(PromptGroups):
-        def __init__(self, renderer: Any) -> None:
-            self.renderer = renderer
-
-        def __len__(self) -> int:
-            return SIZE
-
-        def group(self, prompt_id: int, group_size: int) -> Any:
-            return ProblemGroupBuilder(
-                env_thunk=partial(QuestionEnv, prompt_id, self.renderer),
-                num_envs=group_size,
-                dataset_name="questions",
-            )
-
-    @chz.chz
-    class QuestionsBuilder(PromptGroupsBuilder):
-        model_name_for_tokenizer: str
-        renderer_name: str = "role_colon"
-
-        async def __call__(self) -> PromptGroups:
-            tok = get_tokenizer(self.model_name_for_tokenizer)
-            return Questions(renderers.get_renderer(self.renderer_name, tokenizer=tok))
-
-    return QuestionsBuilder(model_name_for_tokenizer=MODEL)
-
-
-# ---------------------------------------------------------------------------------------------------
 # Runs
 # ---------------------------------------------------------------------------------------------------
 
 
-def run(config: Any) -> dict[str, Any]:
-    """``train.main(config)``; what the fake service trained on and whether the run died."""
-    from tinker_cookbook.rl import train
-
+def run(argv: list[str]) -> dict[str, Any]:
+    """The example's ``main(argv)``; what the fake service trained on and whether the run died."""
     service = SERVICE
     assert service is not None
     died = None
     try:
-        asyncio.run(train.main(config))
+        tinker_grpo.main(argv)
     except Crash as exc:
         died = str(exc)
     return {"died": died, "updates": [list(u) for u in service.trained]}
+
+
+def refusal(argv: list[str]) -> str:
+    """The error that stops the example's run (``accepted`` when none does)."""
+    try:
+        tinker_grpo.main(argv)
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return "accepted"
 
 
 def main() -> None:
@@ -317,9 +288,9 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING)
 
     import tinker
-    from tinker_cookbook.rl import train
     from tinker_cookbook.tokenizer_utils import register_tokenizer
 
+    from rlvr_selector_client.client import AsyncSelectorClient
     from rlvr_selector_client.integrations import tinker as adapter
 
     # The seam: the SDK's service client (everything the cookbook does with Tinker goes through it).
@@ -336,80 +307,96 @@ def main() -> None:
 
     adapter.SelectorRLDataset.open = classmethod(recording_open)  # type: ignore[method-assign,assignment]
 
-    def config(name: str, log: str, scored: list[list[float]], steps: int, **extra: Any) -> Any:
-        builder_extra = extra.pop("builder", {})
-        return train.Config(
-            learning_rate=1e-5,
-            dataset_builder=adapter.SelectorDatasetBuilder(
-                prompts=build_prompts(scored),
-                url=args.url,
-                dataset=name,
-                groups_per_batch=G,
-                group_size=N,
-                seed=3,
-                **builder_extra,
-            ),
-            model_name=MODEL,
-            recipe_name="selector_test",
-            max_tokens=32,
-            log_path=str(Path(args.workdir) / log),
-            eval_every=0,
-            save_every=1,
-            num_groups_to_log=0,
-            rollout_json_export=False,
-            max_steps=steps,
-            **extra,
+    observed: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    real_observe = AsyncSelectorClient.observe
+
+    async def recording_observe(
+        self: Any, dataset: str, step: int, results: Any, request_id: str, selected_step: Any = None
+    ) -> Any:
+        results = list(results)
+        ack = await real_observe(self, dataset, step, results, request_id, selected_step=selected_step)
+        observed[dataset].append(
+            {
+                "step": step,
+                "selected_step": selected_step,
+                "lag": ack.lag,
+                "results": [[r.prompt_id, list(r.rewards or [])] for r in results],
+            }
         )
+        return ack
+
+    AsyncSelectorClient.observe = recording_observe  # type: ignore[method-assign]
+
+    def argv(name: str | None, log: str, steps: int, *extra: str) -> list[str]:
+        """The example's command line at this scale (``name`` None: the service from the environment)."""
+        selector = (
+            [] if name is None else [f"dataset_builder.url={args.url}", f"dataset_builder.dataset={name}"]
+        )
+        return [
+            *selector,
+            f"dataset_builder.groups_per_batch={G}",
+            f"dataset_builder.group_size={N}",
+            f"dataset_builder.prompts.size={SIZE}",
+            f"log_path={Path(args.workdir) / log}",
+            f"max_steps={steps}",
+            "max_tokens=32",
+            "save_every=1",
+            "num_groups_to_log=0",
+            "rollout_json_export=False",
+            *extra,
+        ]
 
     def summary(dataset: Any) -> dict[str, Any]:
         return {
             "run_id": dataset.run_id,
+            "options": {"strategy": dataset.options.strategy, "seed": dataset.options.seed},
             "selections": [list(s) for s in dataset.selections],
             "reported": [list(r) for r in dataset.reported],
             "lost": [list(x) for x in dataset.lost],
         }
 
     global SERVICE
-    report: dict[str, Any] = {"tinker_cookbook": metadata.version("tinker-cookbook")}
+    report: dict[str, Any] = {"tinker_cookbook": metadata.version("tinker-cookbook"), "group_size": N}
 
-    # 1. Synchronous: two steps, a third that dies in training, and a resume.
+    # 1. Synchronous: two steps, a third that dies in training, and a resume (the service from the
+    # environment this time).
     SERVICE = Service()
     SERVICE.fail_at_update = 2
-    scored: list[list[float]] = []
-    first = run(config(args.dataset, "sync", scored, steps=4))
+    first = run(argv(args.dataset, "sync", 4, "dataset_builder.seed=3"))
     first.update(summary(opened[-1]))
     SERVICE.fail_at_update = None
-    resumed = run(config(args.dataset, "sync", scored, steps=4))
+    env = {
+        "SELECTOR_URL": args.url,
+        "SELECTOR_DATASET": args.dataset,
+        "SELECTOR_SEED": "7",
+        "SELECTOR_STRATEGY": "uniform",
+    }
+    os.environ.update(env)
+    resumed = run(argv(None, "sync", 4))
+    for variable in env:
+        del os.environ[variable]
     resumed.update(summary(opened[-1]))
-    report["sync"] = {"runs": [first, resumed], "scored": list(scored)}
+    report["sync"] = {"runs": [first, resumed], "earned": list(SERVICE.policy.record)}
 
-    # 2. A rollout budget: 10 rollouts per step over the 3 prompts, 2 to 6 each.
+    # 2. A rollout budget: 10 rollouts per step over the 3 prompts, 2 to 6 each; the total reward.
     SERVICE = Service()
-    scored = []
     budget = run(
-        config(
+        argv(
             args.dataset + "-budget",
             "budget",
-            scored,
-            steps=2,
-            builder={"rollout_budget": 10, "rollout_min": 2, "rollout_max": 6},
+            2,
+            "dataset_builder.rollout_budget=10",
+            "dataset_builder.rollout_min=2",
+            "dataset_builder.rollout_max=6",
+            "dataset_builder.reward_key=None",
         )
     )
     budget.update(summary(opened[-1]))
-    report["budget"] = {"runs": [budget], "scored": list(scored)}
+    report["budget"] = {"runs": [budget], "earned": list(SERVICE.policy.record)}
 
     # 3. Asynchronous, one step off policy; a group of the first step answers after three updates.
     SERVICE = Service()
-    scored = []
     max_lag = 2
-    cfg = config(
-        args.dataset + "-async",
-        "async",
-        scored,
-        steps=4,
-        async_config=train.AsyncConfig(max_steps_off_policy=1, groups_per_batch=G),
-        builder={"max_lag": max_lag},
-    )
     hold_first_step = True
     held: list[list[int]] = []
     real_select = adapter.SelectorRLDataset._select
@@ -424,14 +411,31 @@ def main() -> None:
         return selection
 
     adapter.SelectorRLDataset._select = select_and_hold  # type: ignore[method-assign]
-    late = run(cfg)
+    late = run(
+        argv(
+            args.dataset + "-async",
+            "async",
+            4,
+            "async_config.max_steps_off_policy=1",
+            f"async_config.groups_per_batch={G}",
+            f"dataset_builder.max_lag={max_lag}",
+        )
+    )
+    adapter.SelectorRLDataset._select = real_select  # type: ignore[method-assign]
     late.update(summary(opened[-1]))
-    report["async"] = {"runs": [late], "scored": list(scored), "max_lag": max_lag, "held": held}
+    report["async"] = {
+        "runs": [late],
+        "earned": list(SERVICE.policy.record),
+        "max_lag": max_lag,
+        "held": held,
+    }
 
     # 4. The order of selections when a later batch's group starts first (a rollout worker of the
     # asynchronous loop may take it before the earlier batch's): step s is still selected before s + 1.
     async def later_first() -> dict[str, Any]:
-        groups = await build_prompts([])()
+        groups = await tinker_grpo.ArithmeticBuilder(
+            model_name_for_tokenizer=MODEL, renderer_name="role_colon", size=SIZE
+        )()
         options = adapter.SelectorOptions(url=args.url, dataset=args.dataset + "-order", seed=5)
         dataset = await adapter.SelectorRLDataset.open(groups, options, groups_per_batch=G, group_size=N)
         earlier, later = dataset.get_batch(0), dataset.get_batch(1)
@@ -446,6 +450,25 @@ def main() -> None:
         }
 
     report["order"] = asyncio.run(later_first())
+
+    # 5. Mistakes: each stops the example's run with what to do.
+    SERVICE = Service()
+    report["mistakes"] = {
+        "group_size": refusal(argv(args.dataset, "mistake-group", 1, f"dataset_builder.group_size={N + 2}")),
+        "url_with_a_path": refusal(
+            argv(args.dataset + "-new", "mistake-url", 1, f"dataset_builder.url={args.url}/api")
+        ),
+        "reward_key": refusal(
+            argv(
+                args.dataset + "-key",
+                "mistake-key",
+                2,
+                "dataset_builder.reward_key=accuracy",
+                "rollout_error_tolerance=True",
+            )
+        ),
+    }
+    report["observed"] = dict(observed)
     common.emit(report)
 
 

@@ -19,6 +19,7 @@ from tests.utils import ServiceProcess
 N = 60
 RATES = [None if i % 4 == 0 else round((i % 10) / 10, 2) for i in range(N)]
 GROUPS = [i % 5 if i % 7 else -1 for i in range(N)]
+SAMPLES = [None if i % 3 == 0 else 8 + i for i in range(N)]
 
 
 def make(http, name, **kw):
@@ -63,7 +64,13 @@ def test_upload_sets_priors_coverage_and_beliefs(http, dsname):
         "dataset": dsname,
         "offset": 0,
         "count": N,
-        "coverage": {"prompts_with_pass_rate": known, "prompts_with_group": grouped, "groups": 5},
+        "coverage": {
+            "prompts_with_pass_rate": known,
+            "prompts_with_group": grouped,
+            "groups": 5,
+            "prompts_with_pass_samples": 0,
+        },
+        "profile_rollouts": 0,
     }
     summary = http.get(f"/datasets/{dsname}").json()["summary"]
     assert (summary["prompts_with_pass_rate"], summary["prompts_with_group"], summary["groups"]) == (
@@ -132,15 +139,27 @@ def test_raw_uploads_equal_json_uploads(http, dsname):
         ({"offset": 0, "pass_rate": [0.5, 0.5], "group": [1]}, "one per prompt"),
         ({"offset": N - 1, "pass_rate": [0.5, 0.5]}, "runs past"),
         ({"offset": -1, "pass_rate": [0.5]}, "offset"),
-        ({"offset": 0}, "pass_rate, group or both"),
+        ({"offset": 0}, "send pass_rate, pass_samples, group, or several of them"),
         ({"offset": 0, "pass_rate": []}, "empty"),
         ({"offset": 0, "pass_rate": ["0.5"]}, "pass_rate.0"),
         ({"offset": 0, "pass_rate": [0.5], "extra": 1}, "extra"),
+        ({"offset": 0, "pass_samples": [8, 0]}, "pass_samples.1"),
+        ({"offset": 0, "pass_samples": [1.5]}, "pass_samples.0"),
+        ({"offset": 0, "pass_samples": [-1]}, "pass_samples.0"),
+        ({"offset": 0, "pass_samples": [1_000_001]}, "pass_samples.0"),
+        ({"offset": 0, "pass_samples": ["8"]}, "pass_samples.0"),
+        ({"offset": 0, "pass_rate": [0.5], "pass_samples": [8, 8]}, "one per prompt"),
+        ({"offset": 0, "pass_rate": [0.5, 0.5], "group": [1, 1], "pass_samples": [8]}, "one per prompt"),
+        ({"offset": 0, "pass_rate": [0.5], "profile": True}, "profile is true but pass_samples is missing"),
+        ({"offset": 0, "pass_samples": [8], "profile": "yes"}, "profile"),
+        ({"offset": 0, "pass_samples": [8], "profile": 1}, "profile"),
+        ({"offset": N - 1, "pass_samples": [8, 8], "profile": True}, "runs past"),
     ],
 )
 def test_bad_uploads_are_422_and_apply_nothing(http, dsname, body, message):
     make(http, dsname)
-    assert upload(http, dsname, offset=0, pass_rate=RATES, group=GROUPS).status_code == 200
+    first = upload(http, dsname, offset=0, pass_rate=RATES, group=GROUPS, pass_samples=SAMPLES, profile=True)
+    assert first.status_code == 200 and first.json()["profile_rollouts"] > 0
     before_rows, before = beliefs(http, dsname), http.get(f"/datasets/{dsname}").json()["summary"]
     r = upload(http, dsname, **body)
     assert r.status_code == 422 and message in r.json()["detail"], r.text
@@ -157,6 +176,9 @@ def test_bad_uploads_are_422_and_apply_nothing(http, dsname, body, message):
         ("group", b"\x01\x02\x03", 0, "4 bytes per prompt"),
         ("group", b"", 0, "4 bytes per prompt"),
         ("group", struct.pack("<2i", 1, 2), N - 1, "runs past"),
+        ("pass_samples", struct.pack("<2i", 8, 0), 0, "pass_samples[1] = 0: a sample count"),
+        ("pass_samples", struct.pack("<i", -2), 0, "pass_samples[0] = -2"),
+        ("pass_samples", struct.pack("<i", 1_000_001), 0, "pass_samples[0] = 1000001"),
     ],
 )
 def test_bad_raw_uploads_are_422_and_apply_nothing(http, dsname, field, content, offset, message):
@@ -171,6 +193,10 @@ def test_bad_raw_uploads_are_422_and_apply_nothing(http, dsname, field, content,
     assert as_json.status_code == 422 and "PUT /datasets/" in as_json.json()["detail"], as_json.text
     assert http.get(f"/datasets/{dsname}").json()["summary"] == before
     assert http.put("/datasets/nope-missing/metadata", json={"pass_rate": [0.5]}).status_code == 404
+    # profile counts sample counts: with another array it is refused, whatever the body holds.
+    wrong = http.put(f"/datasets/{dsname}/metadata/pass_rate", params={"profile": "true"}, content=b"\0" * 4)
+    assert wrong.status_code == 422 and "metadata/pass_samples" in wrong.json()["detail"], wrong.text
+    assert http.get(f"/datasets/{dsname}").json()["summary"] == before
 
 
 def test_spec_fields_are_checked_and_their_defaults_are_the_same_spec(http, dsname):

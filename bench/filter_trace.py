@@ -84,7 +84,9 @@ def arms(quick: bool) -> list[Arm]:
             name = f"filter solved={solved} unsolved={unsolved}"
             out.append(Arm(name, "filter", {"solved": solved, "unsolved": unsolved}))
         for b in (0.3, 0.5):
-            out.append(Arm(f"static filter b={b}", "filter", {"solved": b, "unsolved": b, "reprofile": False}))
+            out.append(
+                Arm(f"static filter b={b}", "filter", {"solved": b, "unsolved": b, "reprofile": False})
+            )
     rechecks = (0.05, 0.1) if quick else (0.02, 0.05, 0.1, 0.2)
     for b in (0.5,) if quick else (0.3, 0.5, 0.7):
         for r in rechecks:
@@ -142,7 +144,9 @@ def replay(trace: Trace, arm: Arm, batch: int, seed: int) -> dict[str, Any]:
         )
         succ = trace.successes[ids, epoch].astype(np.float64)
         trials = np.full(ids.size, float(k))
-        apply_results(beliefs, ids, succ, trials, outcomes_from_counts(succ, trials), arm.beta_decay, 1.0, 1.0)
+        apply_results(
+            beliefs, ids, succ, trials, outcomes_from_counts(succ, trials), arm.beta_decay, 1.0, 1.0
+        )
         close_open_step(beliefs, hmm_decay=0.7, key=key)
         mixed[step] = int(((succ > 0) & (succ < k)).sum())
     settings = arm.settings()
@@ -212,7 +216,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "seeds": args.seeds,
         "seconds": round(seconds, 1),
         "results": {
-            name: {m: r[m]["mean"] for m in ("esr", "esr_last10", "mixed_per_rollout")} for name, r in results.items()
+            name: {m: r[m]["mean"] for m in ("esr", "esr_last10", "mixed_per_rollout")}
+            for name, r in results.items()
         },
     }
     emit({**line, "detail": results}, args.out / "filter_trace.json")

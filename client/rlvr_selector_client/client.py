@@ -494,12 +494,18 @@ METADATA_RAW_CHUNK = 1_000_000
 PASS_SAMPLES_MAX = 1_000_000
 
 
-def _raw(values: Sequence[float] | Sequence[int], code: str) -> bytes:
+def _raw(values: Sequence[float] | Sequence[int] | array.array[Any], code: str) -> bytes:
     """Little-endian float32 ('f') or int32 ('i') bytes of `values`."""
     packed = array.array(code, values)
     if sys.byteorder == "big":
         packed.byteswap()
     return packed.tobytes()
+
+
+def _plain(value: Any) -> Any:
+    """A numpy scalar as the Python number it holds (messages show 1.5, not np.float64(1.5))."""
+    item = getattr(value, "item", None)
+    return item() if callable(item) and getattr(value, "shape", None) == () else value
 
 
 def _rates(values: Sequence[float | None], at: int) -> list[float]:
@@ -516,7 +522,7 @@ def _groups(values: Sequence[int], at: int) -> list[int]:
     out = []
     for i, g in enumerate(values):
         if isinstance(g, bool) or int(g) != g or not -1 <= int(g) <= 65535:
-            raise ValueError(f"group[{at + i}] = {g!r}: groups are integers 0..65535 (-1 = none)")
+            raise ValueError(f"group[{at + i}] = {_plain(g)!r}: groups are integers 0..65535 (-1 = none)")
         out.append(int(g))
     return out
 
@@ -530,7 +536,7 @@ def _samples(values: Sequence[int | None], at: int) -> list[int]:
             continue
         if isinstance(n, bool) or int(n) != n or not 1 <= int(n) <= PASS_SAMPLES_MAX:
             raise ValueError(
-                f"pass_samples[{at + i}] = {n!r}: a sample count is a whole number in 1..{PASS_SAMPLES_MAX} "
+                f"pass_samples[{at + i}] = {_plain(n)!r}: a sample count is a whole number in 1..{PASS_SAMPLES_MAX} "
                 "(None = unknown)"
             )
         out.append(int(n))
@@ -539,6 +545,67 @@ def _samples(values: Sequence[int | None], at: int) -> list[int]:
 
 #: name -> (checker, raw type code) of the arrays of a metadata upload, in the order they are sent.
 _METADATA_ARRAYS = {"pass_rate": (_rates, "f"), "group": (_groups, "i"), "pass_samples": (_samples, "i")}
+#: name -> (lowest, highest) of the whole numbers of an array (-1: none / unknown; 0 refused for counts).
+_INTEGER_RANGES = {"group": (-1, 65535), "pass_samples": (-1, PASS_SAMPLES_MAX)}
+
+
+#: Buffer formats of numbers an array.array reads as they are (a numpy array's, for one).
+_BUFFER_FLOATS, _BUFFER_INTEGERS = frozenset("fd"), frozenset("bBhHiIlLqQ")
+
+
+def _from_buffer(values: Any, floats: bool) -> array.array[Any] | None:
+    """A copy of a 1-d contiguous buffer of numbers (a numpy array) as an array.array, at memcpy speed;
+    None when `values` exports none of the kind asked for."""
+    try:
+        view = memoryview(values)
+    except TypeError:
+        return None
+    if (
+        view.ndim != 1
+        or not view.c_contiguous
+        or view.format not in (_BUFFER_FLOATS if floats else _BUFFER_INTEGERS)
+    ):
+        return None
+    out = array.array(view.format)
+    if out.itemsize != view.itemsize:
+        return None
+    out.frombytes(view.cast("B"))
+    return out
+
+
+def _packed(name: str, values: Sequence[Any]) -> array.array[Any] | None:
+    """`values` packed as numbers and checked without a Python object per value where it can be (a
+    buffer, or a list of plain numbers), or None when they need the element-by-element path (None
+    entries, bools, anything out of range: its message names the first bad one)."""
+    floats = name == "pass_rate"
+    packed = _from_buffer(values, floats)
+    if packed is None:
+        if isinstance(values, list | tuple) and any(type(x) is bool for x in values):
+            return None
+        try:
+            packed = array.array("d" if floats else "q", values)
+        except (TypeError, ValueError, OverflowError):
+            return None
+    if not packed:
+        return packed
+    if floats:
+        return None if any(not 0.0 <= x <= 1.0 for x in packed if x == x) else packed
+    lo, hi = _INTEGER_RANGES[name]
+    if min(packed) < lo or max(packed) > hi or (name == "pass_samples" and 0 in packed):
+        return None
+    return packed
+
+
+def _raw_body(name: str, values: Sequence[Any], at: int, checked: bool) -> bytes:
+    """The little-endian raw body of one chunk (float32 pass rates, int32 otherwise); `checked`: its
+    values passed `_packed` before (only packed again, not checked)."""
+    check, code = _METADATA_ARRAYS[name]
+    if checked:
+        packed = _from_buffer(values, name == "pass_rate")
+        if packed is not None and packed.typecode == code and sys.byteorder == "little":
+            return packed.tobytes()
+        return _raw(packed if packed is not None else values, code)
+    return _raw(check(values, at), code)
 
 
 def _metadata_calls(
@@ -576,11 +643,16 @@ def _metadata_calls(
     if raw is None:
         raw = n > METADATA_JSON_CHUNK
     chunk = METADATA_RAW_CHUNK if raw else METADATA_JSON_CHUNK
+    fast: set[tuple[str, int]] = set()  # the chunks whose values `_packed` checked
     for name, values in given.items():  # check everything first: a bad value sends nothing
         check = _METADATA_ARRAYS[name][0]
         for lo in range(0, n, chunk):
-            check(values[lo : lo + chunk], lo)
-    return _metadata_requests(dataset, given, offset, n, chunk, raw, profile)
+            part = values[lo : lo + chunk]
+            if _packed(name, part) is None:
+                check(part, lo)
+            else:
+                fast.add((name, lo))
+    return _metadata_requests(dataset, given, offset, n, chunk, raw, profile, fast)
 
 
 def _metadata_requests(
@@ -591,13 +663,13 @@ def _metadata_requests(
     chunk: int,
     raw: bool,
     profile: bool,
+    fast: set[tuple[str, int]],
 ) -> Iterator[_Call[MetadataAck]]:
     path = f"{_dataset_path(dataset)}/metadata"
     if raw:
         for name, values in given.items():
-            check, code = _METADATA_ARRAYS[name]
             for lo in range(0, n, chunk):
-                body = _raw(check(values[lo : lo + chunk], lo), code)
+                body = _raw_body(name, values[lo : lo + chunk], lo, (name, lo) in fast)
                 params = {"offset": str(offset + lo)}
                 if name == "pass_samples" and profile:
                     params["profile"] = "true"

@@ -281,7 +281,7 @@ class HistoryRow(BaseModel):
         description="Per group (metadata): the step's results and mean reward, for the 8 groups with most.",
     )
     groups_omitted: int | None = Field(None, description="Groups with results at the step beyond those 8.")
-    profile_rollouts: float = Field(
+    profile_rollouts: int = Field(
         0, description="The dataset's profiling rollouts when the step closed (docs/api.md section 2)."
     )
     total_rollouts: float = Field(
@@ -295,8 +295,8 @@ class HistoryResponse(BaseModel):
     open_step: int
     rows: list[HistoryRow]
     next: int = Field(description="The `since` that asks for the rows after these.")
-    profile_rollouts: float = Field(0, description="The dataset's profiling rollouts now.")
-    total_rollouts: float = Field(0, description="Every rollout of the run now: observed plus profiling.")
+    profile_rollouts: int = Field(0, description="The dataset's profiling rollouts now.")
+    total_rollouts: int = Field(0, description="Every rollout of the run now: observed plus profiling.")
 
 
 class ScoreRequest(_Request):

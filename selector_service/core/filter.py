@@ -37,7 +37,7 @@ import numpy.typing as npt
 
 from .coldstart import _PriorSource, cold_beta, group_rates, prior_source, profile_beta
 from .mi import _check_ids
-from .rng import Stream
+from .rng import Stream, bounded
 
 if TYPE_CHECKING:
     from .beliefs import BeliefArrays
@@ -70,6 +70,8 @@ KEEP, DROP_SOLVED, DROP_UNSOLVED = 0, 1, 2
 #: Random draws `draw` makes per prompt it looks for, beyond DRAWS_MIN.
 DRAWS_PER_PROMPT = 64
 DRAWS_MIN = 4096
+#: Multiplier of the draws' hash table (Fibonacci hashing).
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 
 @dataclass(frozen=True)
@@ -120,6 +122,32 @@ def all_probability(a: float, n: float, k: int) -> float:
     return prod
 
 
+@numba.njit(nogil=True, cache=True, inline="always")
+def _code(
+    src: _PriorSource,
+    rates: npt.NDArray[np.float64],
+    p: int | np.integer[Any],
+    a0: float,
+    b0: float,
+    s: float,
+    k: int,
+    solved: float,
+    unsolved: float,
+    reprofile: bool,
+) -> int:
+    """KEEP, DROP_SOLVED or DROP_UNSOLVED for prompt p (module docstring)."""
+    if reprofile:
+        a, b, _ = cold_beta(src, rates, p, a0, b0, s)
+    else:
+        a, b = profile_beta(src[4], src[6], p, a0, b0, s)
+    n = a + b
+    if _at_least(a, n, k, solved):
+        return DROP_SOLVED
+    if _at_least(b, n, k, unsolved):
+        return DROP_UNSOLVED
+    return KEEP
+
+
 @numba.njit(nogil=True, cache=True)
 def _judge_kernel(
     src: _PriorSource,
@@ -134,20 +162,8 @@ def _judge_kernel(
     reprofile: bool,
     out: npt.NDArray[np.int8],
 ) -> None:
-    pass_rate, pass_samples = src[4], src[6]
     for i in range(ids.size):
-        p = ids[i]
-        if reprofile:
-            a, b, _ = cold_beta(src, rates, p, a0, b0, s)
-        else:
-            a, b = profile_beta(pass_rate, pass_samples, p, a0, b0, s)
-        n = a + b
-        if _at_least(a, n, k, solved):
-            out[i] = DROP_SOLVED
-        elif _at_least(b, n, k, unsolved):
-            out[i] = DROP_UNSOLVED
-        else:
-            out[i] = KEEP
+        out[i] = _code(src, rates, ids[i], a0, b0, s, k, solved, unsolved, reprofile)
 
 
 def judge(ba: BeliefArrays, ids: np.ndarray, f: Filter) -> np.ndarray:
@@ -200,29 +216,80 @@ def zero_advantage_probabilities(
     return solved, unsolved
 
 
+@numba.njit(nogil=True, cache=True)
+def _draw_kernel(
+    src: _PriorSource,
+    rates: npt.NDArray[np.float64],
+    a0: float,
+    b0: float,
+    s: float,
+    k: int,
+    solved: float,
+    unsolved: float,
+    reprofile: bool,
+    stream_id: np.uint64,
+    n: int,
+    limit: int,
+    kept: bool,
+    exclude: npt.NDArray[np.int64],
+    out: npt.NDArray[np.int64],
+) -> int:
+    """Fills `out` with the first distinct ids of the draws bounded(stream_id, i, n), i < limit, of the
+    wanted class and outside `exclude`; returns how many. The ids met are held in an open-addressing table
+    (linear probing, -1 = empty) at most half full."""
+    size = 16
+    while size < 2 * (exclude.size + out.size) + 16:
+        size *= 2
+    mask = np.uint64(size - 1)
+    table = np.full(size, -1, dtype=np.int64)
+    for x in exclude:
+        h = (np.uint64(x) * _GOLDEN) & mask
+        while table[h] != -1 and table[h] != x:
+            h = (h + np.uint64(1)) & mask
+        table[h] = x
+    got = 0
+    for i in range(limit):
+        if got == out.size:
+            break
+        p = bounded(stream_id, i, n)
+        h = (np.uint64(p) * _GOLDEN) & mask
+        while table[h] != -1 and table[h] != p:
+            h = (h + np.uint64(1)) & mask
+        if table[h] == p:
+            continue
+        if (_code(src, rates, p, a0, b0, s, k, solved, unsolved, reprofile) == KEEP) != kept:
+            continue
+        table[h] = p
+        out[got] = p
+        got += 1
+    return got
+
+
 def draw(
     ba: BeliefArrays, f: Filter, count: int, *, kept: bool, exclude: np.ndarray, rng: Stream
 ) -> np.ndarray:
     """Up to `count` distinct prompts that `f` keeps (`kept`) or drops, drawn uniformly at random from the
     ids outside `exclude` (module docstring: the stream `rng.integers(N)` read in order, at most
     DRAWS_PER_PROMPT x count + DRAWS_MIN draws). int64, in the order drawn."""
-    out = np.empty(0, dtype=np.int64)
     if count <= 0:
-        return out
-    n = ba.n
-    limit = DRAWS_PER_PROMPT * count + DRAWS_MIN
-    taken = np.asarray(exclude, dtype=np.int64)
-    drawn = 0
-    chunk = max(4 * count, 256)
-    while out.size < count and drawn < limit:
-        m = min(chunk, limit - drawn)
-        ids = rng.integers(n, m, start=drawn)
-        drawn += m
-        chunk *= 2
-        wanted = ids[(judge(ba, ids, f) == KEEP) == kept]
-        _, first = np.unique(wanted, return_index=True)  # the first draw of each prompt, in draw order
-        wanted = wanted[np.sort(first)]
-        wanted = wanted[~np.isin(wanted, taken)][: count - out.size]
-        out = np.concatenate([out, wanted])
-        taken = np.concatenate([taken, wanted])
-    return out
+        return np.empty(0, dtype=np.int64)
+    r = ba.shared.rules
+    out = np.empty(count, dtype=np.int64)
+    got = _draw_kernel(
+        prior_source(ba),
+        group_rates(ba.shared),
+        r.alpha0,
+        r.beta0,
+        r.prior_strength,
+        f.k,
+        f.solved,
+        f.unsolved,
+        f.reprofile,
+        np.uint64(rng.id),
+        ba.n,
+        DRAWS_PER_PROMPT * count + DRAWS_MIN,
+        kept,
+        np.ascontiguousarray(exclude, dtype=np.int64),
+        out,
+    )
+    return out[:got]

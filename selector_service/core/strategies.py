@@ -252,18 +252,18 @@ class WalkFn(Protocol):
 
 class PickFn(Protocol):
     """How a batch is chosen from a candidate pool (`candidates`, None = the whole dataset, positions
-    being prompt ids): (positions in the pool, best first; their scores)."""
+    being prompt ids): k -> (the positions of the k chosen in the pool, best first; their scores). The
+    pool is scored once, whatever the number of k asked for (a filtered select may ask again)."""
 
     def __call__(
         self,
         ba: BeliefArrays,
         candidates: np.ndarray | None,
-        batch_size: int,
         params: dict[str, Any],
         ctx: Context,
         ties: Stream,
         /,
-    ) -> tuple[np.ndarray, np.ndarray]: ...
+    ) -> Callable[[int], tuple[np.ndarray, np.ndarray]]: ...
 
 
 class WholeFn(Protocol):
@@ -513,18 +513,22 @@ def _mopps_scores(
 def _mopps_pick(
     ba: BeliefArrays,
     candidates: np.ndarray | None,
-    batch_size: int,
     params: dict[str, Any],
     ctx: Context,
     ties: Stream,
-) -> tuple[np.ndarray, np.ndarray]:
-    """The closest draws ('topk'), or random draws in the band (select.mopps_threshold_select)."""
+) -> Callable[[int], tuple[np.ndarray, np.ndarray]]:
+    """k -> the closest draws ('topk'), or k random draws in the band (select.mopps_threshold_select);
+    the draws are made once."""
     scores, draws = _thompson(ba, candidates, params["target"], ctx.stream("thompson"))
-    if params["mode"] == "threshold":
-        pos = mopps_threshold_select(draws, None, batch_size, ties)
-    else:
-        pos = topk_random_ties(scores, batch_size, ties)
-    return pos, scores[pos]
+
+    def pick(k: int) -> tuple[np.ndarray, np.ndarray]:
+        if params["mode"] == "threshold":
+            pos = mopps_threshold_select(draws, None, k, ties)
+        else:
+            pos = topk_random_ties(scores, k, ties)
+        return pos, scores[pos]
+
+    return pick
 
 
 # ---- the registry -------------------------------------------------------------------------------
@@ -762,7 +766,7 @@ def select(
         return pos if candidates is None else candidates[pos]
 
     if spec.pick is not None:
-        pos, picked = spec.pick(ba, candidates, batch_size, params, ctx, ties)
+        pos, picked = spec.pick(ba, candidates, params, ctx, ties)(batch_size)
         return ids_at(pos), picked
 
     if full_scores is not None and spec.deterministic:
@@ -809,10 +813,10 @@ def _select_filtered(
     full_scores: np.ndarray | TiedScores | None,
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """`select` under the filter `f` (docs/methods.md §9). Only the prompts the strategy would hand out are
-    judged: a walk's window (`_filtered_window`); a candidate pool, filtered before it is ranked; a
-    ranking of the whole dataset, its best 2 x B prompts, then 8 x B, ... until B of them are kept. The
-    batch is the strategy's B - r best kept prompts (completed with its best dropped ones when too few are
-    kept), then the r = floor(recheck x B) re-checks, dropped prompts drawn at random."""
+    judged: a walk's window (`_filtered_window`); a scored strategy's best 2 x B candidates (of its pool,
+    drawn as without a filter, or of the whole dataset), then 8 x B, ... until B of them are kept. The
+    batch is the strategy's B - r best kept candidates (completed with its best dropped ones when too few
+    are kept), then the r = floor(recheck x B) re-checks, dropped prompts drawn at random."""
     if spec.walk is not None:
         try:
             window = spec.walk(ba, batch_size, params, ctx)
@@ -826,83 +830,66 @@ def _select_filtered(
     need = batch_size - rechecks.size
     ratio = spec.ratio(params)
     pool_size = n if ratio is None else min(ratio * batch_size, n)
-    ties = ctx.stream("ties")
-    dense: np.ndarray | None = None
-    tied = full_scores if isinstance(full_scores, TiedScores) else None
-    if full_scores is not None and spec.deterministic:
-        dense = np.asarray(full_scores if tied is None else tied.dense, dtype=np.float64)
-        if dense.shape != (n,):
-            raise ValueError(f"full_scores must have shape ({n},), got {dense.shape}")
-
-    def best(candidates: np.ndarray, k: int, rng: Stream) -> tuple[np.ndarray, np.ndarray]:
-        """The k best of `candidates` (ids) by the strategy's own rule, best first, with their scores."""
-        if spec.pick is not None:
-            pos, picked = spec.pick(ba, candidates, k, params, ctx, rng)
-            return candidates[pos], picked
-        assert spec.score is not None
-        scores = dense[candidates] if dense is not None else spec.score(ba, candidates, params, ctx, None)
-        pos = topk_random_ties(scores, k, rng)
-        return candidates[pos], scores[pos]
-
-    if pool_size < n:  # a candidate pool: filter it, then rank what it keeps
-        pool = candidate_pool(n, pool_size, ctx.stream("candidates"))
-        codes = judge(ba, pool, f)
-        kept = pool[codes == KEEP]
-        ids, scores = best(kept, min(need, kept.size), ties) if kept.size else _nothing()
-        if ids.size < need:
-            dropped = pool[codes != KEEP]
-            dropped = dropped[~np.isin(dropped, rechecks)]
-            more, more_scores = best(dropped, min(need - ids.size, dropped.size), ctx.stream("filter-ties"))
-            ids, scores = np.concatenate([ids, more]), np.concatenate([scores, more_scores])
-    else:  # a ranking of the whole dataset: its best prompts, as many as it takes to keep `need`
-        rank = _whole_ranking(ba, spec, params, ctx, ties, dense, tied)
-        k = min(n, 2 * need)
-        while True:
-            ranked, ranked_scores = rank(k)
-            keep = judge(ba, ranked, f) == KEEP
-            if int(keep.sum()) >= need or k == n:
-                break
-            k = min(n, 4 * k)
-        ids, scores = ranked[keep][:need], ranked_scores[keep][:need]
-        if ids.size < need:
-            rest = ~keep & ~np.isin(ranked, rechecks)
-            ids = np.concatenate([ids, ranked[rest][: need - ids.size]])
-            scores = np.concatenate([scores, ranked_scores[rest][: need - scores.size]])
+    # The whole dataset: positions are prompt ids; a pool: positions in it, drawn as without a filter.
+    pool = None if pool_size == n else candidate_pool(n, pool_size, ctx.stream("candidates"))
+    rank = _ranking(ba, spec, params, ctx, pool, full_scores)
+    size = pool_size
+    # Twice the batch costs about what the batch does (a ranking is one pass over its candidates), and
+    # rarely has fewer than B kept: one ranking in the common case.
+    k = min(size, 2 * need)
+    while True:
+        pos, ranked_scores = rank(k)
+        ranked = pos if pool is None else pool[pos]
+        keep = judge(ba, ranked, f) == KEEP
+        if int(keep.sum()) >= need or k == size:
+            break
+        k = min(size, 4 * k)
+    ids, scores = ranked[keep][:need], ranked_scores[keep][:need]
+    if ids.size < need:  # too few kept: the best dropped ones complete the batch
+        rest = ~keep & ~np.isin(ranked, rechecks)
+        ids = np.concatenate([ids, ranked[rest][: need - ids.size]])
+        scores = np.concatenate([scores, ranked_scores[rest][: need - scores.size]])
     if rechecks.size:
         ids = np.concatenate([ids, rechecks])
         scores = np.concatenate([scores, spec.score(ba, rechecks, params, ctx, None)])
     return ids, scores
 
 
-def _nothing() -> tuple[np.ndarray, np.ndarray]:
-    return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.float64)
-
-
-def _whole_ranking(
+def _ranking(
     ba: BeliefArrays,
     spec: StrategySpec,
     params: dict[str, Any],
     ctx: Context,
-    ties: Stream,
-    dense: np.ndarray | None,
-    tied: TiedScores | None,
+    pool: np.ndarray | None,
+    full_scores: np.ndarray | TiedScores | None,
 ) -> Callable[[int], tuple[np.ndarray, np.ndarray]]:
-    """k -> the k best prompts of the whole dataset (ids, best first) and their scores, by the path
-    `select` takes without a filter; the scores are computed once."""
-    if spec.whole is not None:
+    """k -> the strategy's k best candidates, best first, as positions (in `pool`, or prompt ids when it
+    is None: the whole dataset) and their scores, by the path `select` takes without a filter; the scores
+    are computed once."""
+    ties = ctx.stream("ties")
+    if spec.whole is not None and pool is None:
         return lambda k: spec.whole(ba, k, params, ties)  # type: ignore[misc]  # checked by the caller
     if spec.pick is not None:
-        return lambda k: spec.pick(ba, None, k, params, ctx, ties)  # type: ignore[misc]  # likewise
-    if dense is not None and tied is not None:
+        return spec.pick(ba, pool, params, ctx, ties)
+    dense: np.ndarray | None = None
+    if full_scores is not None and spec.deterministic:
+        tied = full_scores if isinstance(full_scores, TiedScores) else None
+        dense = np.asarray(full_scores if tied is None else tied.dense, dtype=np.float64)
+        if dense.shape != (ba.n,):
+            raise ValueError(f"full_scores must have shape ({ba.n},), got {dense.shape}")
+        if tied is not None and pool is None:  # most prompts share one score: rank only the others
 
-        def from_index(k: int) -> tuple[np.ndarray, np.ndarray]:
-            assert tied is not None and dense is not None
-            pos = topk_tied(tied, k, ties)
-            return pos, dense[pos]
+            def from_index(k: int) -> tuple[np.ndarray, np.ndarray]:
+                assert tied is not None and dense is not None
+                pos = topk_tied(tied, k, ties)
+                return pos, dense[pos]
 
-        return from_index
+            return from_index
     assert spec.score is not None
-    scores = dense if dense is not None else spec.score(ba, None, params, ctx, None)
+    if dense is not None:
+        scores = dense if pool is None else dense[pool]
+    else:
+        scores = spec.score(ba, pool, params, ctx, None)
 
     def from_scores(k: int) -> tuple[np.ndarray, np.ndarray]:
         pos = topk_random_ties(scores, k, ties)

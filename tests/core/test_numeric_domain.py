@@ -33,9 +33,9 @@ from selector_service.core import (
 from selector_service.core.domain import (
     ENTROPY_WEIGHT_MAX,
     K_MAX,
+    PASS_SAMPLES_MAX,
     PRIOR_MAX,
     PRIOR_MIN,
-    PASS_SAMPLES_MAX,
     PRIOR_STRENGTH_MAX,
     TRIALS_MAX,
 )

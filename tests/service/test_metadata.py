@@ -49,9 +49,16 @@ def state(url, name):
                 json={"dataset": name, "step": info["summary"]["open_step"], "batch_size": 8, "strategy": strategy,
                       "seed": 5, "return_scores": True},
             ).json()
-            for strategy in ("insight", "learnability", "adarft", "sec", "greso", "mopps")
+            for strategy in ("insight", "learnability", "adarft", "sec", "greso", "mopps", "filter")
         }  # fmt: skip
-    return info["summary"], rows, picks
+        for strategy in ("insight", "uniform", "dps"):  # a select's filter, re-checks included
+            picks[f"{strategy} filtered"] = c.post(
+                "/select",
+                json={"dataset": name, "step": info["summary"]["open_step"], "batch_size": 8, "strategy": strategy,
+                      "seed": 5, "return_scores": True, "filter": {"solved": 0.4, "recheck": 0.25}},
+            ).json()  # fmt: skip
+        history = c.get(f"/datasets/{name}/history").json()
+    return info["summary"], rows, picks, history
 
 
 def test_upload_sets_priors_coverage_and_beliefs(http, dsname):
@@ -270,8 +277,14 @@ def test_two_replicas_agree_after_a_metadata_upload(redis_url, dsname):
                     "offset": step * 5,
                     "pass_rate": rates,
                     "group": [int(g) for g in rng.integers(-1, 4, N // 2)],
+                    "pass_samples": [None if x < 0.2 else int(x * 40) + 1 for x in rng.random(N // 2)],
+                    "profile": step == 1,
                 }
                 httpx.put(f"{writer.url}/datasets/{dsname}/metadata", json=body).raise_for_status()
+            if step == 4:  # raw sample counts of a profiling pass, through the other route
+                counts = struct.pack("<10i", *[8] * 9, -1)
+                httpx.put(f"{writer.url}/datasets/{dsname}/metadata/pass_samples", content=counts,
+                          params={"offset": 40, "profile": "true"}).raise_for_status()  # fmt: skip
             sel = httpx.post(f"{reader.url}/select", json={"dataset": dsname, "step": step, "batch_size": 8,
                                                           "strategy": "insight", "seed": step}).json()  # fmt: skip
             results = [
@@ -280,6 +293,7 @@ def test_two_replicas_agree_after_a_metadata_upload(redis_url, dsname):
             httpx.post(f"{writer.url}/observe", json={"dataset": dsname, "step": step, "request_id": f"r{step}",
                                                       "results": results}).raise_for_status()  # fmt: skip
             assert state(a.url, dsname) == state(b.url, dsname)
+        assert state(a.url, dsname)[0]["profile_rollouts"] > 0
         # A fresh replica starting after all of it (from the log) agrees too.
         c = ServiceProcess(redis_url=redis_url, prefix=a.prefix).start()
         try:
@@ -299,7 +313,8 @@ def test_snapshots_and_exports_carry_metadata_and_shared_state(redis_url, dsname
             f"{base}/datasets", json={"name": dsname, "size": N, "group_decay": 0.7}
         ).raise_for_status()
         httpx.put(
-            f"{base}/datasets/{dsname}/metadata", json={"pass_rate": RATES, "group": GROUPS}
+            f"{base}/datasets/{dsname}/metadata",
+            json={"pass_rate": RATES, "group": GROUPS, "pass_samples": SAMPLES, "profile": True},
         ).raise_for_status()
         for step in range(5):
             sel = httpx.post(f"{base}/select", json={"dataset": dsname, "step": step, "batch_size": 6,
@@ -320,6 +335,7 @@ def test_snapshots_and_exports_carry_metadata_and_shared_state(redis_url, dsname
         assert r.status_code == 201, r.text
         copy = state(base, f"{dsname}-copy")
         assert copy[0] == before[0] and copy[1] == before[1]  # selections are keyed by the name
+        assert copy[3]["rows"] == before[3]["rows"] and before[0]["profile_rollouts"] > 0
         svc.kill()
         again = ServiceProcess(redis_url=redis_url, prefix=svc.prefix).start()
         try:

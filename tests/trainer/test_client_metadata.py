@@ -107,3 +107,26 @@ def test_a_bad_value_late_in_a_large_upload_sends_nothing(monkeypatch):
     monkeypatch.setattr(tc, "METADATA_RAW_CHUNK", 2)
     with pytest.raises(ValueError, match=r"pass_samples\[4\] = 0"):
         tc._metadata_calls("ds", [0.5] * 5, None, 0, True, [8, 8, 8, 8, 0])
+
+
+def test_numpy_arrays_are_packed_as_lists_are_and_checked_the_same(monkeypatch):
+    """A numpy array is read through its buffer (no Python object per value): the same bodies as a
+    list of the same values, a strided view too, and a bad value refused naming its index."""
+    np = pytest.importorskip("numpy")
+    monkeypatch.setattr(tc, "METADATA_RAW_CHUNK", 4)
+    rates = np.array([0.5, np.nan, 0.0, 1.0, 0.25, 0.125], dtype=np.float32)
+    counts = np.array([8, -1, 16, 1, 2, 1_000_000], dtype=np.int32)
+    as_arrays = [c.content for c in tc._metadata_calls("ds", rates, None, 0, True, counts, True)]
+    as_lists = [
+        c.content for c in tc._metadata_calls("ds", rates.tolist(), None, 0, True, counts.tolist(), True)
+    ]
+    assert as_arrays == as_lists and len(as_arrays) == 4
+    strided = np.repeat(rates, 2)[::2]
+    assert [c.content for c in tc._metadata_calls("ds", strided, None, 0, True)] == as_arrays[:2]
+    wide = np.array([8, 16, 2**40], dtype=np.int64)
+    with pytest.raises(ValueError, match=r"pass_samples\[2\] = 1099511627776"):
+        tc._metadata_calls("ds", None, None, 0, True, wide)
+    with pytest.raises(ValueError, match=r"pass_rate\[5\] = 1.5"):
+        tc._metadata_calls("ds", np.array([0.5] * 5 + [1.5]), None, 0, True)
+    with pytest.raises(ValueError, match=r"group\[1\]"):
+        tc._metadata_calls("ds", None, np.array([3, -2], dtype=np.int16), 0, True)

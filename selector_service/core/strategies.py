@@ -840,7 +840,11 @@ def _select_filtered(
     while True:
         pos, ranked_scores = rank(k)
         ranked = pos if pool is None else pool[pos]
-        keep = judge(ba, ranked, f) == KEEP
+        keep = judge(ba, ranked[:need], f) == KEEP  # the best B first: most often every one is kept
+        rest = ranked[need:]
+        # The rest is judged only when needed (unjudged it counts as not kept, and is never used then).
+        more = judge(ba, rest, f) == KEEP if not keep.all() else np.zeros(rest.size, dtype=bool)
+        keep = np.concatenate([keep, more])
         if int(keep.sum()) >= need or k == size:
             break
         k = min(size, 4 * k)

@@ -122,3 +122,17 @@ def test_a_filter_out_of_its_domain_is_422_and_applies_nothing(http, dsname, ext
     r = http.post("/select", json={"dataset": dsname, "step": 3, "batch_size": 4, **extra})
     assert r.status_code == 422 and words in r.json()["detail"], r.text
     assert http.get(f"/datasets/{dsname}").json()["summary"] == before  # no step was closed
+
+
+def test_a_raw_body_is_read_as_it_comes_and_bounded(http, dsname):
+    """Without a Content-Length (a chunked body) the record grows as the body arrives; a body above the
+    service's limits is a 413 and nothing is applied."""
+    http.post("/datasets", json={"name": dsname, "size": N}).raise_for_status()
+    parts = [struct.pack("<5i", *[3] * 5), struct.pack("<3i", 7, -1, 9), b""]
+    r = http.put(f"/datasets/{dsname}/metadata/pass_samples", params={"offset": 2}, content=iter(parts))
+    assert r.status_code == 200 and r.json()["count"] == 8 and r.json()["profile_rollouts"] == 0, r.text
+    beliefs = http.get(f"/datasets/{dsname}").json()["summary"]
+    assert beliefs["prompts_with_pass_samples"] == 7
+    big = http.put(f"/datasets/{dsname}/metadata/pass_samples", content=b"\1\0\0\0" * 1_000_001)
+    assert big.status_code == 413, big.text
+    assert http.get(f"/datasets/{dsname}").json()["summary"] == beliefs

@@ -215,6 +215,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "batch_size": args.batch_size,
         "seeds": args.seeds,
         "seconds": round(seconds, 1),
+        # The default filter's and the static filter's share of groups with signal, and uniform's.
+        "filter_esr": results["filter b=0.5"]["esr"]["mean"],
+        "static_filter_esr": results["static filter (0 < rate < 1 at epoch 0)"]["esr"]["mean"],
+        "uniform_esr": results["uniform"]["esr"]["mean"],
         "results": {
             name: {m: r[m]["mean"] for m in ("esr", "esr_last10", "mixed_per_rollout")}
             for name, r in results.items()

@@ -166,6 +166,21 @@ BENCHMARKS = (
         headline=("seconds", "seconds_over_target", "read_seconds"),
     ),
     Benchmark(
+        "filter_trace",
+        "filter_trace.py",
+        quick=(TRACE_PATH, "--quick", "--seeds", "2", "--out", "{out}"),
+        full=(TRACE_PATH, "--out", "{out}"),
+        headline=("filter_esr", "static_filter_esr", "uniform_esr"),
+        needs_file=TRACE_PATH,
+    ),
+    Benchmark(
+        "bench_filter",
+        "bench_filter.py",
+        quick=("--sizes", "1e5", "--service-n", "1e5", "--upload-n", "1e6", "--repeats", "5", "--out", "{out}"),
+        full=("--out", "{out}"),
+        headline=("over_http.insight.ratio", "upload.seconds"),
+    ),
+    Benchmark(
         "mismatch",
         "mismatch.py",
         quick=("--prompts", "1", "--rollouts", "2", "--max-new-tokens", "8", "--out", "{out}/mismatch.json"),

@@ -144,8 +144,8 @@ class Settings(BaseSettings):
     max_dataset_size: int = Field(
         default=100_000_000,
         ge=1,
-        description="Largest dataset a client may create or import (prompts). Beliefs take 43 bytes per prompt "
-        "plus 65 per prompt ever observed (108 when all are; 10.8 GB at the default) in every service process "
+        description="Largest dataset a client may create or import (prompts). Beliefs take 52 bytes per prompt "
+        "plus 65 per prompt ever observed (117 when all are; 11.7 GB at the default) in every service process "
         "that serves the dataset: size the hosts for it.",
     )
     memory_budget_bytes: int = Field(
@@ -153,7 +153,7 @@ class Settings(BaseSettings):
         ge=0,
         description="Memory one service process may spend on the datasets it holds (bytes; 0 = automatic: "
         "75% of the machine's memory or of its container's cgroup limit, whichever is lower, divided by "
-        "workers, and within an address-space limit). Each dataset is charged its beliefs twice (43 bytes per "
+        "workers, and within an address-space limit). Each dataset is charged its beliefs twice (52 bytes per "
         "prompt plus 65 per observed prompt, live and a snapshot's copy) and its score caches. A create, an "
         "import or the first load of a dataset that would pass the budget is refused with 507 and nothing "
         "changes; the datasets already held keep growing as prompts are observed (docs/operations.md#limits).",

@@ -143,6 +143,8 @@ EXPORTED_METRICS = frozenset(
         "selector_dataset_open_step",
         "selector_dataset_results_total",
         "selector_dataset_rollouts_total",
+        "selector_dataset_profile_rollouts",
+        "selector_dataset_total_rollouts",
         "selector_dataset_steps_closed_total",
         "selector_dataset_prompts_observed",
         "selector_dataset_mean_evidence",

@@ -64,7 +64,7 @@ import re
 import sys
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Generic, TypeVar
 from urllib.parse import quote
@@ -425,13 +425,16 @@ class ObserveAck:
 
 @dataclass(frozen=True)
 class MetadataAck:
-    """The answer of a metadata upload: the prompts it set and the dataset's coverage afterwards."""
+    """The answer of a metadata upload: the prompts it set, the dataset's coverage afterwards and its
+    profiling rollouts (the sample counts uploaded with ``profile=True``)."""
 
     offset: int
     count: int
     prompts_with_pass_rate: int
     prompts_with_group: int
     groups: int
+    prompts_with_pass_samples: int = 0
+    profile_rollouts: int = 0
 
 
 @dataclass(frozen=True)
@@ -562,6 +565,8 @@ def _parse_metadata_ack(response: httpx.Response) -> MetadataAck:
         prompts_with_pass_rate=int(coverage["prompts_with_pass_rate"]),
         prompts_with_group=int(coverage["prompts_with_group"]),
         groups=int(coverage["groups"]),
+        prompts_with_pass_samples=int(coverage.get("prompts_with_pass_samples", 0)),
+        profile_rollouts=int(body.get("profile_rollouts", 0)),
     )
 
 
@@ -607,6 +612,7 @@ def _select_call(
     seed: int,
     return_scores: bool,
     rollouts: RolloutBudget | None = None,
+    filter: Mapping[str, Any] | None = None,
 ) -> _Call[Selection]:
     body: dict[str, Any] = {
         "dataset": dataset,
@@ -620,6 +626,8 @@ def _select_call(
         body["params"] = dict(params)
     if rollouts is not None:
         body["rollouts"] = rollouts.to_json()
+    if filter is not None:  # docs/api.md section 3, "Select with a filter"
+        body["filter"] = dict(filter)
     return _Call("POST", "/select", _parse_selection, json=body, resend=_RESEND_SELECT)
 
 
@@ -648,14 +656,122 @@ def _observe_call(
 METADATA_JSON_CHUNK = 100_000
 #: Prompts per raw metadata request (4 bytes each: 4 MB, well under the service's 16 MB body limit).
 METADATA_RAW_CHUNK = 1_000_000
+#: The most samples one pass rate may stand for (docs/api.md ``pass_samples``).
+PASS_SAMPLES_MAX = 1_000_000
 
 
-def _raw(values: list[float] | list[int], code: str) -> bytes:
+def _raw(values: Sequence[float] | Sequence[int] | array.array[Any], code: str) -> bytes:
     """Little-endian float32 ('f') or int32 ('i') bytes of `values`."""
     packed = array.array(code, values)
     if sys.byteorder == "big":
         packed.byteswap()
     return packed.tobytes()
+
+
+def _plain(value: Any) -> Any:
+    """A numpy scalar as the Python number it holds (messages show 1.5, not np.float64(1.5))."""
+    item = getattr(value, "item", None)
+    return item() if callable(item) and getattr(value, "shape", None) == () else value
+
+
+def _rates(values: Sequence[float | None], at: int) -> list[float]:
+    """Pass rates as floats (None/NaN = unknown as NaN); ValueError naming the first bad one (its index
+    in the whole upload: `at` is the first value's)."""
+    out = [math.nan if r is None else float(r) for r in values]
+    for i, r in enumerate(out):
+        if not (math.isnan(r) or 0.0 <= r <= 1.0):
+            raise ValueError(f"pass_rate[{at + i}] = {r}: pass rates lie in [0, 1] (None/NaN = unknown)")
+    return out
+
+
+def _groups(values: Sequence[int], at: int) -> list[int]:
+    out = []
+    for i, g in enumerate(values):
+        if isinstance(g, bool) or int(g) != g or not -1 <= int(g) <= 65535:
+            raise ValueError(f"group[{at + i}] = {_plain(g)!r}: groups are integers 0..65535 (-1 = none)")
+        out.append(int(g))
+    return out
+
+
+def _samples(values: Sequence[int | None], at: int) -> list[int]:
+    """Sample counts as ints (None = unknown as -1); ValueError naming the first bad one."""
+    out = []
+    for i, n in enumerate(values):
+        if n is None or (isinstance(n, float) and math.isnan(n)):
+            out.append(-1)
+            continue
+        if isinstance(n, bool) or int(n) != n or not 1 <= int(n) <= PASS_SAMPLES_MAX:
+            raise ValueError(
+                f"pass_samples[{at + i}] = {_plain(n)!r}: a sample count is a whole number in 1..{PASS_SAMPLES_MAX} "
+                "(None = unknown)"
+            )
+        out.append(int(n))
+    return out
+
+
+#: name -> (checker, raw type code) of the arrays of a metadata upload, in the order they are sent.
+_METADATA_ARRAYS = {"pass_rate": (_rates, "f"), "group": (_groups, "i"), "pass_samples": (_samples, "i")}
+#: name -> (lowest, highest) of the whole numbers of an array (-1: none / unknown; 0 refused for counts).
+_INTEGER_RANGES = {"group": (-1, 65535), "pass_samples": (-1, PASS_SAMPLES_MAX)}
+
+
+#: Buffer formats of numbers an array.array reads as they are (a numpy array's, for one).
+_BUFFER_FLOATS, _BUFFER_INTEGERS = frozenset("fd"), frozenset("bBhHiIlLqQ")
+
+
+def _from_buffer(values: Any, floats: bool) -> array.array[Any] | None:
+    """A copy of a 1-d contiguous buffer of numbers (a numpy array) as an array.array, at memcpy speed;
+    None when `values` exports none of the kind asked for."""
+    try:
+        view = memoryview(values)
+    except TypeError:
+        return None
+    if (
+        view.ndim != 1
+        or not view.c_contiguous
+        or view.format not in (_BUFFER_FLOATS if floats else _BUFFER_INTEGERS)
+    ):
+        return None
+    out = array.array(view.format)
+    if out.itemsize != view.itemsize:
+        return None
+    out.frombytes(view.cast("B"))
+    return out
+
+
+def _packed(name: str, values: Sequence[Any]) -> array.array[Any] | None:
+    """`values` packed as numbers and checked without a Python object per value where it can be (a
+    buffer, or a list of plain numbers), or None when they need the element-by-element path (None
+    entries, bools, anything out of range: its message names the first bad one)."""
+    floats = name == "pass_rate"
+    packed = _from_buffer(values, floats)
+    if packed is None:
+        if isinstance(values, list | tuple) and any(type(x) is bool for x in values):
+            return None
+        try:
+            packed = array.array("d" if floats else "q", values)
+        except (TypeError, ValueError, OverflowError):
+            return None
+    if not packed:
+        return packed
+    if floats:
+        return None if any(not 0.0 <= x <= 1.0 for x in packed if x == x) else packed
+    lo, hi = _INTEGER_RANGES[name]
+    if min(packed) < lo or max(packed) > hi or (name == "pass_samples" and 0 in packed):
+        return None
+    return packed
+
+
+def _raw_body(name: str, values: Sequence[Any], at: int, checked: bool) -> bytes:
+    """The little-endian raw body of one chunk (float32 pass rates, int32 otherwise); `checked`: its
+    values passed `_packed` before (only packed again, not checked)."""
+    check, code = _METADATA_ARRAYS[name]
+    if checked:
+        packed = _from_buffer(values, name == "pass_rate")
+        if packed is not None and packed.typecode == code and sys.byteorder == "little":
+            return packed.tobytes()
+        return _raw(packed if packed is not None else values, code)
+    return _raw(check(values, at), code)
 
 
 def _metadata_calls(
@@ -664,60 +780,87 @@ def _metadata_calls(
     group: Sequence[int] | None,
     offset: int,
     raw: bool | None,
-) -> list[_Call[MetadataAck]]:
-    """The requests of one metadata upload (docs/api.md `PUT /datasets/{name}/metadata`), in order."""
-    if pass_rate is None and group is None:
-        raise ValueError("upload_metadata needs pass_rate, group or both")
+    pass_samples: Sequence[int | None] | None = None,
+    profile: bool = False,
+) -> Iterator[_Call[MetadataAck]]:
+    """The requests of one metadata upload (docs/api.md `PUT /datasets/{name}/metadata`), in order. Every
+    value is checked before this returns (ValueError naming the first bad one, nothing sent); the requests
+    are then built one at a time as they are sent, so an upload of any size holds one request's body."""
+    given = {
+        name: values
+        for name, values in (("pass_rate", pass_rate), ("group", group), ("pass_samples", pass_samples))
+        if values is not None
+    }
+    if not given:
+        raise ValueError("upload_metadata needs pass_rate, group, pass_samples, or several of them")
+    if not isinstance(profile, bool):
+        raise ValueError(f"profile must be True or False, got {profile!r}")
+    if profile and pass_samples is None:
+        raise ValueError("profile=True counts the samples behind the rates: give them as pass_samples")
     if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
         raise ValueError(f"offset must be an integer >= 0, got {offset!r}")
-    rates = None
-    if pass_rate is not None:
-        rates = [math.nan if r is None else float(r) for r in pass_rate]
-        for i, r in enumerate(rates):
-            if not (math.isnan(r) or 0.0 <= r <= 1.0):
-                raise ValueError(f"pass_rate[{i}] = {r}: pass rates lie in [0, 1] (None/NaN = unknown)")
-    groups = None
-    if group is not None:
-        groups = []
-        for i, g in enumerate(group):
-            if isinstance(g, bool) or int(g) != g or not -1 <= int(g) <= 65535:
-                raise ValueError(f"group[{i}] = {g!r}: groups are integers 0..65535 (-1 = none)")
-            groups.append(int(g))
-    n = len(rates) if rates is not None else len(groups)
-    if rates is not None and groups is not None and len(groups) != n:
-        raise ValueError(f"pass_rate has {n} values and group {len(groups)}: give one per prompt")
+    lengths = {name: len(values) for name, values in given.items()}
+    n = next(iter(lengths.values()))
+    if len(set(lengths.values())) != 1:
+        sizes = " and ".join(f"{name} {size}" for name, size in lengths.items())
+        raise ValueError(f"the arrays differ in length ({sizes}): give one per prompt in each")
     if n == 0:
         raise ValueError("upload_metadata got empty arrays")
-    path = f"{_dataset_path(dataset)}/metadata"
     if raw is None:
         raw = n > METADATA_JSON_CHUNK
-    calls: list[_Call[MetadataAck]] = []
+    chunk = METADATA_RAW_CHUNK if raw else METADATA_JSON_CHUNK
+    fast: set[tuple[str, int]] = set()  # the chunks whose values `_packed` checked
+    for name, values in given.items():  # check everything first: a bad value sends nothing
+        check = _METADATA_ARRAYS[name][0]
+        for lo in range(0, n, chunk):
+            part = values[lo : lo + chunk]
+            if _packed(name, part) is None:
+                check(part, lo)
+            else:
+                fast.add((name, lo))
+    return _metadata_requests(dataset, given, offset, n, chunk, raw, profile, fast)
+
+
+def _metadata_requests(
+    dataset: str,
+    given: dict[str, Sequence[Any]],
+    offset: int,
+    n: int,
+    chunk: int,
+    raw: bool,
+    profile: bool,
+    fast: set[tuple[str, int]],
+) -> Iterator[_Call[MetadataAck]]:
+    path = f"{_dataset_path(dataset)}/metadata"
     if raw:
-        for name, values, code in (("pass_rate", rates, "f"), ("group", groups, "i")):
-            if values is None:
-                continue
-            for lo in range(0, n, METADATA_RAW_CHUNK):
-                body = _raw(values[lo : lo + METADATA_RAW_CHUNK], code)
+        for name, values in given.items():
+            for lo in range(0, n, chunk):
+                body = _raw_body(name, values[lo : lo + chunk], lo, (name, lo) in fast)
                 params = {"offset": str(offset + lo)}
-                calls.append(
-                    _Call(
-                        "PUT",
-                        f"{path}/{name}",
-                        _parse_metadata_ack,
-                        params=params,
-                        content=body,
-                        resend=_RESEND_METADATA,
-                    )
+                if name == "pass_samples" and profile:
+                    params["profile"] = "true"
+                yield _Call(
+                    "PUT",
+                    f"{path}/{name}",
+                    _parse_metadata_ack,
+                    params=params,
+                    content=body,
+                    resend=_RESEND_METADATA,
                 )
-        return calls
-    for lo in range(0, n, METADATA_JSON_CHUNK):
+        return
+    for lo in range(0, n, chunk):
         doc: dict[str, Any] = {"offset": offset + lo}
-        if rates is not None:
-            doc["pass_rate"] = [None if math.isnan(r) else r for r in rates[lo : lo + METADATA_JSON_CHUNK]]
-        if groups is not None:
-            doc["group"] = groups[lo : lo + METADATA_JSON_CHUNK]
-        calls.append(_Call("PUT", path, _parse_metadata_ack, json=doc, resend=_RESEND_METADATA))
-    return calls
+        for name, values in given.items():
+            part = _METADATA_ARRAYS[name][0](values[lo : lo + chunk], lo)
+            if name == "pass_rate":
+                doc[name] = [None if math.isnan(r) else r for r in part]
+            elif name == "pass_samples":
+                doc[name] = [None if c < 0 else c for c in part]
+            else:
+                doc[name] = part
+        if profile:
+            doc["profile"] = True
+        yield _Call("PUT", path, _parse_metadata_ack, json=doc, resend=_RESEND_METADATA)
 
 
 #: Characters of the encoded ``ids`` value one GET .../beliefs carries at most: httpx and the service's
@@ -1239,14 +1382,21 @@ class SelectorClient(_Base):
         group: Sequence[int] | None = None,
         offset: int = 0,
         raw: bool | None = None,
+        pass_samples: Sequence[int | None] | None = None,
+        profile: bool = False,
     ) -> MetadataAck:
-        """Upload per-prompt prior pass rates (None/NaN = unknown) and/or groups (0..65535, -1 = none) for
-        prompts ``offset .. offset + len - 1`` (docs/methods.md §6). Large uploads go in several requests, JSON
-        or (``raw``, default above 100k prompts) little-endian float32 / int32 bodies. Each request is
-        applied whole or not at all and re-sending the same values changes nothing, so a failed upload
-        is repaired by sending it again. Returns the last request's answer (coverage after all)."""
+        """Upload per-prompt prior pass rates (None/NaN = unknown), the samples each was measured from
+        (``pass_samples``, whole numbers 1..1,000,000, None = unknown: the rate then weighs the dataset's
+        prior_strength) and/or groups (0..65535, -1 = none) for prompts ``offset .. offset + len - 1``
+        (docs/methods.md §6). ``profile=True``: those samples were rolled out for this run, and the
+        dataset counts them as its profiling rollouts (docs/api.md section 2). Every value is checked
+        before anything is sent. Large uploads go in several requests, JSON or (``raw``, default above
+        100k prompts) little-endian float32 / int32 bodies, built one at a time. Each request is applied
+        whole or not at all and re-sending the same values changes nothing (profiling included), so a
+        failed upload is repaired by sending it again. Returns the last request's answer (coverage and
+        profiling rollouts after all)."""
         ack = None
-        for call in _metadata_calls(dataset, pass_rate, group, offset, raw):
+        for call in _metadata_calls(dataset, pass_rate, group, offset, raw, pass_samples, profile):
             ack = self._run(call)
         assert ack is not None
         return ack
@@ -1272,11 +1422,14 @@ class SelectorClient(_Base):
         seed: int = 0,
         return_scores: bool = False,
         rollouts: RolloutBudget | None = None,
+        filter: Mapping[str, Any] | None = None,
     ) -> Selection:
         """The prompts to train on at ``step``; the same arguments give the same batch. With
-        ``rollouts``, the answer also says how many rollouts each prompt gets (``Selection.rollouts``)."""
+        ``rollouts``, the answer also says how many rollouts each prompt gets (``Selection.rollouts``);
+        with ``filter`` (e.g. ``{}`` for the defaults, or ``{"solved": 0.6, "recheck": 0.05}``), none of
+        the prompts almost surely solved or hopeless (docs/api.md section 3)."""
         return self._run(
-            _select_call(dataset, step, batch_size, strategy, params, seed, return_scores, rollouts)
+            _select_call(dataset, step, batch_size, strategy, params, seed, return_scores, rollouts, filter)
         )
 
     def observe(
@@ -1460,9 +1613,11 @@ class AsyncSelectorClient(_Base):
         group: Sequence[int] | None = None,
         offset: int = 0,
         raw: bool | None = None,
+        pass_samples: Sequence[int | None] | None = None,
+        profile: bool = False,
     ) -> MetadataAck:
         ack = None
-        for call in _metadata_calls(dataset, pass_rate, group, offset, raw):
+        for call in _metadata_calls(dataset, pass_rate, group, offset, raw, pass_samples, profile):
             ack = await self._run(call)
         assert ack is not None
         return ack
@@ -1486,9 +1641,10 @@ class AsyncSelectorClient(_Base):
         seed: int = 0,
         return_scores: bool = False,
         rollouts: RolloutBudget | None = None,
+        filter: Mapping[str, Any] | None = None,
     ) -> Selection:
         return await self._run(
-            _select_call(dataset, step, batch_size, strategy, params, seed, return_scores, rollouts)
+            _select_call(dataset, step, batch_size, strategy, params, seed, return_scores, rollouts, filter)
         )
 
     async def observe(

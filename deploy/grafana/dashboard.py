@@ -323,6 +323,19 @@ def rollouts_rate() -> Panel:
     )
 
 
+def rollouts_spent() -> Panel:
+    return timeseries_panel(
+        "Rollouts spent, profiling included",
+        "Every rollout of the run: those the trainers reported plus the ones spent profiling the prompts "
+        "(pass rates uploaded with profile true), and the profiling ones alone.",
+        "short",
+        [
+            (latest("selector_dataset_total_rollouts"), "{{dataset}} total"),
+            (latest("selector_dataset_profile_rollouts"), "{{dataset}} profiling"),
+        ],
+    )
+
+
 def effective_ratio() -> Panel:
     return timeseries_panel(
         "Effective-sample ratio",
@@ -514,6 +527,7 @@ ROWS: list[tuple[str, list[Callable[[], Panel]]]] = [
             store_lag_stat,
             progress,
             rollouts_rate,
+            rollouts_spent,
             observations_by_lag,
         ],
     ),

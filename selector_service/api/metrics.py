@@ -165,6 +165,17 @@ class DatasetCollector:
             "selector_dataset_results", "Observation results received.", labels=["dataset"]
         )
         rollouts = CounterMetricFamily("selector_dataset_rollouts", "Rollouts received.", labels=["dataset"])
+        profiling = GaugeMetricFamily(
+            "selector_dataset_profile_rollouts",
+            "Rollouts spent profiling the prompts: the sample counts uploaded with profile true (they can be "
+            "replaced, so this can fall).",
+            labels=["dataset"],
+        )
+        total = GaugeMetricFamily(
+            "selector_dataset_total_rollouts",
+            "Every rollout of the run: those received plus the profiling ones.",
+            labels=["dataset"],
+        )
         closed = CounterMetricFamily("selector_dataset_steps_closed", "Steps closed.", labels=["dataset"])
         by_lag = CounterMetricFamily(
             "selector_dataset_results_by_lag",
@@ -190,6 +201,8 @@ class DatasetCollector:
                 fam["share"].add_metric([name, state], share)
             results.add_metric([name], r["results"])
             rollouts.add_metric([name], r["rollouts"])
+            profiling.add_metric([name], r["profile_rollouts"])
+            total.add_metric([name], r["rollouts"] + r["profile_rollouts"])
             closed.add_metric([name], r["steps_closed"])
             for lag, count in r["by_lag"].items():
                 by_lag.add_metric([name, lag], count)
@@ -199,7 +212,7 @@ class DatasetCollector:
                 fam["group_observed"].add_metric([name, group], observed)
                 fam["group_rate"].add_metric([name, group], rate)
         yield from fam.values()
-        yield from (results, rollouts, closed, by_lag, hist)
+        yield from (results, rollouts, profiling, total, closed, by_lag, hist)
 
 
 def _aggregate(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -222,6 +235,7 @@ def _aggregate(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "shares": [sum(w * r["shares"][i] for w, r in zip(weight, rows, strict=True)) for i in range(3)],
         "results": sum(r["results"] for r in rows),
         "rollouts": sum(r["rollouts"] for r in rows),
+        "profile_rollouts": sum(r["profile_rollouts"] for r in rows),
         "steps_closed": sum(r["steps_closed"] for r in rows),
         "by_lag": dict(sorted(by_lag.items())),
         "buckets": buckets,
@@ -273,6 +287,7 @@ def _heavy_stats(st: DatasetState, max_group_labels: int = 64) -> dict[str, Any]
         "shares": (pred / max(n, 1)).tolist(),
         "results": st.results,
         "rollouts": st.rollouts,
+        "profile_rollouts": st.profile_rollouts(),
         "steps_closed": st.steps_closed,
         "by_lag": {
             (f"{lag}+" if lag >= LAG_LABELS else str(lag)): count

@@ -20,7 +20,8 @@ from rlvr_selector_client import contract
 from selector_service.contract import dataset_settings
 from selector_service.contract.jsonscan import array_separators
 from selector_service.core.coldstart import MAX_GROUPS
-from selector_service.core.domain import K_MAX, TRIALS_MAX
+from selector_service.core.domain import K_MAX, PASS_SAMPLES_MAX, TRIALS_MAX
+from selector_service.core.filter import FILTER_DEFAULTS
 from selector_service.core.rollouts import DEFAULT_ROLLOUT_POLICY, ROLLOUT_POLICIES, ROLLOUT_POLICY_HELP
 from selector_service.core.strategies import STRATEGIES
 
@@ -83,8 +84,10 @@ class DatasetInfo(_InfoSettings):  # type: ignore[valid-type, misc]  # a create_
     summary: dict[str, Any] | None = Field(
         None,
         description="open_step, observations, rollouts, prompts_observed, steps_closed, "
-        "last_step_partial_share, last_step_dps_accuracy, and metadata coverage: "
-        "prompts_with_pass_rate, prompts_with_group, groups (groups with at least one prompt)",
+        "last_step_partial_share, last_step_dps_accuracy, metadata coverage: "
+        "prompts_with_pass_rate, prompts_with_group, groups (groups with at least one prompt), "
+        "prompts_with_pass_samples; profile_rollouts (rollouts spent profiling the prompts) and "
+        "total_rollouts (rollouts plus profile_rollouts)",
     )
 
 
@@ -117,6 +120,42 @@ class RolloutBudget(_Request):
     )
 
 
+class SelectFilter(_Request):
+    """Keep out of the batch the prompts whose belief says they are almost surely solved or hopeless
+    (docs/methods.md §9): a prompt is dropped when the Beta-binomial probability that a group of k of its
+    rollouts all succeed is >= solved, or all fail is >= unsolved."""
+
+    solved: float = Field(
+        FILTER_DEFAULTS["solved"],
+        gt=0,
+        le=1,
+        description="Drop a prompt when P(a group of k all succeeds) >= this.",
+    )
+    unsolved: float = Field(
+        FILTER_DEFAULTS["unsolved"],
+        gt=0,
+        le=1,
+        description="Drop a prompt when P(a group of k all fails) >= this.",
+    )
+    k: int | None = Field(
+        FILTER_DEFAULTS["k"],
+        ge=1,
+        le=K_MAX,
+        description="Group size of those probabilities; null = the dataset's K.",
+    )
+    recheck: float = Field(
+        FILTER_DEFAULTS["recheck"],
+        ge=0,
+        lt=1,
+        description="Share of the batch given to dropped prompts drawn at random, so that their beliefs can move.",
+    )
+    reprofile: bool = Field(
+        FILTER_DEFAULTS["reprofile"],
+        description="True: judge each prompt by its belief as the run's outcomes move it; false: by its uploaded "
+        "pass rate and count alone (a static filter on the profile).",
+    )
+
+
 class SelectRequest(_Request):
     dataset: DatasetName
     step: Step
@@ -132,6 +171,11 @@ class SelectRequest(_Request):
     rollouts: RolloutBudget | None = Field(
         None,
         description="Optional: a rollout budget; the answer then says how many rollouts each prompt gets.",
+    )
+    filter: SelectFilter | None = Field(
+        None,
+        description="Optional: leave out the prompts almost surely solved or hopeless (not with greso, sec, or "
+        "strategy filter, which takes these settings as its params).",
     )
 
 
@@ -237,6 +281,13 @@ class HistoryRow(BaseModel):
         description="Per group (metadata): the step's results and mean reward, for the 8 groups with most.",
     )
     groups_omitted: int | None = Field(None, description="Groups with results at the step beyond those 8.")
+    profile_rollouts: int = Field(
+        0, description="The dataset's profiling rollouts when the step closed (docs/api.md section 2)."
+    )
+    total_rollouts: float = Field(
+        0,
+        description="Every rollout applied by the step's close (this step and all before it), profiling included.",
+    )
 
 
 class HistoryResponse(BaseModel):
@@ -244,6 +295,8 @@ class HistoryResponse(BaseModel):
     open_step: int
     rows: list[HistoryRow]
     next: int = Field(description="The `since` that asks for the rows after these.")
+    profile_rollouts: int = Field(0, description="The dataset's profiling rollouts now.")
+    total_rollouts: int = Field(0, description="Every rollout of the run now: observed plus profiling.")
 
 
 class ScoreRequest(_Request):
@@ -287,10 +340,16 @@ class StrategiesResponse(BaseModel):
     rollout_policies: list[RolloutPolicyInfo] = Field(
         default_factory=list, description="The policies a select's `rollouts.policy` accepts."
     )
+    filter: list[StrategyParamInfo] = Field(
+        default_factory=list, description="The settings a select's `filter` accepts, with their defaults."
+    )
 
 
 PassRate = Annotated[float, Field(ge=0, le=1)]
 GroupId = Annotated[int, Field(ge=-1, le=MAX_GROUPS - 1)]
+PassSamples = Annotated[int, Field(ge=1, le=PASS_SAMPLES_MAX)]
+#: The per-prompt arrays of a metadata upload, in the order their lengths are compared.
+_METADATA_ARRAYS = ("pass_rate", "pass_samples", "group")
 
 
 class MetadataRequest(_Request):
@@ -300,20 +359,35 @@ class MetadataRequest(_Request):
     pass_rate: list[PassRate | None] | None = Field(
         None, description="A reference pass rate in [0, 1] per prompt; null = unknown."
     )
+    pass_samples: list[PassSamples | None] | None = Field(
+        None,
+        description=f"The samples each pass rate was measured from, a whole number in 1..{PASS_SAMPLES_MAX}: "
+        "the rate then weighs as that many samples in the prompt's Beta prior; null = unknown (the "
+        "dataset's prior_strength). Same length as the other arrays.",
+    )
+    profile: bool = Field(
+        False,
+        description="True: the pass_samples were rolled out for this run (a profiling pass) and count as "
+        "its profiling rollouts; false: they came with the data (free). Needs pass_samples.",
+    )
     group: list[GroupId] | None = Field(
         None, description=f"A group in 0..{MAX_GROUPS - 1} per prompt; -1 = none. Same length as pass_rate."
     )
 
     @model_validator(mode="after")
     def _lengths(self) -> MetadataRequest:
-        if self.pass_rate is None and self.group is None:
-            raise ValueError("send pass_rate, group or both")
-        lengths = {len(v) for v in (self.pass_rate, self.group) if v is not None}
-        if len(lengths) != 1:
-            assert self.pass_rate is not None and self.group is not None  # two lengths: both were sent
+        given = {name: getattr(self, name) for name in _METADATA_ARRAYS if getattr(self, name) is not None}
+        if not given:
+            raise ValueError("send pass_rate, pass_samples, group, or several of them")
+        if self.profile and self.pass_samples is None:
             raise ValueError(
-                f"pass_rate has {len(self.pass_rate)} values and group {len(self.group)}: send one per prompt"
+                "profile is true but pass_samples is missing: profile counts the samples behind the rates, "
+                "send them as pass_samples"
             )
+        lengths = {len(v) for v in given.values()}
+        if len(lengths) != 1:
+            sizes = " and ".join(f"{name} {len(v)}" for name, v in given.items())
+            raise ValueError(f"the arrays differ in length ({sizes}): send one per prompt in each")
         if lengths == {0}:
             raise ValueError("the arrays are empty: send at least one prompt's values")
         return self
@@ -323,6 +397,7 @@ class MetadataCoverage(BaseModel):
     prompts_with_pass_rate: int
     prompts_with_group: int
     groups: int = Field(description="Groups with at least one prompt.")
+    prompts_with_pass_samples: int = Field(0, description="Prompts whose pass rate has a sample count.")
 
 
 class MetadataResponse(BaseModel):
@@ -330,6 +405,11 @@ class MetadataResponse(BaseModel):
     offset: int
     count: int = Field(description="Prompts this upload set.")
     coverage: MetadataCoverage = Field(description="The dataset's metadata once this upload is applied.")
+    profile_rollouts: int = Field(
+        0,
+        description="The dataset's profiling rollouts once this upload is applied: the sum of the sample "
+        "counts it holds that were uploaded with profile true.",
+    )
 
 
 class ErrorBody(BaseModel):

@@ -16,6 +16,9 @@ the dataset), a small share of a load's decompression.
     group           -1 .. n_groups - 1 (< MAX_GROUPS); grouped and group_size = the counts per group
     prior_p0        [0, 1] or NaN
     streak          [-STREAK_MAX, STREAK_MAX]
+    pass_samples    -1 (unknown) or 1 .. PASS_SAMPLES_MAX; pass_samples_known = the number of counts
+    profiled        0 or 1, 1 only beside a count; profile_rollouts = the sum of the profiled counts
+    prior_n         -1 (prior_strength) or 1 .. PASS_SAMPLES_MAX, -1 for a prompt never observed
     obs_d           Dirichlet counts: finite, > 0
     obs_prior/prev  probabilities: each in [0, 1], each row summing to 1 (float32 rounding allowed)
     obs_state       0 .. 3
@@ -39,7 +42,7 @@ import numpy.typing as npt
 from .beliefs import STREAK_MAX, BeliefArrays
 from .coldstart import MAX_GROUPS
 from .curricula import GRESO_P_MAX, GRESO_P_MIN
-from .domain import BELIEF_MAX, plain
+from .domain import BELIEF_MAX, PASS_SAMPLES_MAX, plain
 from .outcomes import SOLVED, UNOBSERVED
 
 __all__ = ["POSITION_MAX", "check_beliefs"]
@@ -132,6 +135,30 @@ def _first_unpaired(
     return -1
 
 
+@numba.njit(nogil=True, cache=True)
+def _first_equal(values: npt.NDArray[np.int32], value: int) -> int:
+    for i in range(values.size):
+        if values[i] == value:
+            return i
+    return -1
+
+
+@numba.njit(nogil=True, cache=True)
+def _first_profiled_without_count(profiled: npt.NDArray[np.int8], samples: npt.NDArray[np.int32]) -> int:
+    for i in range(profiled.size):
+        if profiled[i] != 0 and samples[i] < 1:
+            return i
+    return -1
+
+
+@numba.njit(nogil=True, cache=True)
+def _first_frozen_unobserved(prior_n: npt.NDArray[np.int32], n_obs: npt.NDArray[np.int32]) -> int:
+    for i in range(prior_n.size):
+        if prior_n[i] != -1 and n_obs[i] == 0:
+            return i
+    return -1
+
+
 def _range(
     name: str,
     values: np.ndarray,
@@ -159,6 +186,18 @@ def _check_prompts(ba: BeliefArrays) -> None:
     _range("belief array 'pass_rate'", ba.pass_rate, 0.0, 1.0, allow_nan=True)
     _range("belief array 'prior_p0'", ba.prior_p0, 0.0, 1.0, allow_nan=True)
     _range("belief array 'group'", ba.group, -1, min(ba.shared.n_groups, MAX_GROUPS) - 1)
+    for name in ("pass_samples", "prior_n"):
+        _range(f"belief array {name!r}", getattr(ba, name), -1, PASS_SAMPLES_MAX)
+        i = int(_first_equal(getattr(ba, name), 0))
+        if i >= 0:
+            raise ValueError(f"belief array {name!r}[{i}] = 0: a sample count is >= 1 (-1 = none)")
+    _range("belief array 'profiled'", ba.profiled, 0, 1)
+    i = int(_first_profiled_without_count(ba.profiled, ba.pass_samples))
+    if i >= 0:
+        raise ValueError(f"belief array 'profiled'[{i}] = 1 beside no sample count (pass_samples -1)")
+    i = int(_first_frozen_unobserved(ba.prior_n, ba.n_obs))
+    if i >= 0:
+        raise ValueError(f"belief array 'prior_n'[{i}] = {int(ba.prior_n[i])} for a prompt never observed")
     i = int(_first_unpaired(ba.n_obs, ba.last_state, ba.streak, ba.hmm_slot))
     if i >= 0:
         raise ValueError(
@@ -182,7 +221,7 @@ def _check_observed(ba: BeliefArrays) -> None:
 
 def _check_shared(ba: BeliefArrays) -> None:
     sh = ba.shared
-    for name in ("pass_rate_known", "grouped", "greso_pos"):
+    for name in ("pass_rate_known", "grouped", "greso_pos", "pass_samples_known", "profile_rollouts"):
         value = getattr(sh, name)
         if isinstance(value, bool) or not isinstance(value, int | np.integer):
             raise ValueError(f"shared state {name!r} = {plain(value)!r} is not an integer")
@@ -190,6 +229,16 @@ def _check_shared(ba: BeliefArrays) -> None:
     if sh.pass_rate_known != known:
         raise ValueError(
             f"shared state 'pass_rate_known' = {sh.pass_rate_known}, but {known} prompts have a pass rate"
+        )
+    counted = int(np.count_nonzero(ba.pass_samples >= 1))
+    if sh.pass_samples_known != counted:
+        raise ValueError(
+            f"shared state 'pass_samples_known' = {sh.pass_samples_known}, but {counted} prompts have a count"
+        )
+    spent = int(ba.pass_samples[(ba.profiled != 0) & (ba.pass_samples >= 1)].sum(dtype=np.int64))
+    if sh.profile_rollouts != spent:
+        raise ValueError(
+            f"shared state 'profile_rollouts' = {sh.profile_rollouts}, but the profiled counts sum to {spent}"
         )
     if not 0 <= sh.greso_pos <= POSITION_MAX:
         raise ValueError(f"shared state 'greso_pos' = {sh.greso_pos} is outside [0, {POSITION_MAX}]")

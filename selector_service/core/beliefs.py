@@ -1,7 +1,7 @@
 """Per-prompt beliefs of one dataset (`BeliefArrays`) and the Beta update (docs/methods.md §1, with docs/methods.md §6).
 
 Every belief family is kept at once, from one observation stream. Arrays over all N prompts (FIELDS,
-43 bytes per prompt):
+52 bytes per prompt):
 
     alpha, beta   f64[N]    Beta(alpha, beta) over the prompt's success rate, once observed (a never-
                             observed prompt holds Beta(alpha0, beta0); its cold prior is computed when
@@ -13,6 +13,9 @@ Every belief family is kept at once, from one observation stream. Arrays over al
     group         i32[N]    metadata: group 0..65535, -1 = none (docs/methods.md §6)
     prior_p0      f64[N]    prior pass rate frozen at the first observation, NaN = none (docs/methods.md §6)
     streak        i16[N]    trailing run of all-solved (+z) or all-failed (-z) results (GRESO, docs/methods.md §7)
+    pass_samples  i32[N]    metadata: the samples behind the pass rate, -1 = unknown (docs/methods.md §6)
+    profiled      i8[N]     metadata: 1 when those samples were rolled out for this run (profiling)
+    prior_n       i32[N]    the samples the prior weighs, frozen with prior_p0; -1 = prior_strength
 
 DPS state only for prompts that have ever been observed (OBSERVED_FIELDS, 65 bytes per observed
 prompt), in an append-only set in order of first observation in the log (slot s = the s-th prompt ever
@@ -31,8 +34,8 @@ column is contiguous, so the close and the DPS select stream a few float32 colum
 
 A never-observed prompt is implicit and exact: with D0 = d0 * ones, the unobserved update leaves D at D0
 and the prior and prev at (1/3, 1/3, 1/3) (docs/methods.md §2; dps.py shows it holds bit for bit in float32), so
-it reports D0 and 1/3 (`hmm_rows`, `dense_hmm`) and costs only its 43 bytes. Memory: 43 bytes per
-prompt plus 65 per observed prompt, 108 when every prompt is observed (budget 128; the observed set's
+it reports D0 and 1/3 (`hmm_rows`, `dense_hmm`) and costs only its 52 bytes. Memory: 52 bytes per
+prompt plus 65 per observed prompt, 117 when every prompt is observed (budget 128; the observed set's
 capacity grows by half as needed and never beyond N). The dataset's SharedState (group sums, strategy
 state; coldstart.py) adds a few dozen bytes per group.
 
@@ -89,11 +92,22 @@ FIELDS: dict[str, tuple[np.dtype, tuple[int, ...]]] = {
     "group": (np.dtype(np.int32), ()),
     "prior_p0": (np.dtype(np.float64), ()),
     "streak": (np.dtype(np.int16), ()),
+    "pass_samples": (np.dtype(np.int32), ()),
+    "profiled": (np.dtype(np.int8), ()),
+    "prior_n": (np.dtype(np.int32), ()),
 }
 
 #: Per-prompt fields of cold start (docs/methods.md §6, 7), and their value for a prompt nothing is known
 #: about (no metadata, no runs).
-METADATA_FIELDS: dict[str, float] = {"pass_rate": math.nan, "group": -1, "prior_p0": math.nan, "streak": 0}
+METADATA_FIELDS: dict[str, float] = {
+    "pass_rate": math.nan,
+    "group": -1,
+    "prior_p0": math.nan,
+    "streak": 0,
+    "pass_samples": -1,
+    "profiled": 0,
+    "prior_n": -1,
+}
 #: Saturation of the streak counter.
 STREAK_MAX = 32_767
 #: n_obs stops here instead of wrapping to a negative count (which would read as "never observed").
@@ -139,6 +153,9 @@ class BeliefArrays:
     group: np.ndarray
     prior_p0: np.ndarray
     streak: np.ndarray
+    pass_samples: np.ndarray
+    profiled: np.ndarray
+    prior_n: np.ndarray
     obs_ids: np.ndarray
     obs_d: np.ndarray
     obs_prior: np.ndarray
@@ -198,12 +215,12 @@ class BeliefArrays:
     @staticmethod
     def bytes_per_prompt(observed_share: float = 1.0) -> float:
         """Bytes of belief state per prompt when `observed_share` of the prompts have been observed
-        (43 + 65 * share; 108 when every prompt is; capacity slack not counted)."""
+        (52 + 65 * share; 117 when every prompt is; capacity slack not counted)."""
         return _field_bytes(FIELDS) + observed_share * _field_bytes(OBSERVED_FIELDS)
 
     @property
     def nbytes_per_prompt(self) -> int:
-        """Bytes per prompt in the worst case, every prompt observed (108; budget 128)."""
+        """Bytes per prompt in the worst case, every prompt observed (117; budget 128)."""
         return _field_bytes(FIELDS) + _field_bytes(OBSERVED_FIELDS)
 
     @property
@@ -425,7 +442,12 @@ def _apply_kernel(
     observed: int,
     d0: float,
     meta: tuple[
-        npt.NDArray[np.float32], npt.NDArray[np.int32], npt.NDArray[np.float64], npt.NDArray[np.int16]
+        npt.NDArray[np.float32],
+        npt.NDArray[np.int32],
+        npt.NDArray[np.float64],
+        npt.NDArray[np.int16],
+        npt.NDArray[np.int32],
+        npt.NDArray[np.int32],
     ],
     gs: npt.NDArray[np.float64],
     gt: npt.NDArray[np.float64],
@@ -442,8 +464,9 @@ def _apply_kernel(
     strength: float,
 ) -> int:
     """Applies the results in order; returns the new size of the observed set (the caller has reserved
-    room for every prompt seen for the first time). meta = (pass_rate, group, prior_p0, streak)."""
-    pass_rate, group, prior_p0, streak = meta
+    room for every prompt seen for the first time). meta = (pass_rate, group, prior_p0, streak,
+    pass_samples, prior_n)."""
+    pass_rate, group, prior_p0, streak, pass_samples, prior_n = meta
     d0_32 = np.float32(d0)
     third = np.float32(1.0 / 3.0)
     for r in range(ids.size):
@@ -452,24 +475,24 @@ def _apply_kernel(
         t = trials[r]
         g = group[p]
         if n_obs[p] == 0:
-            # docs/methods.md §6: freeze the cold prior, from the group sums of every result applied before this one.
+            # docs/methods.md §6: freeze the cold prior, from the group sums of every result applied before
+            # this one; a known pass rate weighs its own sample count when it has one.
             p0 = np.float64(pass_rate[p])
+            prior_n[p] = pass_samples[p] if (pass_samples[p] >= 1 and not np.isnan(p0)) else -1
             if np.isnan(p0) and g >= 0:
                 p0 = (a0 + gs[g]) / (a0 + b0 + gt[g])
             prior_p0[p] = p0
-            if np.isnan(p0):
-                alpha[p] = a0
-                beta[p] = b0
-            else:
-                alpha[p] = a0 + strength * p0
-                beta[p] = b0 + strength * (1.0 - p0)
         p0 = prior_p0[p]
         if np.isnan(p0):
             ai = a0
             bi = b0
         else:
-            ai = a0 + strength * p0
-            bi = b0 + strength * (1.0 - p0)
+            si = np.float64(prior_n[p]) if prior_n[p] >= 1 else strength
+            ai = a0 + si * p0
+            bi = b0 + si * (1.0 - p0)
+        if n_obs[p] == 0:
+            alpha[p] = ai
+            beta[p] = bi
         alpha[p] = lam * alpha[p] + (1.0 - lam) * ai + s
         beta[p] = lam * beta[p] + (1.0 - lam) * bi + (t - s)
         slot = slot_of[p]
@@ -561,7 +584,8 @@ def apply_results(
     ba.observed = int(
         _apply_kernel(
             ba.alpha, ba.beta, ba.last_state, ba.n_obs, ba.hmm_slot, ba.obs_ids, ba.obs_d, ba.obs_prior,
-            ba.obs_prev, ba.obs_state, ba.observed, ba.d0, (ba.pass_rate, ba.group, ba.prior_p0, ba.streak),
+            ba.obs_prev, ba.obs_state, ba.observed, ba.d0,
+            (ba.pass_rate, ba.group, ba.prior_p0, ba.streak, ba.pass_samples, ba.prior_n),
             sh.group_successes, sh.group_trials, sh.step_adv, sh.step_adv_n, sh.step_counts,
             ids, successes, trials, states.astype(np.int8, copy=False), lam, rules.alpha0, rules.beta0,
             rules.prior_strength,

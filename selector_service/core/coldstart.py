@@ -3,11 +3,15 @@ first observation; and `SharedState`, what a dataset keeps beside its per-prompt
 
 Per-prompt metadata (BeliefArrays fields, set by `apply_metadata`, a log record in the service):
 
-    pass_rate   f32[N]  a reference model's pass rate in [0, 1]; NaN = unknown
-    group       i32[N]  category 0..MAX_GROUPS-1; NO_GROUP (-1) = none
+    pass_rate     f32[N]  a reference model's pass rate in [0, 1]; NaN = unknown
+    pass_samples  i32[N]  the samples that rate was measured from, 1..PASS_SAMPLES_MAX; NO_SAMPLES (-1) =
+                          unknown (the rate then weighs the dataset's prior_strength)
+    profiled      i8[N]   1: those samples were rolled out for this run (profiling rollouts), 0: shipped
+    group         i32[N]  category 0..MAX_GROUPS-1; NO_GROUP (-1) = none
 
-and per prompt, at its first observation, `prior_p0` (f64[N]) freezes the prior pass rate its Beta
-prior is built from (NaN: none, the plain Beta(alpha0, beta0)).
+and per prompt, at its first observation, `prior_p0` (f64[N]) and `prior_n` (i32[N]) freeze the prior
+pass rate its Beta prior is built from (NaN: none, the plain Beta(alpha0, beta0)) and the samples it
+weighs (NO_SAMPLES: the dataset's prior_strength).
 
 With alpha0, beta0 the dataset's Beta prior, s its `prior_strength`, gamma its `group_decay`:
 
@@ -15,13 +19,20 @@ With alpha0, beta0 the dataset's Beta prior, s its `prior_strength`, gamma its `
                (added when the result is applied, multiplied by gamma at every step close)
     m_g        (alpha0 + S_g) / (alpha0 + beta0 + T_g)                       group rate
     p0_i       pass_rate_i if known, else m_g of its group if it has one, else none
-    cold prior Beta(alpha0 + s p0_i, beta0 + s (1 - p0_i)); Beta(alpha0, beta0) without p0_i
+    s_i        pass_samples_i when pass_rate_i is known and has a count, else s
+    cold prior Beta(alpha0 + s_i p0_i, beta0 + s_i (1 - p0_i)); Beta(alpha0, beta0) without p0_i
 
-A never-observed prompt's Beta is its cold prior, computed when it is scored (`beta_for`), so it costs
-no state until the prompt is observed. At the first observation the cold prior is frozen into
-`prior_p0`, and (alpha0_i, beta0_i) = (alpha0 + s p0_i, beta0 + s (1 - p0_i)) replace (alpha0, beta0)
-in the Beta update (beliefs.apply_results): results are applied in request order, so a frozen prior
-sees the group sums of every result before it, earlier results of the same request included.
+So a rate r measured from n samples is the posterior of n samples, r n of them successes, from the
+dataset's prior: 3/8 and 30/80 have the same mean and differ in weight. A never-observed prompt's Beta is
+its cold prior, computed when it is scored (`beta_for`), so it costs no state until the prompt is
+observed. At the first observation the cold prior is frozen into `prior_p0` and `prior_n`, and
+(alpha0_i, beta0_i) = (alpha0 + s_i p0_i, beta0 + s_i (1 - p0_i)) replace (alpha0, beta0) in the Beta
+update (beliefs.apply_results): results are applied in request order, so a frozen prior sees the group
+sums of every result before it, earlier results of the same request included.
+
+Profiling (docs/api.md section 2): the dataset's profiling rollouts are the sum of pass_samples_i over
+the prompts whose count was uploaded as profiled (`SharedState.profile_rollouts`, kept by
+`apply_metadata`): an upload sets each prompt's count and flag, so sending it again changes nothing.
 
 `SharedState` also holds the per-dataset state of the strategies of docs/methods.md §7 (GRESO's p_easy / p_hard
 and walk position, SEC's Q values and per-category walk positions, AdaRFT's target difficulty T) and
@@ -33,7 +44,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numba
 import numpy as np
@@ -41,7 +52,7 @@ import numpy.typing as npt
 from numba import prange
 
 from ._parallel import CHUNK, PARALLEL_MIN, launch
-from .domain import PRIOR_STRENGTH_MAX, plain
+from .domain import PASS_SAMPLES_MAX, PRIOR_STRENGTH_MAX, plain
 from .mi import _check_ids
 
 if TYPE_CHECKING:
@@ -49,13 +60,15 @@ if TYPE_CHECKING:
 
 #: A Beta score function of scores.py / mi.py: (alpha, beta, ids or None, out or None) -> float64 scores.
 ScoreFn = Callable[[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None], np.ndarray]
-#: The per-prompt arrays the prior kernel reads: alpha, beta, n_obs, prior_p0, pass_rate, group.
+#: The per-prompt arrays the prior kernel reads: alpha, beta, n_obs, prior_p0, pass_rate, group,
+#: pass_samples.
 _PriorSource = tuple[
     npt.NDArray[np.float64],
     npt.NDArray[np.float64],
     npt.NDArray[np.int32],
     npt.NDArray[np.float64],
     npt.NDArray[np.float32],
+    npt.NDArray[np.int32],
     npt.NDArray[np.int32],
 ]
 #: ... and those the live pass-rate kernel reads: alpha, beta, n_obs, pass_rate, group.
@@ -87,6 +100,8 @@ __all__ = [
 MAX_GROUPS = 65_536
 #: `group` value of a prompt without a group.
 NO_GROUP = -1
+#: `pass_samples` (and frozen `prior_n`) value of a rate without a sample count: it weighs prior_strength.
+NO_SAMPLES = -1
 
 #: Order of SharedState.step_counts: results applied at the open step, of which all-solved and
 #: all-failed (states SOLVED / UNSOLVED), and their summed successes and trials.
@@ -148,7 +163,16 @@ GROUP_FIELDS: dict[str, np.dtype] = {
 }
 
 #: Scalars of SharedState written to snapshots (JSON numbers; Python floats round-trip exactly).
-SCALARS = ("pass_rate_known", "grouped", "greso_pos", "p_easy", "p_hard", "adarft_t")
+SCALARS = (
+    "pass_rate_known",
+    "grouped",
+    "greso_pos",
+    "p_easy",
+    "p_hard",
+    "adarft_t",
+    "pass_samples_known",
+    "profile_rollouts",
+)
 
 
 @dataclass(eq=False)
@@ -166,6 +190,8 @@ class SharedState:
     #: results, all-solved, all-failed, successes, trials applied at the open step (STEP_* indices)
     step_counts: np.ndarray = field(default_factory=lambda: _zeros(5))
     pass_rate_known: int = 0  # prompts with a known pass rate
+    pass_samples_known: int = 0  # prompts with a sample count behind their pass rate
+    profile_rollouts: int = 0  # sum of the sample counts uploaded as profiled (docs/api.md section 2)
     grouped: int = 0  # prompts with a group
     greso_pos: int = 0  # GRESO: global position of its walk over the concatenated epoch permutations
     p_easy: float = 0.5
@@ -228,6 +254,8 @@ class SharedState:
                 rules=rules,
                 step_counts=counts,
                 pass_rate_known=int(header["pass_rate_known"]),
+                pass_samples_known=int(header["pass_samples_known"]),
+                profile_rollouts=int(header["profile_rollouts"]),
                 grouped=int(header["grouped"]),
                 greso_pos=int(header["greso_pos"]),
                 p_easy=float(header["p_easy"]),
@@ -270,15 +298,72 @@ def _check_offset(offset: Any, length: int, n: int) -> int:
     return int(offset)
 
 
+def _check_samples(raw_in: Any) -> np.ndarray:
+    """int32 sample counts (NO_SAMPLES = unknown) from integers (-1 = unknown) or floats (NaN = unknown)
+    with whole values; ValueError naming the first bad index."""
+    raw = np.asarray(raw_in)
+    if raw.ndim != 1 or not (np.issubdtype(raw.dtype, np.integer) or np.issubdtype(raw.dtype, np.floating)):
+        raise ValueError(
+            f"pass_samples must be a 1-d array of whole numbers, got dtype {raw.dtype}, shape {raw.shape}"
+        )
+    if np.issubdtype(raw.dtype, np.floating):
+        with np.errstate(invalid="ignore"):
+            unknown = np.isnan(raw)
+            whole = unknown | ((raw == np.floor(raw)) & (np.abs(raw) <= PASS_SAMPLES_MAX))
+        known = ~unknown
+        values = np.where(unknown, NO_SAMPLES, np.where(whole, raw, 0)).astype(np.int64)
+        bad = ~whole | (known & (values < 1))
+    else:
+        values = raw.astype(np.int64, copy=False)
+        bad = (values != NO_SAMPLES) & ((values < 1) | (values > PASS_SAMPLES_MAX))
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise ValueError(
+            f"pass_samples[{i}] = {plain(raw[i])!r}: a sample count is a whole number in 1..{PASS_SAMPLES_MAX} "
+            f"({NO_SAMPLES} or null = unknown)"
+        )
+    return np.ascontiguousarray(values, dtype=np.int32)
+
+
+class Metadata(NamedTuple):
+    """A checked metadata upload (check_metadata): the prompts offset..offset+length-1, the arrays given
+    (None: not sent), and whether its sample counts are profiling rollouts of this run."""
+
+    offset: int
+    pass_rate: np.ndarray | None
+    group: np.ndarray | None
+    pass_samples: np.ndarray | None = None
+    profile: bool = False
+
+    @property
+    def length(self) -> int:
+        given = next(a for a in (self.pass_rate, self.group, self.pass_samples) if a is not None)
+        return int(given.size)
+
+
 def check_metadata(
-    n: int, offset: Any, pass_rate: np.ndarray | None, group: np.ndarray | None
-) -> tuple[int, np.ndarray | None, np.ndarray | None]:
-    """Validated (offset, float32 pass rates, int32 groups) for prompts offset..offset+len-1 of a dataset
-    of n prompts; raises ValueError saying what is out of range. Pass rates: [0, 1] or NaN (unknown);
-    groups: 0..MAX_GROUPS-1 or NO_GROUP. Both given: the same length."""
-    if pass_rate is None and group is None:
-        raise ValueError("metadata needs pass_rate, group or both")
-    length = None
+    n: int,
+    offset: Any,
+    pass_rate: np.ndarray | None,
+    group: np.ndarray | None,
+    pass_samples: np.ndarray | None = None,
+    profile: bool = False,
+) -> Metadata:
+    """The validated upload (float32 pass rates, int32 groups, int32 sample counts) for prompts
+    offset..offset+len-1 of a dataset of n prompts; raises ValueError saying what is out of range, naming
+    the array and its first bad index. Pass rates: [0, 1] or NaN (unknown); groups: 0..MAX_GROUPS-1 or
+    NO_GROUP; sample counts: whole numbers in 1..PASS_SAMPLES_MAX or NO_SAMPLES (NaN in a float array).
+    The arrays given have one length; `profile` needs sample counts."""
+    if pass_rate is None and group is None and pass_samples is None:
+        raise ValueError("metadata needs pass_rate, pass_samples, group, or several of them")
+    if not isinstance(profile, bool | np.bool_):
+        raise ValueError(f"profile must be true or false, got {profile!r}")
+    if profile and pass_samples is None:
+        raise ValueError(
+            "profile is true but pass_samples is missing: profile counts the samples behind the rates, "
+            "send them as pass_samples"
+        )
+    lengths: dict[str, int] = {}
     if pass_rate is not None:
         raw = np.asarray(pass_rate)
         if raw.ndim != 1 or not (
@@ -297,7 +382,10 @@ def check_metadata(
             raise ValueError(
                 f"pass_rate[{i}] = {plain(raw[i])!r}: pass rates must lie in [0, 1] (NaN/null = unknown)"
             )
-        length = pass_rate.size
+        lengths["pass_rate"] = pass_rate.size
+    if pass_samples is not None:
+        pass_samples = _check_samples(pass_samples)
+        lengths["pass_samples"] = pass_samples.size
     if group is not None:
         raw = np.asarray(group)
         if raw.ndim != 1 or not np.issubdtype(raw.dtype, np.integer):
@@ -309,30 +397,49 @@ def check_metadata(
                 f"group[{i}] = {int(raw[i])}: groups must lie in 0..{MAX_GROUPS - 1} ({NO_GROUP} = none)"
             )
         group = np.ascontiguousarray(raw, dtype=np.int32)
-        if length is not None and group.size != length:
-            raise ValueError(f"pass_rate has {length} values and group {group.size}: send one per prompt")
-        length = group.size
-    if not length:  # 0 (None cannot reach here: one of the two arrays was given)
+        lengths["group"] = group.size
+    if len(set(lengths.values())) != 1:
+        sizes = " and ".join(f"{name} {size}" for name, size in lengths.items())
+        raise ValueError(f"the arrays differ in length ({sizes}): send one per prompt in each")
+    length = next(iter(lengths.values()))
+    if not length:
         raise ValueError("metadata arrays are empty: send at least one prompt's values")
-    return _check_offset(offset, length, n), pass_rate, group
+    return Metadata(_check_offset(offset, length, n), pass_rate, group, pass_samples, bool(profile))
 
 
 def apply_metadata(
-    ba: BeliefArrays, offset: int, pass_rate: np.ndarray | None, group: np.ndarray | None
+    ba: BeliefArrays,
+    offset: int,
+    pass_rate: np.ndarray | None,
+    group: np.ndarray | None,
+    pass_samples: np.ndarray | None = None,
+    profile: bool = False,
 ) -> None:
-    """Sets the pass rates and/or groups of prompts offset..offset+len-1 of `ba` (a BeliefArrays).
+    """Sets the pass rates, sample counts (with whether they are profiling rollouts) and/or groups of
+    prompts offset..offset+len-1 of `ba` (a BeliefArrays).
 
     Validates first (check_metadata); on error nothing changes. Frozen priors of prompts already observed
     are kept (docs/methods.md §6: a prior is frozen at the first observation). A group upload restarts SEC's
     per-category walks (ours: their member lists changed).
     """
-    offset, pass_rate, group = check_metadata(ba.n, offset, pass_rate, group)
+    meta = check_metadata(ba.n, offset, pass_rate, group, pass_samples, profile)
+    offset, pass_rate, group, pass_samples = meta.offset, meta.pass_rate, meta.group, meta.pass_samples
     sh = ba.shared
     if pass_rate is not None:
         end = offset + pass_rate.size
         old_known = int(np.count_nonzero(~np.isnan(ba.pass_rate[offset:end])))
         ba.pass_rate[offset:end] = pass_rate
         sh.pass_rate_known += int(np.count_nonzero(~np.isnan(pass_rate))) - old_known
+    if pass_samples is not None:
+        end = offset + pass_samples.size
+        old, old_flag = ba.pass_samples[offset:end], ba.profiled[offset:end]
+        counted = pass_samples >= 1
+        sh.pass_samples_known += int(np.count_nonzero(counted)) - int(np.count_nonzero(old >= 1))
+        old_cost = int(old[(old_flag != 0) & (old >= 1)].sum(dtype=np.int64))
+        new_cost = int(pass_samples[counted].sum(dtype=np.int64)) if meta.profile else 0
+        sh.profile_rollouts += new_cost - old_cost
+        ba.pass_samples[offset:end] = pass_samples
+        ba.profiled[offset:end] = counted if meta.profile else 0
     if group is not None:
         end = offset + group.size
         top = int(group.max())
@@ -368,6 +475,60 @@ def _live_p0(
     return p0
 
 
+@numba.njit(nogil=True, cache=True, inline="always")
+def _live_strength(
+    pass_rate: npt.NDArray[np.float32],
+    pass_samples: npt.NDArray[np.int32],
+    p: int | np.integer[Any],
+    s: float,
+) -> float:
+    """s_i of docs/methods.md §6 now: the prompt's sample count when its pass rate is known and has one,
+    else the dataset's prior_strength s (a group's rate always weighs s)."""
+    n = pass_samples[p]
+    if n >= 1 and not np.isnan(pass_rate[p]):
+        return np.float64(n)
+    return s
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def cold_beta(
+    src: _PriorSource,
+    rates: npt.NDArray[np.float64],
+    p: int | np.integer[Any],
+    a0: float,
+    b0: float,
+    s: float,
+) -> tuple[float, float, float]:
+    """(alpha, beta, p0) of prompt p as every Beta-family score reads it: its posterior and frozen p0 once
+    observed, else its cold prior and live p0 (NaN: none)."""
+    alpha, beta, n_obs, prior_p0, pass_rate, group, pass_samples = src
+    if n_obs[p] > 0:
+        return alpha[p], beta[p], prior_p0[p]
+    p0 = _live_p0(pass_rate, group, rates, p)
+    if np.isnan(p0):
+        return a0, b0, p0
+    si = _live_strength(pass_rate, pass_samples, p, s)
+    return a0 + si * p0, b0 + si * (1.0 - p0), p0
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def profile_beta(
+    pass_rate: npt.NDArray[np.float32],
+    pass_samples: npt.NDArray[np.int32],
+    p: int | np.integer[Any],
+    a0: float,
+    b0: float,
+    s: float,
+) -> tuple[float, float]:
+    """The Beta of prompt p's uploaded profile alone (its pass rate and count; Beta(a0, b0) without a
+    rate), whatever was observed: what a static filter judges (docs/methods.md §9)."""
+    r = np.float64(pass_rate[p])
+    if np.isnan(r):
+        return a0, b0
+    si = _live_strength(pass_rate, pass_samples, p, s)
+    return a0 + si * r, b0 + si * (1.0 - r)
+
+
 @numba.njit(nogil=True, cache=True)
 def _beta_range(
     src: _PriorSource,
@@ -383,23 +544,11 @@ def _beta_range(
     lo: int,
     hi: int,
 ) -> None:
-    """Beta and prior p0 of prompts lo..hi-1; src = (alpha, beta, n_obs, prior_p0, pass_rate, group)."""
-    alpha, beta, n_obs, prior_p0, pass_rate, group = src
+    """Beta and prior p0 of prompts lo..hi-1 (cold_beta); src = (alpha, beta, n_obs, prior_p0,
+    pass_rate, group, pass_samples)."""
     for i in range(lo, hi):
         p = i if use_all else ids[i]
-        if n_obs[p] > 0:
-            out_a[i] = alpha[p]
-            out_b[i] = beta[p]
-            out_p0[i] = prior_p0[p]
-        else:
-            p0 = _live_p0(pass_rate, group, rates, p)
-            out_p0[i] = p0
-            if np.isnan(p0):
-                out_a[i] = a0
-                out_b[i] = b0
-            else:
-                out_a[i] = a0 + s * p0
-                out_b[i] = b0 + s * (1.0 - p0)
+        out_a[i], out_b[i], out_p0[i] = cold_beta(src, rates, p, a0, b0, s)
 
 
 @numba.njit(nogil=True, cache=True)
@@ -437,6 +586,11 @@ def _beta_parallel(
         _beta_range(src, rates, ids, use_all, a0, b0, s, out_a, out_b, out_p0, lo, min(m, lo + CHUNK))
 
 
+def prior_source(ba: BeliefArrays) -> _PriorSource:
+    """The per-prompt arrays `cold_beta` reads, in its order."""
+    return (ba.alpha, ba.beta, ba.n_obs, ba.prior_p0, ba.pass_rate, ba.group, ba.pass_samples)
+
+
 def _ids(ids: np.ndarray | None, n: int) -> tuple[np.ndarray, bool]:
     """The checked ids (mi._check_ids) and whether every prompt is meant (ids None)."""
     return _check_ids(ids, n), ids is None
@@ -447,7 +601,7 @@ def _beta_prior_arrays(ba: BeliefArrays, ids: np.ndarray | None) -> tuple[np.nda
     m = ba.n if use_all else ids.size
     out_a, out_b, out_p0 = np.empty(m), np.empty(m), np.empty(m)
     r = ba.shared.rules
-    src = (ba.alpha, ba.beta, ba.n_obs, ba.prior_p0, ba.pass_rate, ba.group)
+    src = prior_source(ba)
     args = (
         src,
         group_rates(ba.shared),

@@ -16,9 +16,10 @@ Dataset settings
     prior_strength s             in [0, PRIOR_STRENGTH_MAX] = [0, 1e6]   (docs/methods.md §6)
     group_decay                  in (0, 1]
 
-Metadata (docs/methods.md §6): pass rates in [0, 1] or unknown (NaN), groups in 0..65535 or -1. A cold prior
-Beta(alpha0 + s p0, beta0 + s (1 - p0)) then has each parameter in [PRIOR_MIN, PRIOR_MAX + 1e6]: inside
-the range the Beta bounds below are argued for.
+Metadata (docs/methods.md §6): pass rates in [0, 1] or unknown (NaN), groups in 0..65535 or -1, sample counts
+behind the rates whole numbers in [1, PASS_SAMPLES_MAX] = [1, 1e6] or unknown. A cold prior
+Beta(alpha0 + s p0, beta0 + s (1 - p0)), s a prompt's count or the dataset's prior_strength, then has each
+parameter in [PRIOR_MIN, PRIOR_MAX + 1e6]: inside the range the Beta bounds below are argued for.
 
 Observations: trials per result in [1, TRIALS_MAX] = [1, 1e9], 0 <= successes <= trials, rewards finite.
 
@@ -55,6 +56,7 @@ __all__ = [
     "BELIEF_MAX",
     "ENTROPY_WEIGHT_MAX",
     "K_MAX",
+    "PASS_SAMPLES_MAX",
     "PRIOR_MAX",
     "PRIOR_MIN",
     "PRIOR_STRENGTH_MAX",
@@ -77,6 +79,9 @@ TRIALS_MAX = 10**9
 ENTROPY_WEIGHT_MAX = 1e6
 #: Largest prior_strength (docs/methods.md §6): a pass rate worth a million rollouts at most.
 PRIOR_STRENGTH_MAX = 1e6
+#: Largest sample count behind an uploaded pass rate (docs/methods.md §6): as prior_strength, a rate worth
+#: a million rollouts at most, so a cold prior stays inside the range argued for below.
+PASS_SAMPLES_MAX = 1_000_000
 #: Largest alpha or beta (and group sum, step count) a loaded state may hold: no log of realistic length
 #: reaches it (see "Beta beliefs" above), and alpha + beta of two such values is still finite.
 BELIEF_MAX = 1e300

@@ -50,6 +50,7 @@ import numpy as np
 from .coldstart import beta_for, beta_scores
 from .curricula import adarft_scores, learnability_scores
 from .domain import ENTROPY_WEIGHT_MAX, K_MAX
+from .filter import FILTER_DEFAULTS, KEEP, Filter, draw, judge
 from .mi import _check_ids, wmi_scores
 from .rng import Stream, stream
 from .scores import dps_scores, expected_difficulty_scores, inverse_evidence_scores, thompson_scores
@@ -69,6 +70,7 @@ if TYPE_CHECKING:
     from .beliefs import BeliefArrays
 
 __all__ = [
+    "FILTER_PARAMS",
     "STRATEGIES",
     "Context",
     "Param",
@@ -76,9 +78,11 @@ __all__ = [
     "StrategySpec",
     "batch_size_problem",
     "dataset_rules",
+    "resolve_filter",
     "resolve_params",
     "score",
     "select",
+    "validate_filter",
     "validate_params",
 ]
 
@@ -177,6 +181,26 @@ def _within(name: str, low: float, high: float, *, low_open: bool = False) -> Ca
     return check
 
 
+def _bound(name: str) -> Callable[[Any], float]:
+    return _within(name, 0.0, 1.0, low_open=True)
+
+
+def _recheck(v: Any) -> float:
+    v = _number("recheck", v)
+    if not 0.0 <= v < 1.0:
+        raise ParamError(f"recheck (share of the batch given to dropped prompts) must lie in [0, 1), got {v}")
+    return v
+
+
+def _flag(name: str) -> Callable[[Any], bool]:
+    def check(v: Any) -> bool:
+        if not isinstance(v, bool | np.bool_):
+            raise ParamError(f"{name} must be true or false, got {v!r}")
+        return bool(v)
+
+    return check
+
+
 @dataclass(frozen=True)
 class Param:
     """One selection parameter: its default and a checker that returns the normalised value."""
@@ -228,18 +252,18 @@ class WalkFn(Protocol):
 
 class PickFn(Protocol):
     """How a batch is chosen from a candidate pool (`candidates`, None = the whole dataset, positions
-    being prompt ids): (positions in the pool, best first; their scores)."""
+    being prompt ids): k -> (the positions of the k chosen in the pool, best first; their scores). The
+    pool is scored once, whatever the number of k asked for (a filtered select may ask again)."""
 
     def __call__(
         self,
         ba: BeliefArrays,
         candidates: np.ndarray | None,
-        batch_size: int,
         params: dict[str, Any],
         ctx: Context,
         ties: Stream,
         /,
-    ) -> tuple[np.ndarray, np.ndarray]: ...
+    ) -> Callable[[int], tuple[np.ndarray, np.ndarray]]: ...
 
 
 class WholeFn(Protocol):
@@ -271,7 +295,8 @@ class StrategySpec:
     - `cacheable`: moreover a prompt's score moves only when a result for it arrives or the cold priors
       move (not at a step close), so the service keeps whole-dataset scores across requests and rescores
       only those prompts (state.DatasetState's score cache, for `candidate_ratio` null);
-    - `requires`: what it needs of a dataset beyond its beliefs, checked before a select moves anything.
+    - `requires`: what it needs of a dataset beyond its beliefs, checked before a select moves anything;
+    - `unfiltered`: why a select's `filter` object does not apply to it (None: it does).
 
     The candidate pool is min(candidate_ratio * batch_size, N) prompts, the whole dataset for a
     strategy without a `candidate_ratio` parameter (`ratio`)."""
@@ -285,6 +310,8 @@ class StrategySpec:
     deterministic: bool = True
     cacheable: bool = False
     requires: Requirement | None = None
+    #: Why a select's `filter` object cannot apply to this strategy (a message for the client), or None.
+    unfiltered: str | None = None
 
     def __post_init__(self) -> None:
         if (self.walk is None) == (self.score is None):
@@ -310,6 +337,49 @@ class StrategySpec:
         return None if self.requires is None else self.requires(self.name, ba, batch_size, dataset)
 
 
+#: The filter's settings (docs/methods.md §9): a select's `filter` object and strategy `filter`'s parameters.
+FILTER_PARAMS: dict[str, Param] = {
+    "solved": Param(
+        FILTER_DEFAULTS["solved"],
+        _bound("solved"),
+        "drop a prompt when P(a group of k all succeeds) >= solved",
+    ),
+    "unsolved": Param(
+        FILTER_DEFAULTS["unsolved"],
+        _bound("unsolved"),
+        "drop a prompt when P(a group of k all fails) >= unsolved",
+    ),
+    "k": Param(
+        FILTER_DEFAULTS["k"],
+        _k,
+        "group size of those probabilities; null = the dataset's rollouts_per_prompt",
+    ),
+    "recheck": Param(
+        FILTER_DEFAULTS["recheck"],
+        _recheck,
+        "share of the batch given to dropped prompts drawn at random, so that their beliefs can move",
+    ),
+    "reprofile": Param(
+        FILTER_DEFAULTS["reprofile"],
+        _flag("reprofile"),
+        "true: judge by the belief the run's outcomes move; false: by the uploaded pass rate and count alone",
+    ),
+}
+
+
+def validate_filter(settings: dict[str, Any] | None) -> dict[str, Any]:
+    """A select's filter settings checked, defaults filled in; ParamError naming an unknown or bad one."""
+    settings = dict(settings or {})
+    unknown = sorted(set(settings) - set(FILTER_PARAMS))
+    if unknown:
+        raise ParamError(
+            f"unknown filter setting(s) {', '.join(unknown)}; allowed: {', '.join(FILTER_PARAMS)}"
+        )
+    return {
+        name: p.check(settings[name]) if name in settings else p.default for name, p in FILTER_PARAMS.items()
+    }
+
+
 # ---- the strategies' parts ----------------------------------------------------------------------
 
 
@@ -319,6 +389,13 @@ def _uniform_walk(ba: BeliefArrays, batch_size: int, params: dict[str, Any], ctx
 
 def _history_walk(ba: BeliefArrays, batch_size: int, params: dict[str, Any], ctx: Context) -> np.ndarray:
     return history_batch(ba.n, batch_size, ctx.step, ctx.seed, ctx.key, ba.last_state)
+
+
+def _filter_walk(ba: BeliefArrays, batch_size: int, params: dict[str, Any], ctx: Context) -> np.ndarray:
+    """Uniform over the prompts the filter keeps (docs/methods.md §9): the uniform walk's window, its
+    dropped prompts replaced by kept ones drawn at random."""
+    window = uniform_batch(ba.n, batch_size, ctx.step, ctx.seed, ctx.key)
+    return _filtered_window(ba, window, Filter.of(params, ctx.dataset_k), ctx)
 
 
 def _greso_walk(ba: BeliefArrays, batch_size: int, params: dict[str, Any], ctx: Context) -> np.ndarray:
@@ -436,21 +513,33 @@ def _mopps_scores(
 def _mopps_pick(
     ba: BeliefArrays,
     candidates: np.ndarray | None,
-    batch_size: int,
     params: dict[str, Any],
     ctx: Context,
     ties: Stream,
-) -> tuple[np.ndarray, np.ndarray]:
-    """The closest draws ('topk'), or random draws in the band (select.mopps_threshold_select)."""
+) -> Callable[[int], tuple[np.ndarray, np.ndarray]]:
+    """k -> the closest draws ('topk'), or k random draws in the band (select.mopps_threshold_select);
+    the draws are made once."""
     scores, draws = _thompson(ba, candidates, params["target"], ctx.stream("thompson"))
-    if params["mode"] == "threshold":
-        pos = mopps_threshold_select(draws, None, batch_size, ties)
-    else:
-        pos = topk_random_ties(scores, batch_size, ties)
-    return pos, scores[pos]
+
+    def pick(k: int) -> tuple[np.ndarray, np.ndarray]:
+        if params["mode"] == "threshold":
+            pos = mopps_threshold_select(draws, None, k, ties)
+        else:
+            pos = topk_random_ties(scores, k, ties)
+        return pos, scores[pos]
+
+    return pick
 
 
 # ---- the registry -------------------------------------------------------------------------------
+
+#: Why greso and sec take no filter: the close advances their walks past the prompts a select handed out
+#: (walks.advance_walks), and it cannot know which prompts a select's filter left out.
+_WALKS_ADVANCE = (
+    "strategy {} advances its walk at each step close past the prompts its selects handed out, and the "
+    "close cannot know which ones a select's filter left out: select without a filter, or use another "
+    "strategy (greso already skips prompts that keep coming out solved or unsolved)"
+)
 
 _RATIO_16 = Param(16, _ratio, "candidate pool = min(candidate_ratio * batch_size, N); null = whole dataset")
 
@@ -518,7 +607,7 @@ STRATEGIES: dict[str, StrategySpec] = {
             },
             score=_adarft_scores,
         ),
-        _walk("greso", _greso_walk),
+        _walk("greso", _greso_walk, unfiltered=_WALKS_ADVANCE.format("greso")),
         _walk(
             "sec",
             _sec_walk,
@@ -529,6 +618,14 @@ STRATEGIES: dict[str, StrategySpec] = {
                 "tau": Param(1.0, _within("tau", 0.0, 1e6, low_open=True), "softmax temperature over Q"),
             },
             requires=_groups,
+            unfiltered=_WALKS_ADVANCE.format("sec"),
+        ),
+        _walk(
+            "filter",
+            _filter_walk,
+            FILTER_PARAMS,
+            unfiltered="strategy filter takes the filter's settings as its params: send them in params, "
+            "not in a filter object",
         ),
     )
 }
@@ -594,6 +691,15 @@ def resolve_params(
     return merged
 
 
+def resolve_filter(strategy: str, settings: dict[str, Any] | None) -> dict[str, Any]:
+    """A select's filter settings for `strategy`, checked (validate_filter); ParamError when the strategy
+    takes no filter object (StrategySpec.unfiltered) or a setting is unknown or out of range."""
+    spec = _spec(strategy)
+    if spec.unfiltered is not None:
+        raise ParamError(spec.unfiltered)
+    return validate_filter(settings)
+
+
 def batch_size_problem(batch_size: Any, n: int, dataset: str | None = None) -> str | None:
     """What is wrong with `batch_size` for a dataset of `n` prompts (an integer in [1, n]), or None: the
     one rule, for `select` and for the service's plan of a select (which names the `dataset`)."""
@@ -617,13 +723,15 @@ def select(
     key: str,
     dataset_k: int,
     full_scores: np.ndarray | TiedScores | None = None,
+    filter: dict[str, Any] | None = None,
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """The batch (int64[B] distinct prompt ids, best first) and its scores (float64[B], or None for the
     unscored walks) for `strategy` at `step` over the beliefs `ba` (a BeliefArrays).
 
     `full_scores` (float64[N], or a TiedScores over them), when given for a deterministic strategy,
     replaces recomputing the scores (the caller keeps it current); the result is identical to not
-    passing it.
+    passing it. `filter`: the settings of a select's filter (validate_filter; docs/methods.md §9), None
+    for none.
     """
     spec = _spec(strategy)
     params = validate_params(strategy, params)
@@ -633,6 +741,11 @@ def select(
         raise ParamError(problem)
     batch_size = int(batch_size)
     ctx = Context(step, seed, key, dataset_k)
+    if filter is not None:
+        if spec.unfiltered is not None:
+            raise ParamError(spec.unfiltered)
+        f = Filter.of(validate_filter(filter), dataset_k)
+        return _select_filtered(ba, spec, params, batch_size, ctx, f, full_scores)
     if spec.walk is not None:
         try:
             return spec.walk(ba, batch_size, params, ctx), None
@@ -653,7 +766,7 @@ def select(
         return pos if candidates is None else candidates[pos]
 
     if spec.pick is not None:
-        pos, picked = spec.pick(ba, candidates, batch_size, params, ctx, ties)
+        pos, picked = spec.pick(ba, candidates, params, ctx, ties)(batch_size)
         return ids_at(pos), picked
 
     if full_scores is not None and spec.deterministic:
@@ -669,6 +782,124 @@ def select(
         scores = spec.score(ba, candidates, params, ctx, None)
     pos = topk_random_ties(scores, batch_size, ties)
     return ids_at(pos), scores[pos]
+
+
+def _filtered_window(ba: BeliefArrays, window: np.ndarray, f: Filter, ctx: Context) -> np.ndarray:
+    """A walk's batch under the filter (docs/methods.md §9): the kept prompts of the walk's window in walk
+    order, then kept prompts drawn at random in place of the dropped ones, then the re-checks; when too
+    few prompts are kept, the window's dropped ones complete it."""
+    size = window.size
+    rechecks = draw(ba, f, f.rechecks(size), kept=False, exclude=np.empty(0, np.int64),
+                    rng=ctx.stream("filter-recheck"))  # fmt: skip
+    need = size - rechecks.size
+    codes = judge(ba, window, f)
+    kept = window[codes == KEEP][:need]
+    fill = draw(ba, f, need - kept.size, kept=True, exclude=np.concatenate([kept, rechecks]),
+                rng=ctx.stream("filter-fill"))  # fmt: skip
+    batch = np.concatenate([kept, fill])
+    if batch.size < need:  # the window holds `size` distinct prompts: its dropped ones always suffice
+        dropped = window[codes != KEEP]
+        batch = np.concatenate([batch, dropped[~np.isin(dropped, rechecks)][: need - batch.size]])
+    return np.concatenate([batch, rechecks])
+
+
+def _select_filtered(
+    ba: BeliefArrays,
+    spec: StrategySpec,
+    params: dict[str, Any],
+    batch_size: int,
+    ctx: Context,
+    f: Filter,
+    full_scores: np.ndarray | TiedScores | None,
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """`select` under the filter `f` (docs/methods.md §9). Only the prompts the strategy would hand out are
+    judged: a walk's window (`_filtered_window`); a scored strategy's best 2 x B candidates (of its pool,
+    drawn as without a filter, or of the whole dataset), then 8 x B, ... until B of them are kept. The
+    batch is the strategy's B - r best kept candidates (completed with its best dropped ones when too few
+    are kept), then the r = floor(recheck x B) re-checks, dropped prompts drawn at random."""
+    if spec.walk is not None:
+        try:
+            window = spec.walk(ba, batch_size, params, ctx)
+        except WalkError as exc:
+            raise ParamError(str(exc)) from None
+        return _filtered_window(ba, window, f, ctx), None
+    assert spec.score is not None  # a spec has a walk or a score (StrategySpec.__post_init__)
+    n = ba.n
+    rechecks = draw(ba, f, f.rechecks(batch_size), kept=False, exclude=np.empty(0, np.int64),
+                    rng=ctx.stream("filter-recheck"))  # fmt: skip
+    need = batch_size - rechecks.size
+    ratio = spec.ratio(params)
+    pool_size = n if ratio is None else min(ratio * batch_size, n)
+    # The whole dataset: positions are prompt ids; a pool: positions in it, drawn as without a filter.
+    pool = None if pool_size == n else candidate_pool(n, pool_size, ctx.stream("candidates"))
+    rank = _ranking(ba, spec, params, ctx, pool, full_scores)
+    size = pool_size
+    # Twice the batch costs about what the batch does (a ranking is one pass over its candidates), and
+    # rarely has fewer than B kept: one ranking in the common case.
+    k = min(size, 2 * need)
+    while True:
+        pos, ranked_scores = rank(k)
+        ranked = pos if pool is None else pool[pos]
+        keep = judge(ba, ranked[:need], f) == KEEP  # the best B first: most often every one is kept
+        rest = ranked[need:]
+        # The rest is judged only when needed (unjudged it counts as not kept, and is never used then).
+        more = judge(ba, rest, f) == KEEP if not keep.all() else np.zeros(rest.size, dtype=bool)
+        keep = np.concatenate([keep, more])
+        if int(keep.sum()) >= need or k == size:
+            break
+        k = min(size, 4 * k)
+    ids, scores = ranked[keep][:need], ranked_scores[keep][:need]
+    if ids.size < need:  # too few kept: the best dropped ones complete the batch
+        rest = ~keep & ~np.isin(ranked, rechecks)
+        ids = np.concatenate([ids, ranked[rest][: need - ids.size]])
+        scores = np.concatenate([scores, ranked_scores[rest][: need - scores.size]])
+    if rechecks.size:
+        ids = np.concatenate([ids, rechecks])
+        scores = np.concatenate([scores, spec.score(ba, rechecks, params, ctx, None)])
+    return ids, scores
+
+
+def _ranking(
+    ba: BeliefArrays,
+    spec: StrategySpec,
+    params: dict[str, Any],
+    ctx: Context,
+    pool: np.ndarray | None,
+    full_scores: np.ndarray | TiedScores | None,
+) -> Callable[[int], tuple[np.ndarray, np.ndarray]]:
+    """k -> the strategy's k best candidates, best first, as positions (in `pool`, or prompt ids when it
+    is None: the whole dataset) and their scores, by the path `select` takes without a filter; the scores
+    are computed once."""
+    ties = ctx.stream("ties")
+    if spec.whole is not None and pool is None:
+        return lambda k: spec.whole(ba, k, params, ties)  # type: ignore[misc]  # checked by the caller
+    if spec.pick is not None:
+        return spec.pick(ba, pool, params, ctx, ties)
+    dense: np.ndarray | None = None
+    if full_scores is not None and spec.deterministic:
+        tied = full_scores if isinstance(full_scores, TiedScores) else None
+        dense = np.asarray(full_scores if tied is None else tied.dense, dtype=np.float64)
+        if dense.shape != (ba.n,):
+            raise ValueError(f"full_scores must have shape ({ba.n},), got {dense.shape}")
+        if tied is not None and pool is None:  # most prompts share one score: rank only the others
+
+            def from_index(k: int) -> tuple[np.ndarray, np.ndarray]:
+                assert tied is not None and dense is not None
+                pos = topk_tied(tied, k, ties)
+                return pos, dense[pos]
+
+            return from_index
+    assert spec.score is not None
+    if dense is not None:
+        scores = dense if pool is None else dense[pool]
+    else:
+        scores = spec.score(ba, pool, params, ctx, None)
+
+    def from_scores(k: int) -> tuple[np.ndarray, np.ndarray]:
+        pos = topk_random_ties(scores, k, ties)
+        return pos, scores[pos]
+
+    return from_scores
 
 
 def score(

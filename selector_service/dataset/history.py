@@ -30,6 +30,9 @@ What a row says about step s, and where it comes from:
                    reward, for the ROW_GROUPS groups with most results (then the lower group id);
                    groups_omitted counts the others
     prompts_observed  prompts ever observed when s closed
+    profile_rollouts, total_rollouts
+                   when s closed: the dataset's profiling rollouts (coldstart: the sample counts uploaded
+                   as profiled), and every rollout applied by then plus those
 
 Bound: the newest HISTORY_STEPS rows are served. Up to SLACK more are held and then dropped at once, so
 that keeping the bound costs an amortized copy of eight rows per close, and how many are held depends
@@ -51,6 +54,8 @@ from typing import Any
 
 import numba
 import numpy as np
+
+from selector_service.core.domain import PASS_SAMPLES_MAX
 
 #: Rows served: the newest closed steps.
 HISTORY_STEPS = 100_000
@@ -93,6 +98,8 @@ ROW_COLUMNS: dict[str, tuple[np.dtype, tuple[int, ...]]] = {
     "group_at": (np.dtype(np.int64), ()),  # first entry of the row in the group entries
     "group_n": (np.dtype(np.int64), ()),
     "group_omitted": (np.dtype(np.int64), ()),
+    "profile_rollouts": (np.dtype(np.int64), ()),
+    "total_rollouts": (np.dtype(np.float64), ()),
 }
 #: Per-row strategy counts: one column per name in `StepHistory.names` (in order of first use).
 STRATEGY_COLUMN = "strategies"
@@ -266,10 +273,19 @@ class StepHistory:
         og["open_group_trials"][uniq] += np.bincount(inverse, weights=trials, minlength=uniq.size)
 
     # ---- closing a step -----------------------------------------------------------------------------
-    def close(self, step: int, counts: np.ndarray, stats: Any, prompts_observed: int) -> None:
+    def close(
+        self,
+        step: int,
+        counts: np.ndarray,
+        stats: Any,
+        prompts_observed: int,
+        profile_rollouts: int = 0,
+        total_rollouts: float = 0.0,
+    ) -> None:
         """Writes the row of `step` from the open step's figures, the shared state's step counts taken
         before the close reset them (coldstart.STEP_*: results, all-solved, all-failed, successes,
-        trials) and the close's CloseStats; then starts the next step's figures."""
+        trials), the close's CloseStats and the running totals of rollouts (the dataset's profiling
+        rollouts, and every rollout applied so far plus those); then starts the next step's figures."""
         if self.n == self.cols["step"].shape[0]:
             self._grow_rows()
         i = self.n
@@ -287,6 +303,8 @@ class StepHistory:
         c["dps_correct"][i] = stats.correct
         c["prompts_observed"][i] = prompts_observed
         c["late"][i] = self.late
+        c["profile_rollouts"][i] = profile_rollouts
+        c["total_rollouts"][i] = total_rollouts
         if self.open_strategies:
             for name in self.open_strategies:
                 if name not in self.names:
@@ -389,6 +407,8 @@ class StepHistory:
                 name: int(self.strat[k, j]) for j, name in enumerate(self.names) if self.strat[k, j]
             },
             "prompts_observed": int(c["prompts_observed"][k]),
+            "profile_rollouts": int(c["profile_rollouts"][k]),
+            "total_rollouts": _number(float(c["total_rollouts"][k])),
         }
         at, n = int(c["group_at"][k]), int(c["group_n"][k])
         if n or c["group_omitted"][k]:
@@ -482,7 +502,7 @@ class StepHistory:
         if n and (steps[0] < 0 or np.any(np.diff(steps) <= 0) or steps[-1] >= open_step):
             raise ValueError("history steps must increase and lie below the open step")
         counts = ("selected", "selects", "observed", "results", "all_solved", "none_solved")
-        counts += ("dps_correct", "prompts_observed", "late", "group_n", "group_omitted")
+        counts += ("dps_correct", "prompts_observed", "late", "group_n", "group_omitted", "profile_rollouts")
         for name in counts:
             if np.any(c[name] < 0) or np.any(c[name] > _COUNT_MAX):
                 raise ValueError(f"history column {name!r} holds a count out of range")
@@ -491,6 +511,9 @@ class StepHistory:
             "strategies": np.any(strat < 0),
             "rollouts": not all(
                 np.isfinite(f).all() and (f >= 0).all() for f in (c["rollouts"], c["successes"])
+            ),
+            "total_rollouts": not (
+                np.isfinite(c["total_rollouts"]).all() and (c["total_rollouts"] >= 0).all()
             ),
             "successes": np.any(c["successes"] > c["rollouts"]),
             "all_solved": np.any(c["all_solved"] + c["none_solved"] > c["results"]),
@@ -581,6 +604,24 @@ class StepHistory:
             refuse("results", f"the rows and the open step hold more results than the {b.results} applied")
         if math.fsum(trials) + b.open_rollouts > b.rollouts * (1 + 1e-9) + 1e-6:
             refuse("rollouts", f"the rows and the open step hold more trials than the {b.rollouts:g} applied")
+        # The running total of rollouts applied (the row's total less its profiling) only grows, holds at
+        # least each row's own, and never more than the state applied.
+        applied = c["total_rollouts"] - c["profile_rollouts"]
+        slack = 1e-9 * np.maximum(np.abs(applied), 1.0)
+        if np.any(c["profile_rollouts"] > size * PASS_SAMPLES_MAX):
+            refuse(
+                "profile_rollouts", f"a row counts more than {PASS_SAMPLES_MAX} profiling rollouts per prompt"
+            )
+        if n and (
+            np.any(np.diff(applied) < trials[1:] - slack[1:])
+            or np.any(applied < trials - slack)
+            or applied[-1] > b.rollouts * (1 + 1e-9) + 1e-6
+        ):
+            refuse(
+                "total_rollouts",
+                f"a row's total less its profiling must grow by at least the row's rollouts and stay within "
+                f"the {b.rollouts:g} applied",
+            )
         late = c["late"]
         lags = np.arange(LAGS)
         # A row at step s counts lags <= s (results selected at step 0 or later); max_lag does not bound

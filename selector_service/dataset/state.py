@@ -29,7 +29,7 @@ import numpy as np
 from selector_service.contract import dataset_settings
 from selector_service.core import strategies
 from selector_service.core.beliefs import BeliefArrays, apply_results
-from selector_service.core.coldstart import DatasetRules, apply_metadata, prior_arrays
+from selector_service.core.coldstart import DatasetRules, Metadata, apply_metadata, prior_arrays
 from selector_service.core.dps import CloseStats
 from selector_service.core.rng import stream
 from selector_service.core.rollouts import RolloutRequest
@@ -132,38 +132,66 @@ def pack_results(ids: np.ndarray, successes: np.ndarray, trials: np.ndarray, sta
     return b"".join(parts)
 
 
-_METADATA_HEAD = struct.Struct("<QBBI")  # offset, has pass rates, has groups, count
+#: A metadata record's head: offset, which arrays follow (flags), whether groups follow, count. The flags
+#: byte was a plain "pass rates follow" 0/1 before sample counts existed, so every earlier record reads
+#: the same: bit 0 pass rates, bit 1 sample counts, bit 2 the counts are profiling rollouts.
+_METADATA_HEAD = struct.Struct("<QBBI")
+#: Bytes of that head: a raw upload is read in after this much room (metadata_head).
+METADATA_HEAD_BYTES = _METADATA_HEAD.size
+_HAS_RATE, _HAS_SAMPLES, _PROFILE = 1, 2, 4
 
 
-def pack_metadata(offset: int, pass_rate: np.ndarray | None, group: np.ndarray | None) -> bytes:
-    """Packs a metadata upload into a log payload: offset, which arrays follow, their length, then the
-    pass rates (float32 LE) and / or the groups (int32 LE)."""
-    if pass_rate is not None:
-        count = len(pass_rate)
-    else:
-        assert group is not None, "coldstart.check_metadata refuses an upload with neither"
-        count = len(group)
-    parts = [_METADATA_HEAD.pack(offset, pass_rate is not None, group is not None, count)]
-    if pass_rate is not None:
-        parts.append(np.ascontiguousarray(pass_rate, dtype="<f4").tobytes())
-    if group is not None:
-        parts.append(np.ascontiguousarray(group, dtype="<i4").tobytes())
+def pack_metadata(meta: Metadata) -> bytes:
+    """Packs a checked metadata upload (coldstart.check_metadata) into a log payload: the head, then the
+    pass rates (float32 LE), the groups (int32 LE) and the sample counts (int32 LE), each when given."""
+    flags = (
+        (_HAS_RATE if meta.pass_rate is not None else 0)
+        | (_HAS_SAMPLES if meta.pass_samples is not None else 0)
+        | (_PROFILE if meta.profile else 0)
+    )
+    parts = [_METADATA_HEAD.pack(meta.offset, flags, meta.group is not None, meta.length)]
+    for arr, dtype in ((meta.pass_rate, "<f4"), (meta.group, "<i4"), (meta.pass_samples, "<i4")):
+        if arr is not None:
+            parts.append(np.ascontiguousarray(arr, dtype=dtype).tobytes())
     return b"".join(parts)
 
 
-def unpack_metadata(payload: bytes) -> tuple[int, np.ndarray | None, np.ndarray | None]:
-    offset, has_rate, has_group, count = _METADATA_HEAD.unpack_from(payload, 0)
+def metadata_payload_size(count: int, *, pass_rate: bool, group: bool, pass_samples: bool) -> int:
+    """Bytes of the payload `pack_metadata` makes of `count` prompts with the arrays named."""
+    return _METADATA_HEAD.size + 4 * count * (int(pass_rate) + int(group) + int(pass_samples))
+
+
+def metadata_head(offset: int, count: int, field: str, profile: bool) -> bytes:
+    """The head of the payload of a one-array upload (`field` = pass_rate, group or pass_samples) of
+    `count` prompts: followed by the array's `4 count` little-endian bytes, it is what `pack_metadata`
+    makes of that upload, so a raw body can be read straight into the record it becomes."""
+    flags = {"pass_rate": _HAS_RATE, "group": 0, "pass_samples": _HAS_SAMPLES}[field]
+    flags |= _PROFILE if profile else 0
+    return _METADATA_HEAD.pack(offset, flags, field == "group", count)
+
+
+def unpack_metadata(payload: bytes | bytearray | memoryview) -> Metadata:
+    offset, flags, has_group, count = _METADATA_HEAD.unpack_from(payload, 0)
+    if flags & ~(_HAS_RATE | _HAS_SAMPLES | _PROFILE) or has_group not in (0, 1):
+        raise ValueError(f"metadata payload head has unknown flags {flags:#x}, {has_group:#x}")
     at = _METADATA_HEAD.size
-    rate = group = None
-    if has_rate:
-        rate = np.frombuffer(payload, dtype="<f4", count=count, offset=at).astype(np.float32)
-        at += 4 * count
-    if has_group:
-        group = np.frombuffer(payload, dtype="<i4", count=count, offset=at).astype(np.int32)
-        at += 4 * count
+    arrays: list[np.ndarray | None] = []
+    for given, dtype, native in (
+        (flags & _HAS_RATE, "<f4", np.float32),
+        (has_group, "<i4", np.int32),
+        (flags & _HAS_SAMPLES, "<i4", np.int32),
+    ):
+        if given:
+            arrays.append(
+                np.frombuffer(payload, dtype=dtype, count=count, offset=at).astype(native, copy=False)
+            )
+            at += 4 * count
+        else:
+            arrays.append(None)
     if at != len(payload):
         raise ValueError(f"metadata payload has {len(payload)} bytes, expected {at}")
-    return offset, rate, group
+    rate, group, samples = arrays
+    return Metadata(offset, rate, group, samples, bool(flags & _PROFILE))
 
 
 def unpack_results(payload: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -274,7 +302,7 @@ class DatasetState:
         if metadata is not None:
             # Checked again (the engine checked before appending): a log record is applied whole or
             # raises before changing anything.
-            apply_metadata(self.arrays, *metadata)
+            apply_metadata(self.arrays, *metadata)  # offset, pass_rate, group, pass_samples, profile
         if outcomes is not None:
             ids, succ, trials, states = outcomes
             # A record filed at the open step for results selected earlier names that step ('e', the
@@ -309,9 +337,10 @@ class DatasetState:
         self.last_close = close_open_step(
             self.arrays, hmm_decay=self.spec.hmm_decay, key=self.spec.name, steps=gap
         )
-        self.history.close(self.open_step, counts, self.last_close, self.arrays.observed)
+        totals = (self.profile_rollouts(), self.rollouts + self.profile_rollouts())
+        self.history.close(self.open_step, counts, self.last_close, self.arrays.observed, *totals)
         for empty in range(self.open_step + 1, step):
-            self.history.close(empty, np.zeros_like(counts), EMPTY_CLOSE, self.arrays.observed)
+            self.history.close(empty, np.zeros_like(counts), EMPTY_CLOSE, self.arrays.observed, *totals)
         self.open_step = step
         self.steps_closed += gap
         self.closes_since_snapshot += gap
@@ -349,7 +378,12 @@ class DatasetState:
         return cache.view()
 
     def select(
-        self, strategy: str, params: dict[str, Any], batch_size: int, seed: int
+        self,
+        strategy: str,
+        params: dict[str, Any],
+        batch_size: int,
+        seed: int,
+        filter: dict[str, Any] | None = None,
     ) -> tuple[np.ndarray, np.ndarray | None]:
         full = self._full_scores(strategy, params)
         return strategies.select(
@@ -362,6 +396,7 @@ class DatasetState:
             key=self.spec.name,
             dataset_k=self.spec.rollouts_per_prompt,
             full_scores=full,
+            filter=filter,
         )
 
     def rollout_counts(self, ids: np.ndarray, request: RolloutRequest, seed: int) -> np.ndarray:
@@ -420,16 +455,28 @@ class DatasetState:
             "last_step_partial_share": (lc.partial / lc.observed) if lc and lc.observed else None,
             "last_step_dps_accuracy": (lc.correct / lc.observed) if lc and lc.observed else None,
             **self.coverage(),
+            "profile_rollouts": self.profile_rollouts(),
+            "total_rollouts": self.total_rollouts(),
         }
 
     def coverage(self) -> dict[str, int]:
-        """Metadata coverage (docs/methods.md §6): prompts with a pass rate, with a group, and groups in use."""
+        """Metadata coverage (docs/methods.md §6): prompts with a pass rate, with a group, groups in use, and
+        prompts whose pass rate has a sample count."""
         sh = self.arrays.shared
         return {
             "prompts_with_pass_rate": int(sh.pass_rate_known),
             "prompts_with_group": int(sh.grouped),
             "groups": int(np.count_nonzero(sh.group_size)),
+            "prompts_with_pass_samples": int(sh.pass_samples_known),
         }
+
+    def profile_rollouts(self) -> int:
+        """Rollouts spent profiling the prompts: the sample counts uploaded as profiled (docs/api.md section 2)."""
+        return int(self.arrays.shared.profile_rollouts)
+
+    def total_rollouts(self) -> int:
+        """Every rollout of the run: those observed plus the profiling ones."""
+        return round(self.rollouts) + self.profile_rollouts()
 
     # ---- snapshots ------------------------------------------------------------------------------
     def snapshot_header(self) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from selector_service.contract.schemas import Belief, DatasetCreate, RolloutBudg
 from selector_service.core import strategies
 from selector_service.core.coldstart import check_metadata
 from selector_service.core.coldstart import prior_arrays as cold_betas
-from selector_service.dataset.state import DatasetSpec, DatasetState, RecordKind, pack_metadata
+from selector_service.dataset.state import DatasetSpec, DatasetState, RecordKind, metadata_head, pack_metadata
 from selector_service.errors import (
     Conflict,
     DatasetGone,
@@ -236,10 +236,21 @@ class Engine:
         return await backup.import_dataset(self.replica, name, body, replace)
 
     # ---- operations -----------------------------------------------------------------------------
-    async def history(self, name: str, since: int, limit: int) -> tuple[list[dict[str, Any]], int, int]:
-        """Rows of the closed steps >= `since` (at most `limit`), the step to ask from next and the open
-        step (history.py)."""
-        return await self.read(name, lambda st: (*st.history.rows(since, limit), st.open_step))
+    async def history(self, name: str, since: int, limit: int) -> dict[str, Any]:
+        """Rows of the closed steps >= `since` (at most `limit`), the step to ask from next (`next`), the
+        open step and the dataset's profiling and total rollouts now (history.py)."""
+
+        def read(st: DatasetState) -> dict[str, Any]:
+            rows, after = st.history.rows(since, limit)
+            return {
+                "rows": rows,
+                "next": after,
+                "open_step": st.open_step,
+                "profile_rollouts": st.profile_rollouts(),
+                "total_rollouts": st.total_rollouts(),
+            }
+
+        return await self.read(name, read)
 
     async def read(self, name: str, fn: Callable[[DatasetState], T]) -> T:
         """Catches up, then runs `fn(state)` in a worker thread while holding the dataset lock."""
@@ -255,9 +266,11 @@ class Engine:
         params: dict[str, Any],
         seed: int,
         rollouts: RolloutBudget | None = None,
+        filter: dict[str, Any] | None = None,
     ) -> SelectAnswer:
         """(prompt ids, scores or None, the step, rollouts per prompt or None). `rollouts`: a rollout
-        budget, whose counts come from the state the batch was chosen from (docs/methods.md §8).
+        budget, whose counts come from the state the batch was chosen from (docs/methods.md §8); `filter`:
+        the settings of a select's filter (docs/methods.md §9).
 
         The request is planned against the spec (payloads.plan_select) before anything moves; a retry
         on a recreated dataset (`_with_spec`) plans it again against the new spec, so every check that
@@ -273,6 +286,7 @@ class Engine:
                 params=params,
                 seed=seed,
                 rollouts=rollouts,
+                filter=filter,
             )
             await self._refuse_out_of_reach(plan)
             async with self.replica.lock(name):  # the in-memory close is seen by no one until committed
@@ -483,31 +497,81 @@ class Engine:
     resolve_params = staticmethod(resolve_params)
 
     async def upload_metadata(
-        self, name: str, *, offset: int, pass_rate: np.ndarray | None, group: np.ndarray | None
+        self,
+        name: str,
+        *,
+        offset: int,
+        pass_rate: np.ndarray | None,
+        group: np.ndarray | None,
+        pass_samples: np.ndarray | None = None,
+        profile: bool = False,
     ) -> dict[str, Any]:
-        """Checks a metadata upload (docs/methods.md §6) against the dataset, appends it to the log as one record,
-        and answers with the prompts it covers and the dataset's coverage once it is applied."""
+        """Checks a metadata upload (docs/methods.md §6) against the dataset, appends it to the log as one
+        record, and answers with the prompts it covers and the dataset's coverage once it is applied."""
+        start, count = await self.append_metadata(
+            name, offset=offset, pass_rate=pass_rate, group=group, pass_samples=pass_samples, profile=profile
+        )
+        return await self.metadata_answer(name, start, count)
+
+    async def append_metadata(
+        self,
+        name: str,
+        *,
+        offset: int,
+        pass_rate: np.ndarray | None = None,
+        group: np.ndarray | None = None,
+        pass_samples: np.ndarray | None = None,
+        profile: bool = False,
+        record: bytearray | None = None,
+    ) -> tuple[int, int]:
+        """Checks a metadata upload against the dataset and appends it to the log as one record; returns
+        (offset, count). InvalidRequest naming the array and index of a bad value, nothing applied.
+
+        `record`: a raw upload of one array read into a buffer laid out as its record (room for the head
+        of state.metadata_head, then the array's bytes, of which the array given is a view): the head is
+        written into it and the buffer itself is appended, so the upload is never copied."""
 
         async def attempt(spec: DatasetSpec) -> tuple[int, int]:
             try:
-                start, rates, groups = check_metadata(spec.size, offset, pass_rate, group)
+                meta = check_metadata(spec.size, offset, pass_rate, group, pass_samples, profile)
             except ValueError as exc:
                 raise InvalidRequest(f"{exc}; nothing was applied") from None
-            given = rates if rates is not None else groups
-            assert given is not None  # check_metadata refuses an upload with neither
-            count = len(given)
-            if count > INLINE_RESULTS:
-                payload = await asyncio.to_thread(pack_metadata, start, rates, groups)
+            payload: bytes | memoryview
+            if record is not None:
+                field = next(
+                    name
+                    for name, arr in (
+                        ("pass_rate", pass_rate),
+                        ("group", group),
+                        ("pass_samples", pass_samples),
+                    )
+                    if arr is not None
+                )
+                head = metadata_head(meta.offset, meta.length, field, meta.profile)
+                record[: len(head)] = head
+                payload = memoryview(record)
+            elif meta.length > INLINE_RESULTS:
+                payload = await asyncio.to_thread(pack_metadata, meta)
             else:
-                payload = pack_metadata(start, rates, groups)
+                payload = pack_metadata(meta)
             res = await self._until_not_busy(lambda: self.store.append_metadata(name, spec.uid, payload))
             if res.status is WriteStatus.BUSY:
                 raise self._busy(name)
-            return start, count
+            return meta.offset, meta.length
 
-        start, count = await self._with_spec(name, attempt)
-        coverage = await self.read(name, lambda st: st.coverage())
-        return {"dataset": name, "offset": start, "count": count, "coverage": coverage}
+        return await self._with_spec(name, attempt)
+
+    async def metadata_answer(self, name: str, offset: int, count: int) -> dict[str, Any]:
+        """The answer of a metadata upload: its prompts, and the dataset's coverage and profiling rollouts
+        once the log is applied up to it."""
+        coverage, profiled = await self.read(name, lambda st: (st.coverage(), st.profile_rollouts()))
+        return {
+            "dataset": name,
+            "offset": offset,
+            "count": count,
+            "coverage": coverage,
+            "profile_rollouts": profiled,
+        }
 
     async def observe(
         self,
@@ -633,7 +697,7 @@ def _close_in_memory_and_run(state: DatasetState, plan: SelectPlan) -> SelectAns
 def _run_plan(state: DatasetState, plan: SelectPlan) -> SelectAnswer:
     """The answer of a select planned for this state's incarnation, at its open step."""
     try:
-        ids, scores = state.select(plan.strategy, plan.params, plan.batch_size, plan.seed)
+        ids, scores = state.select(plan.strategy, plan.params, plan.batch_size, plan.seed, plan.filter)
     except strategies.ParamError as exc:  # a walk that cannot fill the batch (WalkError) says why
         raise InvalidRequest(str(exc)) from None
     counts = None if plan.rollouts is None else state.rollout_counts(ids, plan.rollouts, plan.seed)

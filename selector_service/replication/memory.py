@@ -1,6 +1,6 @@
 """Memory admission: how much memory one service process may spend on datasets, and what a dataset costs.
 
-A dataset is held whole in every process that serves it (core/beliefs.py: 43 bytes per prompt plus 65
+A dataset is held whole in every process that serves it (core/beliefs.py: 52 bytes per prompt plus 65
 per observed prompt). The engine charges each dataset it holds `DatasetState.memory_bytes()`: its live
 arrays, the same again for the copy a snapshot or an export takes while the live state moves on, and
 the whole-dataset score caches it has built. A dataset coming into the process (created, imported, or
@@ -48,14 +48,14 @@ Admit = Callable[["DatasetSpec", list[Any]], None]
 #: Share of the process's memory the default budget gives to datasets; the rest is the interpreter, numba,
 #: request bodies and the kernels' temporaries.
 BUDGET_SHARE = 0.75
-_PER_PROMPT = sum(dt.itemsize * math.prod(shape) for dt, shape in FIELDS.values())  # 43
+_PER_PROMPT = sum(dt.itemsize * math.prod(shape) for dt, shape in FIELDS.values())  # 52
 _PER_OBSERVED = sum(dt.itemsize * math.prod(shape) for dt, shape in OBSERVED_FIELDS.values())  # 65
 _CGROUP_FILES = (Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"))
 
 
 def admission_bytes(size: int, observed_rows: int) -> int:
     """What a dataset of `size` prompts with room for `observed_rows` observed prompts is charged when
-    it comes into the process: its arrays (43 B/prompt + 65 per observed row) twice, live and the copy a
+    it comes into the process: its arrays (52 B/prompt + 65 per observed row) twice, live and the copy a
     snapshot takes."""
     return 2 * (_PER_PROMPT * size + _PER_OBSERVED * observed_rows)
 
@@ -178,7 +178,7 @@ class MemoryLedger:
             "load": "it stays intact in the store; serve it from a replica with room for it",
         }[action]
         return InsufficientMemory(
-            f"dataset {name!r} needs about {human(nbytes)} of memory in this process (43 bytes per prompt "
+            f"dataset {name!r} needs about {human(nbytes)} of memory in this process (52 bytes per prompt "
             f"plus 65 per observed prompt, twice: live and a snapshot's copy) and the datasets it holds "
             f"already take {human(held)} of its {human(self.budget)} memory budget "
             f"(SELECTOR_MEMORY_BUDGET_BYTES); {after}. Delete datasets no longer needed, or give the "

@@ -58,6 +58,7 @@ class SelectPlan:
     seed: int
     rollouts: RolloutRequest | None
     note: str
+    filter: dict[str, Any] | None = None
 
 
 def plan_select(
@@ -69,10 +70,11 @@ def plan_select(
     params: dict[str, Any],
     seed: int,
     rollouts: RolloutBudget | None,
+    filter: dict[str, Any] | None = None,
 ) -> SelectPlan:
     """The select of the request's fields against `spec`, every check that the spec decides done
     (InvalidRequest naming the fix): the batch size against the dataset's size first (a budget's bounds
-    follow from it), then the rollout budget, then the parameters."""
+    follow from it), then the rollout budget, then the parameters, then the filter's settings."""
     problem = strategies.batch_size_problem(batch_size, spec.size, spec.name)
     if problem is not None:
         raise InvalidRequest(problem)
@@ -83,11 +85,20 @@ def plan_select(
         except RolloutError as exc:
             raise InvalidRequest(f"{exc}; nothing was applied") from None
     merged = resolve_params(spec, strategy, params)
+    settings = None
+    if filter is not None:
+        try:
+            settings = strategies.resolve_filter(strategy, filter)
+        except strategies.ParamError as exc:
+            raise InvalidRequest(f"filter: {exc}; nothing was applied") from None
+    # A filtered select chooses another batch: its digest names the filter (an unfiltered one's is what
+    # it was before filters existed).
+    named = [strategy, merged, seed, batch_size] + ([settings] if settings is not None else [])
     digest = hashlib.blake2b(
-        json.dumps([strategy, merged, seed, batch_size], sort_keys=True, default=str).encode(), digest_size=12
+        json.dumps(named, sort_keys=True, default=str).encode(), digest_size=12
     ).hexdigest()
     note = select_note(strategy, batch_size, digest)
-    return SelectPlan(spec.name, spec.uid, step, batch_size, strategy, merged, seed, request, note)
+    return SelectPlan(spec.name, spec.uid, step, batch_size, strategy, merged, seed, request, note, settings)
 
 
 def check_ids(ids: np.ndarray, size: int) -> None:

@@ -27,19 +27,26 @@ import zstandard
 
 from rlvr_selector_client.contract import MAX_STEP
 from selector_service.core.belief_domain import check_beliefs
-from selector_service.core.beliefs import COLUMN_FIELDS, BeliefArrays
+from selector_service.core.beliefs import COLUMN_FIELDS, FIELDS, METADATA_FIELDS, BeliefArrays
 from selector_service.core.coldstart import MAX_GROUPS, SharedState
 from selector_service.core.domain import BELIEF_MAX
 from selector_service.core.dps import CloseStats
 from selector_service.core.strategies import ParamError
-from selector_service.dataset.history import HISTORY_PREFIX, LAG_LABELS, Bounds, StepHistory
+from selector_service.dataset.history import HISTORY_PREFIX, LAG_LABELS, ROW_COLUMNS, Bounds, StepHistory
 from selector_service.dataset.state import SHARED_PREFIX, DatasetSpec, DatasetState
 
 SNAPSHOT_MAGIC = b"RLVRSNAP"
 #: The snapshot format's version, in every header. Version 4 is the first format (1 to 3 were never
 #: released, and are not read): a change bumps it and migrates, i.e. the reader goes on reading every
 #: released version before it. A header that names any other version is refused (`_header_version`).
-SNAPSHOT_VERSION = 4
+#: 5: the sample counts behind pass rates and the profiling they cost (per-prompt arrays V5_FIELDS, the
+#: shared scalars V5_SHARED, the history columns V5_HISTORY); a version 4 snapshot is read with none of
+#: them (`_migrate_v4`: no counts, nothing profiled, the history's running totals rebuilt from its rows).
+SNAPSHOT_VERSION = 5
+READABLE_VERSIONS = (4, 5)
+V5_FIELDS = ("pass_samples", "profiled", "prior_n")
+V5_SHARED = ("pass_samples_known", "profile_rollouts")
+V5_HISTORY = ("profile_rollouts", "total_rollouts")
 _HEADER_DIGEST_BYTES = 16
 _MAX_HEADER_BYTES = 16 * 2**20  # a real header is a few hundred bytes
 _COMPRESS_FEED_BYTES = 4 * 2**20  # input slice handed to the compressor at a time
@@ -245,22 +252,59 @@ def _depth(doc: object) -> int:
 
 
 def _header_version(header: dict[str, Any]) -> int:
-    """The version a header names, read before anything else of it is trusted: SNAPSHOT_VERSION, or a
-    ValueError that names both (never a guess at another layout)."""
+    """The version a header names, read before anything else of it is trusted: one of READABLE_VERSIONS,
+    or a ValueError that names them (never a guess at another layout)."""
     version = header.get("version")
-    if isinstance(version, bool) or version != SNAPSHOT_VERSION:
+    if isinstance(version, bool) or not isinstance(version, int) or version not in READABLE_VERSIONS:
         raise ValueError(
-            f"snapshot version {version!r} is not supported (this service reads version "
-            f"{SNAPSHOT_VERSION}; a newer service wrote it?)"
+            f"snapshot version {version!r} is not supported (this service reads versions "
+            f"{', '.join(map(str, READABLE_VERSIONS))}; a newer service wrote it?)"
         )
-    return SNAPSHOT_VERSION
+    return int(version)
+
+
+def _with_v5_arrays(layout: Layout, size: int) -> Layout:
+    """A version 4 layout with the arrays version 5 added, as `_migrate_v4` makes them (for the checks
+    made before anything is allocated); ValueError when it already names one of them."""
+    names = {name for name, _, _ in layout}
+    added = [name for name in V5_FIELDS if name in names]
+    added += [HISTORY_PREFIX + name for name in V5_HISTORY if HISTORY_PREFIX + name in names]
+    if added:
+        raise ValueError(f"a version 4 snapshot holds arrays of version 5: {sorted(added)}")
+    rows = next((shape for name, _, shape in layout if name == HISTORY_PREFIX + "step"), (0,))
+    out = list(layout)
+    out += [(name, FIELDS[name][0], (size,)) for name in V5_FIELDS]
+    out += [(HISTORY_PREFIX + name, ROW_COLUMNS[name][0], tuple(rows)) for name in V5_HISTORY]
+    return out
+
+
+def _migrate_v4(header: dict[str, Any], arrays: dict[str, np.ndarray], size: int) -> None:
+    """Turns a version 4 snapshot's header and arrays into version 5's, in place: no pass rate has a
+    sample count and nothing was profiled (version 4 had neither), and each history row's running total
+    of rollouts is rebuilt from the rows after it: the rollouts applied when the snapshot was taken, less
+    those of the open step and of every later row (exact: each row holds what was applied while its
+    step was open)."""
+    for name in V5_FIELDS:
+        arrays[name] = np.full(size, METADATA_FIELDS[name], dtype=FIELDS[name][0])
+    shared = header.get("shared")
+    if isinstance(shared, dict):
+        shared.update(dict.fromkeys(V5_SHARED, 0))
+    rollouts = np.asarray(arrays[HISTORY_PREFIX + "rollouts"], dtype=np.float64)
+    arrays[HISTORY_PREFIX + "profile_rollouts"] = np.zeros(rollouts.size, dtype=np.int64)
+    try:
+        before = float(header["rollouts"]) - float(header["shared"]["step_counts"][4])
+    except (KeyError, TypeError, ValueError, IndexError, OverflowError) as exc:
+        raise ValueError(f"snapshot header is incomplete or malformed: {exc!r}") from exc
+    later = np.concatenate([np.cumsum(rollouts[::-1])[::-1][1:], [0.0]]) if rollouts.size else rollouts
+    arrays[HISTORY_PREFIX + "total_rollouts"] = np.maximum(before - later, 0.0)
 
 
 def _parse_header(
     header: dict[str, Any], max_prompts: int | None
 ) -> tuple[DatasetSpec, dict[str, Any], Layout, int]:
-    """Checks a snapshot header before any allocation; returns (spec, header, layout, body bytes)."""
-    _header_version(header)
+    """Checks a snapshot header before any allocation; returns (spec, header, layout of the body, body
+    bytes)."""
+    version = _header_version(header)
     try:
         spec = DatasetSpec.from_doc(header["spec"])
         layout = [
@@ -278,6 +322,9 @@ def _parse_header(
     names = [name for name, _, _ in layout]
     if any(not shape or min(shape) < 0 for _, _, shape in layout) or len(set(names)) != len(names):
         raise ValueError(f"snapshot arrays do not match the dataset size {spec.size}")
+    body_layout = layout
+    if version == 4:
+        layout = _with_v5_arrays(layout, spec.size)
     per_group = [shape for name, _, shape in layout if name.startswith(SHARED_PREFIX)]
     if any(len(shape) != 1 or not 0 <= shape[0] <= MAX_GROUPS for shape in per_group):
         raise ValueError(f"snapshot group arrays must be 1-d with at most {MAX_GROUPS} entries")
@@ -293,8 +340,8 @@ def _parse_header(
             if name.startswith(HISTORY_PREFIX)
         }
     )
-    expected = sum(math.prod(shape) * dt.itemsize for _, dt, shape in layout)
-    return spec, header, layout, expected
+    expected = sum(math.prod(shape) * dt.itemsize for _, dt, shape in body_layout)
+    return spec, header, body_layout, expected
 
 
 def _beliefs_from(spec: DatasetSpec, header: dict[str, Any], arrays: dict[str, np.ndarray]) -> BeliefArrays:
@@ -473,7 +520,7 @@ def load_snapshot_chunks(
         raise ValueError(f"snapshot header claims {hlen} bytes; at most {_MAX_HEADER_BYTES} are accepted")
     head = source.read_exact(hlen, "header")
     header = _header_json(head)
-    _header_version(header)
+    version = _header_version(header)
     digest = source.read_exact(_HEADER_DIGEST_BYTES, "header digest")
     if digest != _header_digest(SNAPSHOT_MAGIC + raw_len + head):
         raise ValueError("snapshot header is corrupt (its digest does not match)")
@@ -496,6 +543,8 @@ def load_snapshot_chunks(
         _inflate_into(source, _fill_targets(arrays))
     except zstandard.ZstdError as exc:
         raise ValueError(f"snapshot body is corrupt: {exc}") from exc
+    if version == 4:
+        _migrate_v4(header, arrays, spec.size)
     try:
         return _state_from(spec, header, arrays)
     except _MALFORMED as exc:

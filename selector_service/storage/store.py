@@ -829,7 +829,7 @@ class Store:
         return WriteResult(_status(name, res[0]), _s(res[1]), int(_s(res[2])), int(_s(res[3])), length)
 
     @_reachable
-    async def append_metadata(self, name: str, uid: str, payload: bytes) -> WriteResult:
+    async def append_metadata(self, name: str, uid: str, payload: bytes | memoryview) -> WriteResult:
         """Appends a metadata record (status ok), or reports a close in flight (busy); DatasetGone when
         incarnation `uid` is gone."""
         res = await self._metadata(

@@ -196,9 +196,19 @@ def live_p0(pass_rate, group, sums, trials, p: int, a0: float, b0: float) -> flo
     return math.nan
 
 
-def cold_beta(n_obs, alpha, beta, prior_p0, pass_rate, group, sums, trials, ids, a0, b0, strength):
+def live_strength(pass_rate, pass_samples, p, strength):
+    """s_i of docs/methods.md §6: a known pass rate's own sample count when it has one, else the dataset's
+    prior_strength."""
+    if pass_samples is not None and not math.isnan(float(pass_rate[p])) and int(pass_samples[p]) >= 1:
+        return float(pass_samples[p])
+    return strength
+
+
+def cold_beta(n_obs, alpha, beta, prior_p0, pass_rate, group, sums, trials, ids, a0, b0, strength,
+              pass_samples=None):  # fmt: skip
     """The Beta every score uses, prompt by prompt: the posterior once observed, else the cold prior
-    Beta(a0 + s p0, b0 + s (1 - p0)) (Beta(a0, b0) without p0). Returns (alpha, beta, p0) lists."""
+    Beta(a0 + s_i p0, b0 + s_i (1 - p0)) (Beta(a0, b0) without p0), s_i the rate's sample count or the
+    dataset's prior_strength. Returns (alpha, beta, p0) lists."""
     out_a, out_b, out_p0 = [], [], []
     for p in ids:
         if n_obs[p] > 0:
@@ -208,13 +218,53 @@ def cold_beta(n_obs, alpha, beta, prior_p0, pass_rate, group, sums, trials, ids,
             continue
         p0 = live_p0(pass_rate, group, sums, trials, p, a0, b0)
         out_p0.append(p0)
+        s = live_strength(pass_rate, pass_samples, p, strength)
         if math.isnan(p0):
             out_a.append(a0)
             out_b.append(b0)
         else:
-            out_a.append(a0 + strength * p0)
-            out_b.append(b0 + strength * (1 - p0))
+            out_a.append(a0 + s * p0)
+            out_b.append(b0 + s * (1 - p0))
     return np.array(out_a), np.array(out_b), np.array(out_p0)
+
+
+def profile_beta(pass_rate, pass_samples, ids, a0, b0, strength):
+    """The Beta of the uploaded profile alone (docs/methods.md §9, reprofile false), prompt by prompt."""
+    out_a, out_b = [], []
+    for p in ids:
+        r = float(pass_rate[p])
+        if math.isnan(r):
+            out_a.append(a0)
+            out_b.append(b0)
+            continue
+        s = live_strength(pass_rate, pass_samples, p, strength)
+        out_a.append(a0 + s * r)
+        out_b.append(b0 + s * (1 - r))
+    return np.array(out_a), np.array(out_b)
+
+
+def all_of_group(a: float, b: float, k: int) -> float:
+    """E[p^k] under Beta(a, b) from the Beta function, B(a + k, b) / B(a, b), in mpmath at 40 + 2
+    log10(a + b) digits (the textbook form cancels: ln B is ~1e302 at the top of the domain): the
+    probability that k rollouts all succeed (docs/methods.md §9). Swap a and b for all failing."""
+    import mpmath
+
+    with mpmath.workdps(40 + 2 * int(math.log10(a + b) + 1)):
+        a_, b_ = mpmath.mpf(a), mpmath.mpf(b)
+        return float(mpmath.exp(mpmath.log(mpmath.beta(a_ + k, b_)) - mpmath.log(mpmath.beta(a_, b_))))
+
+
+def filter_codes(alpha, beta, k, solved, unsolved):
+    """0 keep, 1 dropped as solved, 2 dropped as unsolved (docs/methods.md §9), prompt by prompt."""
+    out = []
+    for a, b in zip(alpha, beta, strict=True):
+        if all_of_group(a, b, k) >= solved:
+            out.append(1)
+        elif all_of_group(b, a, k) >= unsolved:
+            out.append(2)
+        else:
+            out.append(0)
+    return np.array(out, dtype=np.int8)
 
 
 def mean_abs_advantage(successes: float, trials: float) -> float:
@@ -230,18 +280,25 @@ def apply_results_cold(arr: dict, sh: dict, ids, successes, trials, states, lam,
     """docs/methods.md §1 + 6 + the step statistics of docs/methods.md §7, one result after another (in place).
 
     arr: per-prompt arrays (alpha, beta, step_state, last_state, n_obs, pass_rate, group, prior_p0,
-    streak); sh: group_successes, group_trials, step_adv, step_adv_n, step_counts."""
+    streak, and optionally pass_samples with prior_n); sh: group_successes, group_trials, step_adv,
+    step_adv_n, step_counts."""
+    samples = arr.get("pass_samples")
     for p, s, t, st in zip(ids, successes, trials, states, strict=True):
         s, t, st = float(s), float(t), int(st)
         g = int(arr["group"][p])
         if arr["n_obs"][p] == 0:
             p0 = live_p0(arr["pass_rate"], arr["group"], sh["group_successes"], sh["group_trials"], p, a0, b0)
             arr["prior_p0"][p] = p0
-            arr["alpha"][p] = a0 if math.isnan(p0) else a0 + strength * p0
-            arr["beta"][p] = b0 if math.isnan(p0) else b0 + strength * (1 - p0)
+            if samples is not None:  # a count freezes only beside the pass rate it weighs
+                known = not math.isnan(float(arr["pass_rate"][p])) and int(samples[p]) >= 1
+                arr["prior_n"][p] = int(samples[p]) if known else -1
         p0 = float(arr["prior_p0"][p])
-        a_i = a0 if math.isnan(p0) else a0 + strength * p0
-        b_i = b0 if math.isnan(p0) else b0 + strength * (1 - p0)
+        weight = strength if samples is None or arr["prior_n"][p] < 1 else float(arr["prior_n"][p])
+        a_i = a0 if math.isnan(p0) else a0 + weight * p0
+        b_i = b0 if math.isnan(p0) else b0 + weight * (1 - p0)
+        if arr["n_obs"][p] == 0:
+            arr["alpha"][p] = a_i
+            arr["beta"][p] = b_i
         arr["alpha"][p] = lam * arr["alpha"][p] + (1 - lam) * a_i + s
         arr["beta"][p] = lam * arr["beta"][p] + (1 - lam) * b_i + (t - s)
         arr["step_state"][p] = combine_state(int(arr["step_state"][p]), st)

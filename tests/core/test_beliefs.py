@@ -34,11 +34,12 @@ def test_new_has_the_methods_priors_and_fits_the_memory_budget():
     assert np.all(ba.hmm_slot == -1)
     assert np.isnan(ba.pass_rate).all() and (ba.group == -1).all() and np.isnan(ba.prior_p0).all()
     assert not ba.streak.any() and ba.shared.n_groups == 0
-    # 43 bytes per prompt (25 + 18 of metadata) + 65 per observed prompt: 108 when all are observed,
+    assert (ba.pass_samples == -1).all() and not ba.profiled.any() and (ba.prior_n == -1).all()
+    # 52 bytes per prompt (25 + 27 of metadata) + 65 per observed prompt: 117 when all are observed,
     # within the 128 budget
-    assert ba.nbytes_per_prompt == 108 <= 128
-    assert BeliefArrays.bytes_per_prompt(0.0) == 43 and BeliefArrays.bytes_per_prompt(0.01) == 43.65
-    assert sum(a.nbytes for a in ba.arrays().values()) == 43 * ba.n  # nothing observed yet
+    assert ba.nbytes_per_prompt == 117 <= 128
+    assert BeliefArrays.bytes_per_prompt(0.0) == 52 and BeliefArrays.bytes_per_prompt(0.01) == 52.65
+    assert sum(a.nbytes for a in ba.arrays().values()) == 52 * ba.n  # nothing observed yet
 
 
 def test_the_observed_set_grows_in_order_of_first_observation():

@@ -45,6 +45,8 @@ PER_PROMPT = (
     "group",
     "prior_p0",
     "streak",
+    "pass_samples",
+    "prior_n",
 )
 SHARED = ("group_successes", "group_trials", "step_adv", "step_adv_n")
 
@@ -108,22 +110,31 @@ def assert_matches_twin(ba, arr, sh):
 # ---------------------------------------------------------------- the update against its twin
 
 
+def random_samples(rng, n, counted_share):
+    """Sample counts behind pass rates (-1 where unknown), from 1 to the largest accepted."""
+    samples = rng.choice([1, 2, 8, 16, 80, 10**6], n).astype(np.int32)
+    samples[rng.random(n) >= counted_share] = -1
+    return samples
+
+
 @pytest.mark.parametrize(
-    ("groups", "known", "grouped", "lam", "gamma"),
+    ("groups", "known", "grouped", "lam", "gamma", "counted"),
     [
-        (0, 0.0, 0.0, 1.0, 0.9),  # no metadata: docs/methods.md §1 exactly
-        (5, 0.0, 1.0, 1.0, 0.9),  # groups only
-        (5, 0.5, 0.7, 0.7, 0.9),  # both, some prompts with neither
-        (3, 1.0, 0.0, 0.5, 1.0),  # pass rates only, no group decay
-        (40, 0.3, 0.9, 0.9, 0.5),  # many groups, strong decay
+        (0, 0.0, 0.0, 1.0, 0.9, 0.0),  # no metadata: docs/methods.md §1 exactly
+        (5, 0.0, 1.0, 1.0, 0.9, 0.0),  # groups only
+        (5, 0.5, 0.7, 0.7, 0.9, 0.0),  # both, some prompts with neither
+        (3, 1.0, 0.0, 0.5, 1.0, 0.0),  # pass rates only, no group decay
+        (40, 0.3, 0.9, 0.9, 0.5, 0.0),  # many groups, strong decay
+        (3, 1.0, 0.0, 0.5, 1.0, 1.0),  # every rate with its sample count, forgetting pulls to it
+        (5, 0.6, 0.7, 0.7, 0.9, 0.5),  # counts for some rates, counts beside unknown rates, groups
     ],
 )
-def test_apply_and_close_match_the_sequential_twin(groups, known, grouped, lam, gamma):
-    rng = np.random.default_rng(groups * 7 + int(known * 10))
+def test_apply_and_close_match_the_sequential_twin(groups, known, grouped, lam, gamma, counted):
+    rng = np.random.default_rng(groups * 7 + int(known * 10) + int(counted * 100))
     n, a0, b0, strength = 60, 1.0, 2.0, 3.0
     ba = BeliefArrays.new(n, a0, b0, prior_strength=strength, group_decay=gamma, sec_lr=0.3)
     rates, group = random_metadata(rng, n, groups, known, grouped)
-    apply_metadata(ba, 0, rates, group)
+    apply_metadata(ba, 0, rates, group, random_samples(rng, n, counted) if counted else None)
     arr, sh = twin_state(ba)
     for _ in range(6):
         for _ in range(3):
@@ -197,14 +208,15 @@ def test_a_known_pass_rate_beats_the_group_rate_and_later_metadata_leaves_frozen
 def test_cold_betas_and_prior_pass_rates_match_the_twin(n):
     rng = np.random.default_rng(n)
     ba = BeliefArrays.new(n, 0.5, 1.5, prior_strength=2.5)
-    apply_metadata(ba, 0, *random_metadata(rng, n, 9, 0.4, 0.8))
+    apply_metadata(ba, 0, *random_metadata(rng, n, 9, 0.4, 0.8), random_samples(rng, n, 0.6))
     for _ in range(3):
         apply_results(ba, *random_results(rng, n, n // 3), 0.8, 0.5, 1.5)
         close_shared(ba)
     sh = ba.shared
     for ids in (np.arange(n), rng.integers(0, n, 300)):
         ref = naive.cold_beta(ba.n_obs, ba.alpha, ba.beta, ba.prior_p0, ba.pass_rate, ba.group,
-                              sh.group_successes, sh.group_trials, ids, 0.5, 1.5, 2.5)  # fmt: skip
+                              sh.group_successes, sh.group_trials, ids, 0.5, 1.5, 2.5,
+                              ba.pass_samples)  # fmt: skip
         a, b, sub = beta_for(ba, None if ids.size == n else ids)
         assert sub is None
         np.testing.assert_array_equal(a, ref[0])

@@ -33,6 +33,7 @@ from selector_service.core import (
 from selector_service.core.domain import (
     ENTROPY_WEIGHT_MAX,
     K_MAX,
+    PASS_SAMPLES_MAX,
     PRIOR_MAX,
     PRIOR_MIN,
     PRIOR_STRENGTH_MAX,
@@ -95,7 +96,21 @@ def param_variants(strategy: str, data) -> dict:
         return {"target": draw(unit), "candidate_ratio": draw(ratio)}
     if strategy in ("inverse_evidence", "learnability"):
         return {"candidate_ratio": draw(ratio)}
+    if strategy == "filter":
+        return filter_variant(data)
     return {}
+
+
+def filter_variant(data) -> dict:
+    """Filter settings from the edges of their domain (docs/methods.md §9)."""
+    bound = st.sampled_from([5e-324, 1e-9, 0.5, 1.0]) | st.floats(0.0, 1.0, exclude_min=True)
+    return {
+        "solved": data.draw(bound),
+        "unsolved": data.draw(bound),
+        "k": data.draw(st.none() | k_value),
+        "recheck": data.draw(st.sampled_from([0.0, 0.5, 0.999999]) | st.floats(0.0, 1.0, exclude_max=True)),
+        "reprofile": data.draw(st.booleans()),
+    }
 
 
 # ---------------------------------------------------------------- what is refused
@@ -250,9 +265,10 @@ def test_beta_scores_agree_with_their_float64_twins_at_the_edges():
 @settings(max_examples=150, deadline=None, database=None)
 @given(data=st.data())
 def test_cold_priors_and_field_strategies_are_total(data):
-    """Metadata at its edges (pass rates 0, 1, unknown; groups; prior strength 0 .. 1e6), extreme priors
-    and maximal results: every strategy selects distinct prompts with finite scores (sec: or refuses a
-    dataset without enough grouped prompts)."""
+    """Metadata at its edges (pass rates 0, 1, unknown; sample counts 1 .. 1e6 or unknown; groups; prior
+    strength 0 .. 1e6), extreme priors and maximal results: every strategy selects distinct prompts with
+    finite scores, with and without a filter at the edges of its settings (sec: or refuses a dataset
+    without enough grouped prompts; greso and sec refuse a filter, strategy filter a filter object)."""
     n = data.draw(st.integers(2, 10))
     prior = data.draw(st.sampled_from(EDGE_PRIORS))
     ba = BeliefArrays.new(
@@ -264,7 +280,9 @@ def test_cold_priors_and_field_strategies_are_total(data):
     rate = st.sampled_from([0.0, 1.0, math.nan]) | st.floats(0.0, 1.0)
     rates = np.array(data.draw(st.lists(rate, min_size=n, max_size=n)))
     groups = np.array(data.draw(st.lists(st.integers(-1, 3), min_size=n, max_size=n)), dtype=np.int32)
-    apply_metadata(ba, 0, rates, groups)
+    count = st.sampled_from([-1, 1, 2, 8, PASS_SAMPLES_MAX])
+    samples = np.array(data.draw(st.lists(count, min_size=n, max_size=n)), dtype=np.int32)
+    apply_metadata(ba, 0, rates, groups, samples, data.draw(st.booleans()))
     for _ in range(data.draw(st.integers(0, 3))):
         ids = np.array(data.draw(st.lists(st.integers(0, n - 1), min_size=1, max_size=2 * n)), dtype=np.int64)
         trials = np.full(ids.size, float(data.draw(st.sampled_from([1, 8, TRIALS_MAX]))))
@@ -280,10 +298,13 @@ def test_cold_priors_and_field_strategies_are_total(data):
         kw = dict(
             strategy=strategy, params=params, step=3, seed=data.draw(st.integers(0, 2**63 - 1)), key="dom"
         )
+        filtered = filter_variant(data) if data.draw(st.booleans()) else None
         try:
-            ids, scores = select(ba, batch_size=batch, dataset_k=8, **kw)
+            ids, scores = select(ba, batch_size=batch, dataset_k=8, filter=filtered, **kw)
         except ParamError:
-            assert strategy == "sec" and batch > ba.shared.grouped
+            assert (strategy == "sec" and batch > ba.shared.grouped) or (
+                filtered is not None and strategy in ("greso", "sec", "filter")
+            )
             continue
         assert np.unique(ids).size == ids.size == batch
         assert scores is None or np.all(np.isfinite(scores)), (strategy, scores)

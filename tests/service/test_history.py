@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
+from selector_service.core.coldstart import Metadata
 from selector_service.dataset import history as history_mod
 from selector_service.dataset.history import LAG_LABELS, ROW_GROUPS, StepHistory, lag_label, select_note
 from selector_service.dataset.state import DatasetSpec, DatasetState, pack_metadata, pack_results
@@ -48,6 +49,12 @@ class Model:
         self.rows: list[dict] = []
         self.ever: set[int] = set()
         self.group = np.full(SIZE, -1)
+        self.samples = np.full(SIZE, -1)  # each prompt's sample count (-1: none) and whether profiled
+        self.profiled = np.zeros(SIZE, dtype=bool)
+        self.applied = 0.0  # trials of every result applied
+
+    def profiling(self) -> int:
+        return int(self.samples[self.profiled & (self.samples >= 1)].sum())
 
     def close(self, state: DatasetState) -> None:
         st = self.step
@@ -94,6 +101,8 @@ class Model:
             "late": dict(late),
             "strategies": dict(st.strategies),
             "prompts_observed": len(self.ever),
+            "profile_rollouts": self.profiling(),
+            "total_rollouts": self.applied + self.profiling(),
         }
         if groups:
             row["groups"] = {
@@ -149,7 +158,7 @@ def run_schedule(seed: int, snapshot_every: float = 0.0) -> tuple[DatasetState, 
 
     if rng.random() < 0.5:  # groups for some prompts, some of them more than ROW_GROUPS groups
         groups = np.array([rng.randrange(-1, 12) for _ in range(SIZE)], dtype=np.int32)
-        emit("m", 0, p=pack_metadata(0, None, groups))
+        emit("m", 0, p=pack_metadata(Metadata(0, None, groups)))
         model.group = groups
     for _ in range(rng.randrange(5, 40)):
         step = model.open + (rng.random() < 0.8) + (rng.random() < 0.1) * rng.randrange(1, 4)
@@ -164,6 +173,13 @@ def run_schedule(seed: int, snapshot_every: float = 0.0) -> tuple[DatasetState, 
                 model.step.selected += batch
                 model.step.strategies[strategy] += 1
             step = model.open
+        if rng.random() < 0.2:  # sample counts of a range of prompts, a profiling pass's or shipped ones
+            lo = rng.randrange(SIZE)
+            counts = np.array([rng.choice([-1, 1, 8, 16]) for _ in range(rng.randrange(1, SIZE - lo + 1))])
+            profile = rng.random() < 0.6
+            emit("m", model.open, p=pack_metadata(Metadata(lo, None, None, counts.astype(np.int32), profile)))
+            model.samples[lo : lo + counts.size] = counts
+            model.profiled[lo : lo + counts.size] = profile
         for _ in range(rng.randrange(0, 3)):  # observes: on time, or late when the dataset accepts it
             lag = rng.randrange(0, spec.max_lag + 1) if spec.max_lag and rng.random() < 0.4 else 0
             at = max(0, max(model.open, step) - lag)
@@ -174,6 +190,7 @@ def run_schedule(seed: int, snapshot_every: float = 0.0) -> tuple[DatasetState, 
             states = np.where(succ == 0, 1, np.where(succ == trials, 3, 2)).astype(np.int8)
             emit("o", at, p=pack_results(ids, succ, trials, states))
             now = max(model.open, at)
+            model.applied += float(trials.sum())
             for p, s in zip(ids, succ, strict=True):
                 model.step.results.append((int(p), float(s), 4.0, now - at, int(model.group[p])))
             step = model.open
@@ -244,7 +261,9 @@ def test_the_newest_steps_are_kept_and_the_bound_depends_on_the_closes_alone(mon
     spec = DatasetSpec(name="bound", size=20)
     state = DatasetState(spec)
     groups = np.arange(20, dtype=np.int32) % 3
-    state.apply_record("1-1", {"n": b"1", "k": b"m", "s": b"0", "p": pack_metadata(0, None, groups)})
+    state.apply_record(
+        "1-1", {"n": b"1", "k": b"m", "s": b"0", "p": pack_metadata(Metadata(0, None, groups))}
+    )
     held = []
     for step in range(200):
         ids = np.array([step % 20, (step + 1) % 20], dtype=np.int64)

@@ -63,10 +63,9 @@ def source(service) -> bytes:
         assert r.status_code == 201, r.text
         rates = [None if i % 4 == 0 else round((i % 10) / 10, 2) for i in range(N)]
         groups = [i % 5 if i % 7 else -1 for i in range(N)]
-        assert (
-            http.put(f"/datasets/{name}/metadata", json={"pass_rate": rates, "group": groups}).status_code
-            == 200
-        )
+        samples = [None if i % 3 == 0 else 4 + i % 13 for i in range(N)]  # prompt 0 has no count
+        body = {"pass_rate": rates, "group": groups, "pass_samples": samples, "profile": True}
+        assert http.put(f"/datasets/{name}/metadata", json=body).status_code == 200
         rng = np.random.default_rng(0)
         for step in range(5):
             for strategy in STRATEGIES:
@@ -84,6 +83,7 @@ def source(service) -> bytes:
     header, arrays = decode(blob)
     assert header["shared"]["greso_pos"] > 0 and arrays["shared.sec_pos"].any(), "the walks never moved"
     assert 0 < header["shared"]["adarft_t"] < 100 and len(arrays["obs_ids"]) < N
+    assert header["shared"]["profile_rollouts"] > 0 and (arrays["prior_n"] >= 1).any()
     return blob
 
 
@@ -118,6 +118,10 @@ def _slot_of_unobserved(header, arrays):
 def _observed_without_results(header, arrays):
     seen = int(np.flatnonzero(arrays["n_obs"] > 0)[0])
     arrays["n_obs"][seen] = 0
+
+
+def _frozen_count_of_an_unobserved_prompt(header, arrays):
+    arrays["prior_n"][int(np.flatnonzero(arrays["n_obs"] == 0)[0])] = 8
 
 
 def _successes_over_trials(header, arrays):
@@ -184,6 +188,18 @@ HOSTILE = {
     "history late before step 0": (_set_array("history.late", [0, 0, 8, 0, 0, 0, 0, 0, 0], 1), "late"),
     "history group past the dataset's": (_set_array("history.group", 4000), "groups"),
     "history open fresh 10^6": (_set_header("history.open.fresh", 10**6), "fresh"),
+    # Sample counts, profiling and what they froze (docs/api.md section 2).
+    "pass_samples 0": (_set_array("pass_samples", 0, 1), "pass_samples"),
+    "pass_samples 2e6": (_set_array("pass_samples", 2_000_000, 1), "pass_samples"),
+    "profiled 2": (_set_array("profiled", 2, 1), "profiled"),
+    "profiled without a count": (_set_array("profiled", 1, 0), "profiled"),
+    "prior_n -7": (_set_array("prior_n", -7), "prior_n"),
+    "prior_n of an unobserved prompt": (_frozen_count_of_an_unobserved_prompt, "prior_n"),
+    "pass_samples_known": (_set_header("shared.pass_samples_known", 3), "pass_samples_known"),
+    "profile_rollouts": (_set_header("shared.profile_rollouts", 10**9), "profile_rollouts"),
+    "history profile_rollouts -1": (_set_array("history.profile_rollouts", -1), "profile_rollouts"),
+    "history total_rollouts 10^15": (_set_array("history.total_rollouts", 1e15, -1), "total_rollouts"),
+    "history total_rollouts NaN": (_set_array("history.total_rollouts", math.nan), "total_rollouts"),
 }
 
 
@@ -260,7 +276,10 @@ def _random_state(
             count = int(rng.integers(1, size - lo + 1))
             rate = np.where(rng.random(count) < 0.3, np.nan, rng.random(count)).astype(np.float32)
             group = rng.integers(-1, metadata, count).astype(np.int32)
-            apply_metadata(state.arrays, lo, rate if rng.random() < 0.7 else None, group)
+            samples = np.where(rng.random(count) < 0.3, -1, rng.choice([1, 8, 10**6], count)).astype(np.int32)
+            counted = rng.random() < 0.5
+            apply_metadata(state.arrays, lo, rate if rng.random() < 0.7 else None, group,
+                           samples if counted else None, counted and bool(rng.random() < 0.5))  # fmt: skip
         m = int(rng.integers(0, size // 2 + 1))
         if m == 0:
             continue

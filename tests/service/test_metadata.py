@@ -19,6 +19,7 @@ from tests.utils import ServiceProcess
 N = 60
 RATES = [None if i % 4 == 0 else round((i % 10) / 10, 2) for i in range(N)]
 GROUPS = [i % 5 if i % 7 else -1 for i in range(N)]
+SAMPLES = [None if i % 3 == 0 else 8 + i for i in range(N)]
 
 
 def make(http, name, **kw):
@@ -48,9 +49,16 @@ def state(url, name):
                 json={"dataset": name, "step": info["summary"]["open_step"], "batch_size": 8, "strategy": strategy,
                       "seed": 5, "return_scores": True},
             ).json()
-            for strategy in ("insight", "learnability", "adarft", "sec", "greso", "mopps")
+            for strategy in ("insight", "learnability", "adarft", "sec", "greso", "mopps", "filter")
         }  # fmt: skip
-    return info["summary"], rows, picks
+        for strategy in ("insight", "uniform", "dps"):  # a select's filter, re-checks included
+            picks[f"{strategy} filtered"] = c.post(
+                "/select",
+                json={"dataset": name, "step": info["summary"]["open_step"], "batch_size": 8, "strategy": strategy,
+                      "seed": 5, "return_scores": True, "filter": {"solved": 0.4, "recheck": 0.25}},
+            ).json()  # fmt: skip
+        history = c.get(f"/datasets/{name}/history").json()
+    return info["summary"], rows, picks, history
 
 
 def test_upload_sets_priors_coverage_and_beliefs(http, dsname):
@@ -63,7 +71,13 @@ def test_upload_sets_priors_coverage_and_beliefs(http, dsname):
         "dataset": dsname,
         "offset": 0,
         "count": N,
-        "coverage": {"prompts_with_pass_rate": known, "prompts_with_group": grouped, "groups": 5},
+        "coverage": {
+            "prompts_with_pass_rate": known,
+            "prompts_with_group": grouped,
+            "groups": 5,
+            "prompts_with_pass_samples": 0,
+        },
+        "profile_rollouts": 0,
     }
     summary = http.get(f"/datasets/{dsname}").json()["summary"]
     assert (summary["prompts_with_pass_rate"], summary["prompts_with_group"], summary["groups"]) == (
@@ -132,15 +146,27 @@ def test_raw_uploads_equal_json_uploads(http, dsname):
         ({"offset": 0, "pass_rate": [0.5, 0.5], "group": [1]}, "one per prompt"),
         ({"offset": N - 1, "pass_rate": [0.5, 0.5]}, "runs past"),
         ({"offset": -1, "pass_rate": [0.5]}, "offset"),
-        ({"offset": 0}, "pass_rate, group or both"),
+        ({"offset": 0}, "send pass_rate, pass_samples, group, or several of them"),
         ({"offset": 0, "pass_rate": []}, "empty"),
         ({"offset": 0, "pass_rate": ["0.5"]}, "pass_rate.0"),
         ({"offset": 0, "pass_rate": [0.5], "extra": 1}, "extra"),
+        ({"offset": 0, "pass_samples": [8, 0]}, "pass_samples.1"),
+        ({"offset": 0, "pass_samples": [1.5]}, "pass_samples.0"),
+        ({"offset": 0, "pass_samples": [-1]}, "pass_samples.0"),
+        ({"offset": 0, "pass_samples": [1_000_001]}, "pass_samples.0"),
+        ({"offset": 0, "pass_samples": ["8"]}, "pass_samples.0"),
+        ({"offset": 0, "pass_rate": [0.5], "pass_samples": [8, 8]}, "one per prompt"),
+        ({"offset": 0, "pass_rate": [0.5, 0.5], "group": [1, 1], "pass_samples": [8]}, "one per prompt"),
+        ({"offset": 0, "pass_rate": [0.5], "profile": True}, "profile is true but pass_samples is missing"),
+        ({"offset": 0, "pass_samples": [8], "profile": "yes"}, "profile"),
+        ({"offset": 0, "pass_samples": [8], "profile": 1}, "profile"),
+        ({"offset": N - 1, "pass_samples": [8, 8], "profile": True}, "runs past"),
     ],
 )
 def test_bad_uploads_are_422_and_apply_nothing(http, dsname, body, message):
     make(http, dsname)
-    assert upload(http, dsname, offset=0, pass_rate=RATES, group=GROUPS).status_code == 200
+    first = upload(http, dsname, offset=0, pass_rate=RATES, group=GROUPS, pass_samples=SAMPLES, profile=True)
+    assert first.status_code == 200 and first.json()["profile_rollouts"] > 0
     before_rows, before = beliefs(http, dsname), http.get(f"/datasets/{dsname}").json()["summary"]
     r = upload(http, dsname, **body)
     assert r.status_code == 422 and message in r.json()["detail"], r.text
@@ -157,6 +183,9 @@ def test_bad_uploads_are_422_and_apply_nothing(http, dsname, body, message):
         ("group", b"\x01\x02\x03", 0, "4 bytes per prompt"),
         ("group", b"", 0, "4 bytes per prompt"),
         ("group", struct.pack("<2i", 1, 2), N - 1, "runs past"),
+        ("pass_samples", struct.pack("<2i", 8, 0), 0, "pass_samples[1] = 0: a sample count"),
+        ("pass_samples", struct.pack("<i", -2), 0, "pass_samples[0] = -2"),
+        ("pass_samples", struct.pack("<i", 1_000_001), 0, "pass_samples[0] = 1000001"),
     ],
 )
 def test_bad_raw_uploads_are_422_and_apply_nothing(http, dsname, field, content, offset, message):
@@ -171,6 +200,10 @@ def test_bad_raw_uploads_are_422_and_apply_nothing(http, dsname, field, content,
     assert as_json.status_code == 422 and "PUT /datasets/" in as_json.json()["detail"], as_json.text
     assert http.get(f"/datasets/{dsname}").json()["summary"] == before
     assert http.put("/datasets/nope-missing/metadata", json={"pass_rate": [0.5]}).status_code == 404
+    # profile counts sample counts: with another array it is refused, whatever the body holds.
+    wrong = http.put(f"/datasets/{dsname}/metadata/pass_rate", params={"profile": "true"}, content=b"\0" * 4)
+    assert wrong.status_code == 422 and "metadata/pass_samples" in wrong.json()["detail"], wrong.text
+    assert http.get(f"/datasets/{dsname}").json()["summary"] == before
 
 
 def test_spec_fields_are_checked_and_their_defaults_are_the_same_spec(http, dsname):
@@ -244,8 +277,14 @@ def test_two_replicas_agree_after_a_metadata_upload(redis_url, dsname):
                     "offset": step * 5,
                     "pass_rate": rates,
                     "group": [int(g) for g in rng.integers(-1, 4, N // 2)],
+                    "pass_samples": [None if x < 0.2 else int(x * 40) + 1 for x in rng.random(N // 2)],
+                    "profile": step == 1,
                 }
                 httpx.put(f"{writer.url}/datasets/{dsname}/metadata", json=body).raise_for_status()
+            if step == 4:  # raw sample counts of a profiling pass, through the other route
+                counts = struct.pack("<10i", *[8] * 9, -1)
+                httpx.put(f"{writer.url}/datasets/{dsname}/metadata/pass_samples", content=counts,
+                          params={"offset": 40, "profile": "true"}).raise_for_status()  # fmt: skip
             sel = httpx.post(f"{reader.url}/select", json={"dataset": dsname, "step": step, "batch_size": 8,
                                                           "strategy": "insight", "seed": step}).json()  # fmt: skip
             results = [
@@ -254,6 +293,7 @@ def test_two_replicas_agree_after_a_metadata_upload(redis_url, dsname):
             httpx.post(f"{writer.url}/observe", json={"dataset": dsname, "step": step, "request_id": f"r{step}",
                                                       "results": results}).raise_for_status()  # fmt: skip
             assert state(a.url, dsname) == state(b.url, dsname)
+        assert state(a.url, dsname)[0]["profile_rollouts"] > 0
         # A fresh replica starting after all of it (from the log) agrees too.
         c = ServiceProcess(redis_url=redis_url, prefix=a.prefix).start()
         try:
@@ -273,7 +313,8 @@ def test_snapshots_and_exports_carry_metadata_and_shared_state(redis_url, dsname
             f"{base}/datasets", json={"name": dsname, "size": N, "group_decay": 0.7}
         ).raise_for_status()
         httpx.put(
-            f"{base}/datasets/{dsname}/metadata", json={"pass_rate": RATES, "group": GROUPS}
+            f"{base}/datasets/{dsname}/metadata",
+            json={"pass_rate": RATES, "group": GROUPS, "pass_samples": SAMPLES, "profile": True},
         ).raise_for_status()
         for step in range(5):
             sel = httpx.post(f"{base}/select", json={"dataset": dsname, "step": step, "batch_size": 6,
@@ -294,6 +335,7 @@ def test_snapshots_and_exports_carry_metadata_and_shared_state(redis_url, dsname
         assert r.status_code == 201, r.text
         copy = state(base, f"{dsname}-copy")
         assert copy[0] == before[0] and copy[1] == before[1]  # selections are keyed by the name
+        assert copy[3]["rows"] == before[3]["rows"] and before[0]["profile_rollouts"] > 0
         svc.kill()
         again = ServiceProcess(redis_url=redis_url, prefix=svc.prefix).start()
         try:

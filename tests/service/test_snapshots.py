@@ -15,6 +15,9 @@ from selector_service.errors import Unavailable
 from selector_service.replication.engine import Engine
 from selector_service.settings import Settings
 from selector_service.storage.snapshot import (
+    V5_FIELDS,
+    V5_HISTORY,
+    V5_SHARED,
     deserialize_snapshot,
     iter_snapshot_chunks,
     load_snapshot_chunks,
@@ -153,17 +156,57 @@ def test_an_empty_observed_set_round_trips():
     assert back.arrays.observed == 0 and _same_beliefs(back, state)
 
 
-@pytest.mark.parametrize("version", [5, 3, None])
+@pytest.mark.parametrize("version", [6, 3, None, "5", 5.0])
 def test_another_version_is_refused_with_a_clear_error(version):
-    """Version 4 is the first format: a newer one, an unreleased older one or none is refused, never
-    read as if it were 4."""
+    """Version 4 is the first format and 5 the current one: a newer one, an unreleased older one, none,
+    or a version that is not a JSON integer is refused, never read as if it were 4 or 5."""
     state = _busy_state(size=50)
     header, arrays = state.copy_for_snapshot()
     blob = serialize_snapshot(dict(header, version=version), arrays)
     with pytest.raises(
-        ValueError, match=rf"version {version} is not supported \(this service reads version 4;"
+        ValueError, match=rf"version {version!r} is not supported \(this service reads versions 4, 5;"
     ):
         deserialize_snapshot(blob)
+
+
+def _as_version_4(state: DatasetState) -> bytes:
+    """The snapshot a version 4 service wrote of `state` (which holds no sample counts): without the
+    arrays, shared scalars and history columns version 5 added."""
+    header, arrays = state.copy_for_snapshot()
+    for name in V5_FIELDS:
+        assert name in arrays
+        del arrays[name]
+    for name in V5_HISTORY:
+        del arrays["history." + name]
+    for name in V5_SHARED:
+        del header["shared"][name]
+    return serialize_snapshot(dict(header, version=4), arrays)
+
+
+def test_a_version_4_snapshot_is_read_as_version_5():
+    """Migration: no sample counts, nothing profiled, and each history row's running total of rollouts
+    rebuilt from the rows after it, equal to what the state wrote at each close."""
+    state = _busy_state(size=300)
+    state.close_until(9)  # empty steps too
+    state.apply_outcomes(np.array([3, 4], np.int64), np.array([1.0, 0.0]), np.array([8.0, 8.0]),
+                         np.array([2, 1], np.int8))  # fmt: skip  # results of the open step
+    back = deserialize_snapshot(_as_version_4(state))
+    assert _same_beliefs(back, state)
+    assert back.history.rows(0, 100) == state.history.rows(0, 100)
+    assert [r["total_rollouts"] for r in back.history.rows(0, 100)[0]][-1] == state.rollouts - 16
+    assert back.summary() == state.summary() and back.profile_rollouts() == 0
+    # Written again, it is a version 5 snapshot of the same state.
+    again = deserialize_snapshot(serialize_snapshot(*back.copy_for_snapshot()))
+    assert _same_beliefs(again, state) and again.history.rows(0, 100) == state.history.rows(0, 100)
+
+
+def test_a_version_4_snapshot_naming_version_5_arrays_is_refused():
+    state = _busy_state(size=50)
+    header, arrays = state.copy_for_snapshot()
+    for name in V5_HISTORY:
+        del arrays["history." + name]
+    with pytest.raises(ValueError, match="a version 4 snapshot holds arrays of version 5"):
+        deserialize_snapshot(serialize_snapshot(dict(header, version=4), arrays))
 
 
 def test_every_single_bit_flip_of_the_header_is_refused():

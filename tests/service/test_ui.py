@@ -95,7 +95,11 @@ def test_history_rows_over_http(client, dsname):
         "open_step": 4,
         "rows": [],
         "next": 9,
+        "profile_rollouts": 0,
+        "total_rollouts": info["rollouts"],
     }
+    assert [r["total_rollouts"] for r in rows] == list(np.cumsum([r["rollouts"] for r in rows]))
+    assert {r["profile_rollouts"] for r in rows} == {0}
     for bad in ({"limit": 0}, {"limit": 10_001}, {"since": -1}, {"since": "x"}):
         answer = client.get(f"/datasets/{dsname}/history", params=bad)
         assert answer.status_code == 422 and isinstance(answer.json()["detail"], str), bad
@@ -175,16 +179,24 @@ def test_the_dashboard_plots_a_run_offline_and_shows_the_history(open_service, c
     from selenium.webdriver.common.by import By
 
     create(client, dsname)
+    profile = {"pass_rate": [0.5] * 300, "pass_samples": [4] * 300, "profile": True}
+    client.put(f"/datasets/{dsname}/metadata", json=profile).raise_for_status()
     run_steps(client, dsname, range(6))
     with chromium() as driver:
         driver.get(f"{open_service.url}/ui/{dsname}?refresh=1")
         wait_for(
             lambda: driver.execute_script("return document.body.dataset.loaded"), what="the first refresh"
         )
-        for plot in ("plot-signal", "plot-dps", "plot-beliefs", "plot-coverage"):
+        plots = ("plot-signal", "plot-dps", "plot-beliefs", "plot-coverage", "plot-rollouts")
+        for plot in plots:
             wait_for(lambda p=plot: driver.find_elements(By.CSS_SELECTOR, f"#{p} .main-svg"), what=plot)
         png = driver.get_screenshot_as_png()
-        for plot in ("plot-signal", "plot-dps", "plot-beliefs", "plot-coverage"):
+        # The run's rollouts, the profiling pass's 300 x 4 included.
+        summary = client.get(f"/datasets/{dsname}").json()["summary"]
+        for field, value in (("profile_rollouts", 1200), ("total_rollouts", summary["rollouts"] + 1200)):
+            shown = driver.find_element(By.CSS_SELECTOR, f"[data-field={field}]").get_attribute("data-value")
+            assert shown == str(value), field
+        for plot in plots:
             box = driver.find_element(By.ID, plot).rect
             assert _nonblank(png, box) > 0.02, f"{plot} looks blank"
         # The signal plot has one point per closed step on each line.
@@ -242,6 +254,7 @@ def _cells(row: dict) -> dict[str, str]:
         "selected",
         "observed",
         "rollouts",
+        "total_rollouts",
         "mean_reward",
         "all_solved",
         "mixed",

@@ -18,6 +18,8 @@ from selector_service.contract.schemas import (
     MetadataRequest,
     MetadataResponse,
 )
+from selector_service.core.coldstart import NO_SAMPLES
+from selector_service.dataset.state import METADATA_HEAD_BYTES
 from selector_service.errors import InvalidRequest, PayloadTooLarge
 
 router = APIRouter(dependencies=[Depends(require_token)], responses=ERRORS, tags=["datasets"])
@@ -167,10 +169,11 @@ async def beliefs(
 async def put_metadata(
     name: NamePath, body: MetadataRequest, engine: EngineDep, settings: SettingsDep
 ) -> MetadataResponse:
-    """Per-prompt prior pass rates and groups for prompts offset .. offset + len - 1 (docs/methods.md,
+    """Per-prompt prior pass rates, the samples each was measured from (and whether they were rolled out
+    for this run: profiling rollouts) and groups for prompts offset .. offset + len - 1 (docs/methods.md,
     cold start). A log record like an observation: every replica applies it, exports carry it.
-    Out-of-range values or lengths: 422, nothing applied."""
-    count = len(body.pass_rate if body.pass_rate is not None else body.group or [])
+    Out-of-range values or lengths: 422 naming the array and index, nothing applied."""
+    count = max(len(v) for v in (body.pass_rate, body.pass_samples, body.group) if v is not None)
     if count > settings.max_ids_per_request:
         raise PayloadTooLarge(
             f"{count} prompts in one request; the limit is {settings.max_ids_per_request}: "
@@ -179,9 +182,22 @@ async def put_metadata(
     rates = None
     if body.pass_rate is not None:
         rates = np.array([np.nan if r is None else r for r in body.pass_rate], dtype=np.float64)
+    samples = None
+    if body.pass_samples is not None:
+        samples = np.array([NO_SAMPLES if n is None else n for n in body.pass_samples], dtype=np.int64)
     groups = None if body.group is None else np.asarray(body.group, dtype=np.int64)
-    answer = await engine.upload_metadata(name, offset=body.offset, pass_rate=rates, group=groups)
+    answer = await engine.upload_metadata(
+        name, offset=body.offset, pass_rate=rates, group=groups, pass_samples=samples, profile=body.profile
+    )
     return MetadataResponse(**answer)
+
+
+#: The raw arrays: name -> (little-endian dtype, what a value means).
+RAW_FIELDS = {
+    "pass_rate": ("<f4", "float32, NaN = unknown"),
+    "group": ("<i4", "int32, -1 = none"),
+    "pass_samples": ("<i4", "int32, -1 = unknown"),
+}
 
 
 @router.put(
@@ -193,36 +209,73 @@ async def put_metadata(
 )
 async def put_metadata_raw(
     name: NamePath,
-    field: Annotated[Literal["pass_rate", "group"], Path(description="which array the body holds")],
+    field: Annotated[
+        Literal["pass_rate", "group", "pass_samples"], Path(description="which array the body holds")
+    ],
     request: Request,
     engine: EngineDep,
     settings: SettingsDep,
     offset: Annotated[
         int, DigitsOnly, Query(ge=0, le=2**62, description="Prompt id of the first value.")
     ] = 0,
+    profile: Annotated[
+        bool,
+        Query(description="pass_samples only: the counts were rolled out for this run (profiling rollouts)."),
+    ] = False,
 ) -> MetadataResponse:
     """The same upload as raw little-endian arrays, for very large datasets: pass_rate as float32
-    (NaN = unknown), group as int32 (-1 = none); 4 bytes per prompt from `offset` on."""
+    (NaN = unknown), group as int32 (-1 = none), pass_samples as int32 (-1 = unknown; with
+    `profile=true` they count as profiling rollouts); 4 bytes per prompt from `offset` on. The body is
+    read as it arrives into the log record it becomes (one copy of it in memory)."""
+    dtype, meaning = RAW_FIELDS[field]
     if request.headers.get("content-type", "").split(";")[0].strip().lower() == "application/json":
         # JSON text read as float32 is a row of tiny numbers inside [0, 1]: it would be applied as pass rates.
         raise InvalidRequest(
             "this route takes raw little-endian bytes (Content-Type: application/octet-stream); JSON "
             f"metadata goes to PUT /datasets/{name}/metadata. Nothing was applied"
         )
-    raw = await request.body()
-    if not raw or len(raw) % 4:
+    if profile and field != "pass_samples":
         raise InvalidRequest(
-            f"the body has {len(raw)} bytes: send 4 bytes per prompt (little-endian "
-            f"{'float32' if field == 'pass_rate' else 'int32'}); nothing was applied"
+            f"profile=true counts sample counts as profiling rollouts: send it with PUT "
+            f"/datasets/{name}/metadata/pass_samples, not with {field}. Nothing was applied"
         )
-    if len(raw) // 4 > settings.max_ids_per_request:
-        raise PayloadTooLarge(
-            f"{len(raw) // 4} prompts in one request; the limit is {settings.max_ids_per_request}: "
-            "send several requests with offsets"
+    record = await _read_record(request, settings.max_ids_per_request, dtype, meaning)
+    values = np.frombuffer(record, dtype=dtype, offset=METADATA_HEAD_BYTES)
+    arrays = {"pass_rate": None, "group": None, "pass_samples": None, field: values}
+    start, count = await engine.append_metadata(name, offset=offset, profile=profile, record=record, **arrays)
+    del values, arrays, record  # the store holds the record now: the answer reads it back from the log
+    return MetadataResponse(**await engine.metadata_answer(name, start, count))
+
+
+async def _read_record(request: Request, max_values: int, dtype: str, meaning: str) -> bytearray:
+    """The raw body read into a buffer laid out as the metadata record it becomes (METADATA_HEAD_BYTES of
+    room for the head, then the body), allocated once from Content-Length when the request gives one
+    (the service's body limit bounds it): 422 for a body that is not whole 4-byte values, 413 beyond
+    `max_values`."""
+
+    def too_many(values: int) -> PayloadTooLarge:
+        return PayloadTooLarge(
+            f"{values} prompts in one request; the limit is {max_values}: send several requests with offsets"
         )
-    values = np.frombuffer(raw, dtype="<f4" if field == "pass_rate" else "<i4")
-    kwargs = (
-        {"pass_rate": values, "group": None} if field == "pass_rate" else {"pass_rate": None, "group": values}
-    )
-    answer = await engine.upload_metadata(name, offset=offset, **kwargs)
-    return MetadataResponse(**answer)
+
+    declared = request.headers.get("content-length", "")
+    size = int(declared) if declared.isdigit() else None
+    if size is not None and size // 4 > max_values:
+        raise too_many(size // 4)
+    record = bytearray(METADATA_HEAD_BYTES + (size or 0))
+    at = METADATA_HEAD_BYTES
+    async for chunk in request.stream():
+        end = at + len(chunk)
+        if end > len(record):  # no (or a wrong) Content-Length: grow as it arrives
+            if (end - METADATA_HEAD_BYTES) // 4 > max_values:
+                raise too_many((end - METADATA_HEAD_BYTES) // 4)
+            record.extend(bytes(end - len(record)))
+        record[at:end] = chunk
+        at = end
+    del record[at:]
+    body = at - METADATA_HEAD_BYTES
+    if not body or body % 4:
+        raise InvalidRequest(
+            f"the body has {body} bytes: send 4 bytes per prompt (little-endian {meaning}); nothing was applied"
+        )
+    return record

@@ -31,11 +31,10 @@ async def history(
 ) -> HistoryResponse:
     """One row per closed step from `since` on, oldest first: prompts selected and observed, rollouts,
     shares of all-solved / mixed / none-solved results, mean reward, DPS predicted shares and accuracy,
-    late results by lag, select requests by strategy, per-group figures. Rows are written when a step
+    late results by lag, select requests by strategy, per-group figures, the running totals of rollouts
+    (profiling included). Rows are written when a step
     closes and are the same on every replica; the newest 100,000 steps are kept. Page with
     `since=<next>`."""
-    rows, after, open_step = await engine.history(name, since, limit)
+    figures = await engine.history(name, since, limit)
     # Validated like the keyword call it stands for: each row's dict becomes a HistoryRow.
-    return HistoryResponse.model_validate(
-        {"dataset": name, "open_step": open_step, "rows": rows, "next": after}
-    )
+    return HistoryResponse.model_validate({"dataset": name, **figures})

@@ -29,7 +29,7 @@ from selector_service.contract.schemas import (
     decode_observe,
 )
 from selector_service.core.rollouts import DEFAULT_ROLLOUT_POLICY, ROLLOUT_POLICY_HELP
-from selector_service.core.strategies import STRATEGIES
+from selector_service.core.strategies import FILTER_PARAMS, STRATEGIES
 from selector_service.errors import InvalidRequest, PayloadTooLarge
 
 router = APIRouter(dependencies=[Depends(require_token)], responses=ERRORS, tags=["selection"])
@@ -50,7 +50,8 @@ EXPLAIN_BYTES = 1 << 20
 async def select(body: SelectRequest, engine: EngineDep, settings: SettingsDep) -> SelectResponse:
     """The `batch_size` distinct prompts the strategy picks for training step `step`, from the beliefs
     after every observation of earlier steps (docs/methods.md describes the strategies). With
-    `rollouts`, also how many rollouts each of them gets (docs/methods.md §8).
+    `rollouts`, also how many rollouts each of them gets (docs/methods.md §8); with `filter`, none of the
+    prompts almost surely solved or hopeless (docs/methods.md §9).
 
     A step later than the open one first closes the steps before it; a step already closed is a 409.
     The same dataset, step, strategy, params, seed and batch_size (and rollouts) with no observation of
@@ -68,6 +69,7 @@ async def select(body: SelectRequest, engine: EngineDep, settings: SettingsDep) 
         params=body.params or {},
         seed=body.seed,
         rollouts=body.rollouts,
+        filter=None if body.filter is None else body.filter.model_dump(),
     )
     extra = {} if rollouts is None else {"rollouts": rollouts.tolist()}
     return SelectResponse(
@@ -140,7 +142,8 @@ async def observe(
 )
 async def strategies() -> StrategiesResponse:
     """Every strategy `/select` accepts, with its parameters, their defaults and what each does (the
-    accepted range of each: docs/numerics.md), and the policies a rollout budget may name. A client can
+    accepted range of each: docs/numerics.md), the policies a rollout budget may name and the settings of
+    a select's filter. A client can
     check a strategy and its parameter names here before it creates anything."""
     return StrategiesResponse(
         strategies=[
@@ -160,6 +163,10 @@ async def strategies() -> StrategiesResponse:
         rollout_policies=[
             RolloutPolicyInfo(name=name, default=name == DEFAULT_ROLLOUT_POLICY, help=help_)
             for name, help_ in ROLLOUT_POLICY_HELP.items()
+        ],
+        filter=[
+            StrategyParamInfo(name=name, default=p.default, help=p.help, dataset_level=False)
+            for name, p in FILTER_PARAMS.items()
         ],
     )
 

@@ -128,6 +128,7 @@
         plot("plot-coverage", "Prompts observed"),
         plot("plot-groups", "Per-group mean reward"),
         plot("plot-late", "Late results by lag"),
+        plot("plot-rollouts", "Rollouts spent, profiling included"),
       ),
       el("section", { class: "panel wide" }, el("h2", {}, "Recent steps"), el("div", { id: "recent" })),
       el("section", { class: "panel wide" }, el("h2", {}, "Spec"), el("div", { id: "spec" })),
@@ -198,6 +199,8 @@
       card("steps_closed", "steps closed", s.steps_closed, fmt.count(s.steps_closed)),
       card("observations", "results", s.observations, fmt.count(s.observations)),
       card("rollouts", "rollouts", s.rollouts, fmt.count(s.rollouts)),
+      card("profile_rollouts", "profiling rollouts", s.profile_rollouts, fmt.count(s.profile_rollouts)),
+      card("total_rollouts", "total rollouts (profiling included)", s.total_rollouts, fmt.count(s.total_rollouts)),
       card("prompts_observed", "prompts observed", s.prompts_observed, `${fmt.count(s.prompts_observed)} of ${fmt.count(info.size)} (${fmt.share(s.prompts_observed / info.size)})`),
       card("last_step_partial_share", "last step: prompts partially solved", s.last_step_partial_share, fmt.share(s.last_step_partial_share)),
       card("last_step_dps_accuracy", "last step DPS accuracy", s.last_step_dps_accuracy, fmt.share(s.last_step_dps_accuracy)),
@@ -285,10 +288,20 @@
       layout({ barmode: "stack", yaxis: axis("results"), ...(labels.length ? {} : note(info.max_lag ? "no late result yet" : "max_lag is 0: late results are refused")) }),
       PLOT_CONFIG,
     );
+
+    Plotly.react(
+      "plot-rollouts",
+      [
+        { x: steps, y: rows.map((r) => r.total_rollouts), name: "every rollout by the step's close", mode: "lines", fill: "tozeroy", line: { color: "#2ca02c" } },
+        { x: steps, y: rows.map((r) => r.profile_rollouts), name: "of which profiling", mode: "lines", fill: "tozeroy", line: { color: "#ff7f0e" } },
+      ],
+      layout({ yaxis: axis("rollouts", { rangemode: "tozero" }), ...(empty ? note("no closed step yet") : {}) }),
+      PLOT_CONFIG,
+    );
   }
 
   function renderRecent(rows) {
-    const head = ["step", "selected", "observed", "rollouts", "mean reward", "all solved", "mixed", "none solved", "DPS accuracy", "late", "strategies"];
+    const head = ["step", "selected", "observed", "rollouts", "total rollouts", "mean reward", "all solved", "mixed", "none solved", "DPS accuracy", "late", "strategies"];
     const table = el(
       "table",
       { class: "table", id: "recent-steps" },
@@ -304,6 +317,7 @@
             cell("selected", r.selected, fmt.count(r.selected)),
             cell("observed", r.observed, fmt.count(r.observed)),
             cell("rollouts", r.rollouts, fmt.count(r.rollouts)),
+            cell("total_rollouts", r.total_rollouts, fmt.count(r.total_rollouts)),
             cell("mean_reward", r.mean_reward, fmt.reward(r.mean_reward)),
             cell("all_solved", r.all_solved, fmt.share(r.all_solved)),
             cell("mixed", r.mixed, fmt.share(r.mixed)),

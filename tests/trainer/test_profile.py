@@ -14,12 +14,12 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from rlvr_selector_client import SelectorClient  # noqa: E402
-from trainer_client import cli  # noqa: E402
-from trainer_client.model import encode_prompt  # noqa: E402
-from trainer_client.rollout import Completion, PromptRollouts, RolloutEngine  # noqa: E402
-from trainer_client.tasks import load_task  # noqa: E402
-from trainer_client.train import Trainer  # noqa: E402
+from rlvr_selector_client import SelectorClient
+from trainer_client import cli
+from trainer_client.model import encode_prompt
+from trainer_client.rollout import Completion, PromptRollouts, RolloutEngine
+from trainer_client.tasks import load_task
+from trainer_client.train import Trainer
 
 PROMPTS, SAMPLES = 6, 4
 

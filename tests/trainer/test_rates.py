@@ -215,6 +215,12 @@ def test_import_uploads_shipped_rates_free_and_a_profile_counted(service, tmp_pa
             client.create_dataset(name, 4)
     polaris = _jsonl(tmp_path / "p.jsonl", [{"difficulty": d} for d in ("0/8", "3/8", "8/8", "1/8")])
     url = ["--service-url", service.url]
+    assert rt.main(["check", str(polaris)]) == 0  # reads and summarises: nothing sent
+    assert (
+        "(polaris): 4 prompts, 4 with a rate (mean 0.375; 1 at 0, 1 at 1), 32 samples"
+        in capsys.readouterr().out
+    )
+    assert _summary(service.url, free)["prompts_with_pass_rate"] == 0
     assert rt.main(["import", str(polaris), "--dataset", free, *url]) == 0
     assert "free: they came with the data" in capsys.readouterr().out
     shipped = _summary(service.url, free)

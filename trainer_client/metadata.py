@@ -9,17 +9,17 @@
 - a pass rate: a ``pass_rate`` field of the record (``--task jsonl``), a reference model's measured
   success rate in [0, 1]; ``null`` or absent = unknown.
 
-`read_pass_rates(path, count)` reads them from a file of their own instead (``trainer-client train
---pass-rates FILE``): a JSON array with one entry per prompt id, a number in [0, 1] or null, as a
-dataset's difficulty annotation or a reference pass over a built-in task's prompts gives them.
+`read_task_rates(path, count, ...)` reads them from a file of their own instead (``trainer-client train
+--pass-rates FILE``), in any format `rlvr_selector_client.rates` reads (a JSON array of rates, a column of
+a JSONL or parquet file, Skywork-OR1's or Polaris's annotations, a NeMo-Gym reward profile), each rate
+with the samples behind it when the file says, and exactly `count` prompts.
 
 `upload_task_metadata(client, dataset, task_metadata(task))` uploads them with `SelectorClient.upload_metadata` when
-the task has any. A bad value raises ValueError naming the prompt (and for JSONL the file and line).
+the task has any. A bad value raises ValueError naming the prompt (and the file and line).
 """
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -28,7 +28,7 @@ from typing import Any
 
 from rlvr_selector_client.client import MetadataAck, SelectorClient
 
-__all__ = ["TaskMetadata", "read_pass_rates", "task_metadata", "upload_task_metadata"]
+__all__ = ["TaskMetadata", "read_task_rates", "task_metadata", "upload_task_metadata"]
 
 MAX_GROUP = 65_535
 
@@ -36,11 +36,16 @@ MAX_GROUP = 65_535
 @dataclass(frozen=True)
 class TaskMetadata:
     """Per prompt id: pass rates (None = unknown) and groups (-1 = none), each None when the task has
-    none at all; `group_names`: group id -> the string it was numbered from (string groups only)."""
+    none at all; `group_names`: group id -> the string it was numbered from (string groups only);
+    `pass_samples`: the samples behind each rate (None = unknown: the dataset's prior_strength weighs
+    it), None when no rate has a count; `profiled`: those samples were rolled out for this run (they count
+    as its profiling rollouts), not shipped with the data."""
 
     pass_rate: list[float | None] | None
     group: list[int] | None
     group_names: dict[int, str] = field(default_factory=dict)
+    pass_samples: list[int | None] | None = None
+    profiled: bool = False
 
     @property
     def empty(self) -> bool:
@@ -102,33 +107,35 @@ def task_metadata(task: Any) -> TaskMetadata:
     )
 
 
-def read_pass_rates(path: str | Path, count: int) -> list[float | None]:
-    """Per prompt id, the pass rates a JSON array in `path` holds (null = unknown); it must have exactly
-    `count` entries. A bad file raises ValueError naming the file and the entry."""
-    source = Path(path)
+def read_task_rates(
+    path: str | Path, count: int, *, format: str = "auto", profiled: bool = False
+) -> tuple[list[float | None], list[int | None] | None]:
+    """Per prompt id, the pass rates in `path` and the samples behind them (None when the file gives
+    none), read by `rlvr_selector_client.rates.read_rates`; the file must cover exactly `count` prompts.
+    `profiled` needs a count beside every rate. A bad file raises ValueError naming the file and entry."""
+    from rlvr_selector_client.rates import read_rates
+
     try:
-        values = json.loads(source.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ValueError(f"--pass-rates {str(source)!r} cannot be read ({exc.strerror or exc})") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"--pass-rates {str(source)!r} is not valid JSON ({exc})") from None
-    if not isinstance(values, list):
-        raise ValueError(
-            f"--pass-rates {str(source)!r} must hold a JSON array of pass rates, got {type(values).__name__}"
-        )
-    if len(values) != count:
-        raise ValueError(
-            f"--pass-rates {str(source)!r} has {len(values)} entries for {count} prompts: one per prompt id, "
-            "in the order of the task's prompts"
-        )
-    try:
-        return [_pass_rate(i, {"pass_rate": value}) for i, value in enumerate(values)]
+        rates = read_rates(path, format=format, size=count)
     except ValueError as exc:
-        raise ValueError(f"--pass-rates {str(source)!r}: {exc}") from None
+        raise ValueError(f"--pass-rates: {exc}") from None
+    if profiled and not rates.counted:
+        raise ValueError(
+            f"--pass-rates-profiled counts the samples behind each rate, and {rates.source} gives none for "
+            "some: give them (a pass_samples column) or drop --pass-rates-profiled"
+        )
+    counts = rates.pass_samples if any(n is not None for n in rates.pass_samples) else None
+    return rates.pass_rate, counts
 
 
 def upload_task_metadata(client: SelectorClient, dataset: str, metadata: TaskMetadata) -> MetadataAck | None:
     """Uploads a task's pass rates and groups (`task_metadata`) to `dataset`; None when it has neither."""
     if metadata.empty:
         return None
-    return client.upload_metadata(dataset, pass_rate=metadata.pass_rate, group=metadata.group)
+    return client.upload_metadata(
+        dataset,
+        pass_rate=metadata.pass_rate,
+        group=metadata.group,
+        pass_samples=metadata.pass_samples if metadata.pass_rate is not None else None,
+        profile=metadata.profiled and metadata.pass_samples is not None and metadata.pass_rate is not None,
+    )

@@ -31,6 +31,9 @@ Per-step metrics (one JSON object per line in ``--metrics-out``):
     solve_rate       share of those rollouts with reward >= the dataset's success threshold
     effective_ratio  share of generated groups whose rewards are not all equal (GRPO signal)
     rollouts         completions generated at the step (the cost); total_rollouts: cumulative
+    profile_rollouts the dataset's profiling rollouts when the run started (``--profile-samples``, or
+                     ``--pass-rates-profiled``; trainer_client.profile): spent before the first step and
+                     not in total_rollouts; the run's rollouts in all are their sum
     group_size_min, group_size_mean, group_size_max, group_sizes
                      the generated groups' sizes (rollouts per prompt): min/mean/max and the number
                      of groups of each size (``{"2": 5, "16": 1}``; fixed K: ``{"K": groups}``)
@@ -199,6 +202,8 @@ class Trainer:
         self.run_id = new_run_id(config.run_id, f"{config.strategy}-{config.seed}")
         self.start_step = first_step(dataset_info, config.start_step)
         self.total_rollouts = 0
+        #: The dataset's profiling rollouts, spent before the first step (set by whoever profiled it).
+        self.profile_rollouts = 0
         self._prompt_cache: dict[int, tuple[int, ...]] = {}
         self._walk = EpochWalk(len(task.problems), config.seed)
         eval_rng = np.random.default_rng([config.seed, 0xE7A1])
@@ -400,6 +405,7 @@ class Trainer:
             "trained_groups": len(trained),
             "rollouts": len(rewards),
             "total_rollouts": self.total_rollouts,
+            "profile_rollouts": self.profile_rollouts,
             **group_size_fields([len(g.rewards) for g in generated], [g.mixed for g in generated]),
             "mean_completion_tokens": statistics.fmean(len(c.token_ids) for c in completions),
             "truncated_share": sum(c.finish_reason == "length" for c in completions) / len(completions),
@@ -508,6 +514,9 @@ def format_summary(records: Sequence[Mapping[str, Any]], *, header: Mapping[str,
         )
     total = sum(int(r["rollouts"]) for r in records)
     lines.append(f"rollouts: {total} total, {total / len(records):.1f} per step")
+    profiled = int(records[0].get("profile_rollouts") or 0)
+    if profiled:
+        lines.append(f"profiling: {profiled} rollouts before the first step; {total + profiled} in all")
     sizes: dict[int, int] = {}
     for record in records:
         for size, count in (record.get("group_sizes") or {}).items():

@@ -21,7 +21,8 @@ def _config(command: list[str]):
 def test_every_arm_is_a_valid_run_at_the_same_rollouts_per_step(extra) -> None:
     args = gb.parse_args(extra)
     configs = {arm: _config(gb.arm_command(args, "http://x", arm, 0, Path("m.jsonl"))) for arm in gb.ARMS}
-    assert [configs[a].strategy for a in gb.ARMS] == ["uniform", "insight", "insight"]
+    assert [configs[a].strategy for a in gb.ARMS] == ["uniform", "insight", "insight", "filter"]
+    assert configs["filter"].strategy_params == gb.static_filter_params(args.reference_samples)
     assert configs["uniform"].rollout_budget is None and configs["insight"].rollout_budget is None
     budget = configs["insight_budget"]
     assert budget.rollout_budget == budget.batch_size * budget.rollouts  # equal rollouts per step
@@ -41,6 +42,9 @@ def test_bad_options_are_refused(capsys) -> None:
     with pytest.raises(SystemExit):
         gb.parse_args(["--rollouts-max", "4", "--rollouts", "8"])
     assert "must lie in" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        gb.parse_args(["--reference-samples", "0"])  # the filter arm (a default) needs the rates
+    assert "filter arm filters on the reference rates" in capsys.readouterr().err
 
 
 def test_paired_differences_are_by_seed() -> None:
@@ -68,18 +72,49 @@ def test_group_stats_count_mixed_groups_per_rollout() -> None:
         "mixed_per_1k_rollouts": 50.0,
         "group_size_min": 2,
         "group_size_max": 16,
+        "profile_rollouts": 0,
     }
+    profiled = [{**r, "profile_rollouts": 4096 * 16} for r in records]
+    assert gb.group_stats(profiled)["profile_rollouts"] == 65536
 
 
-def test_every_arm_uploads_its_seeds_reference_rates(tmp_path) -> None:
+def test_the_arms_that_read_the_reference_rates_upload_them_counted(tmp_path) -> None:
+    """INSIGHT's and the filter's runs upload their seed's reference pass as a profile of this run (its
+    samples are their profiling rollouts); uniform reads no rates, so it gets none and pays nothing."""
     args = gb.parse_args(["--out", str(tmp_path)])
     assert args.reference_samples == 16  # the best regime's annotation
     for arm in gb.ARMS:
         for seed in (0, 2):
             parsed = cli._parser().parse_args(gb.arm_command(args, "u", arm, seed, Path("m"))[3:])
-            assert parsed.pass_rates == str(tmp_path / f"pass-rates-seed{seed}.json")
-    off = gb.parse_args(["--reference-samples", "0"])
+            if arm in gb.PROFILED_ARMS:
+                assert parsed.pass_rates == str(tmp_path / f"pass-rates-seed{seed}.jsonl")
+                assert parsed.pass_rates_profiled
+            else:
+                assert parsed.pass_rates is None and not parsed.pass_rates_profiled
+    off = gb.parse_args(["--reference-samples", "0", "--arms", "uniform,insight"])
     assert cli._parser().parse_args(gb.arm_command(off, "u", "insight", 0, Path("m"))[3:]).pass_rates is None
+
+
+@pytest.mark.parametrize("samples", [2, 16])
+def test_the_filter_arm_keeps_exactly_the_prompts_strictly_between_0_and_1(service, samples) -> None:
+    """Through the real service: a dataset whose prompts carry every rate s/n (n = samples) with its count,
+    selected by the filter arm's strategy and parameters with a batch of as many prompts as are strictly
+    between 0 and 1, gives exactly those (the filter's bounds separate 0/n from 1/n and n/n from n-1/n)."""
+    import uuid
+
+    from rlvr_selector_client import SelectorClient
+
+    rates = [s / samples for s in range(samples + 1)] * 3
+    kept = {i for i, r in enumerate(rates) if 0.0 < r < 1.0}
+    dataset = f"filter-{uuid.uuid4().hex[:10]}"
+    with SelectorClient(service.url) as client:
+        client.create_dataset(dataset, len(rates))
+        client.upload_metadata(dataset, pass_rate=rates, pass_samples=[samples] * len(rates), profile=True)
+        for step in range(3):
+            batch = client.select(
+                dataset, step, len(kept), "filter", gb.static_filter_params(samples), seed=step
+            )
+            assert set(batch.prompt_ids) == kept
 
 
 def test_the_reference_pass_counts_each_prompts_solved_samples_with_the_trainers_verifier(
@@ -124,7 +159,9 @@ def test_the_reference_pass_counts_each_prompts_solved_samples_with_the_trainers
     spread = gb.reference_pass(args)
     expected = [min(i % 4, 3) / 3 for i in range(10)]
     for seed in args.seeds:
-        assert json.loads((tmp_path / f"pass-rates-seed{seed}.json").read_text()) == pytest.approx(expected)
+        lines = (tmp_path / f"pass-rates-seed{seed}.jsonl").read_text().splitlines()
+        assert [json.loads(line)["pass_rate"] for line in lines] == pytest.approx(expected)
+        assert {json.loads(line)["pass_samples"] for line in lines} == {3}
     assert spread["samples"] == 3
     assert spread["share_none_solved"] == pytest.approx(3 / 10) and spread[
         "share_all_solved"

@@ -126,12 +126,12 @@ def test_pass_rates_from_a_file_of_their_own_replace_the_records(tmp_path):
 @pytest.mark.parametrize(
     ("content", "message"),
     [
-        ("[0.5, 0.5]", "has 2 entries for 3 prompts"),
-        ('{"0": 0.5}', "must hold a JSON array of pass rates, got dict"),
-        ("[0.5, 1.5, 0]", r"prompt 1: pass_rate 1.5 must lie in \[0, 1\]"),
-        ('[0.5, "0.1", 0]', r"prompt 1: pass_rate '0.1' must be a number in \[0, 1\] or null"),
-        ("[0.5, true, 0]", "prompt 1: pass_rate True must be a number"),
-        ("[0.5, NaN, 0]", "prompt 1: pass_rate nan must be a number"),
+        ("[0.5, 0.5]", "has 2 prompts for a dataset of 3"),
+        ('{"0": 0.5}', "must hold a JSON array .*, got dict"),
+        ("[0.5, 1.5, 0]", r"entry 1: pass rate 1.5 must lie in \[0, 1\]"),
+        ('[0.5, "0.1", 0]', r"entry 1: pass rate '0.1' must be a number in \[0, 1\] or null"),
+        ("[0.5, true, 0]", "entry 1: pass rate True must be a number"),
+        ("[0.5, NaN, 0]", "entry 1: pass rate nan must be a number"),
         ("[0.5, 0.5", "is not valid JSON"),
         (None, "cannot be read"),
     ],

@@ -138,6 +138,9 @@ def test_format_summary_reports_first_and_last() -> None:
     assert not any(line.startswith(("loss", "kl ")) for line in text.splitlines())  # kl not recorded
     assert "rollouts: 32 total" in text
     assert "rollouts per prompt" not in text  # one group size: nothing to say
+    assert "profiling" not in text  # no profile
+    profiled = format_summary(_records(profile_rollouts=96), header={})
+    assert "profiling: 96 rollouts before the first step; 128 in all" in profiled
     sized = [
         {**r, "group_sizes": sizes}
         for r, sizes in zip(_records(), [{"2": 3, "6": 1}, {"2": 1, "10": 1}] * 2, strict=True)

@@ -14,7 +14,7 @@ compared:
   exactly ``B x K`` rollouts per step, so equal steps are equal rollouts. ``filter`` is the static
   offline filter teams run before training: uniform over the prompts whose reference rate is strictly
   between 0 and 1 (the service's strategy ``filter`` judging the uploaded profile alone, with bounds that
-  keep exactly those prompts: `static_filter_params`).
+  keep exactly those prompts: `rlvr_selector_client.recommend.static_filter_params`).
 - The pool: arithmetic tiers chosen so that most prompts are too easy or too hard for SmolLM2-135M at
   the sampling temperature (``--task arithmetic:TIERS``; default tiers 0,3,4,5,6,7,8: tier 0 is solved
   ~94% of the time at T = 0.6, tiers 5-8 ~0%, tiers 3 and 4 in between; trainer_client/tasks.py), and B
@@ -65,6 +65,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import grpo_compare as gc
 from bench.common import OUT_DIR, ROOT, emit
+from rlvr_selector_client.recommend import static_filter_params
 
 DEFAULT_OUT = OUT_DIR / "grpo_budget"
 ARMS = ("uniform", "insight", "insight_budget", "filter")
@@ -163,22 +164,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.deadline = args.deadline or None
     args.strategies = args.arms  # grpo_compare's Runner and analysis call the runs' names strategies
     return args
-
-
-def static_filter_params(samples: int, beta_prior: tuple[float, float] = (1.0, 1.0)) -> dict[str, Any]:
-    """The service filter's settings (docs/api.md, "Select with a filter") that keep exactly the prompts
-    whose uploaded rate from `samples` samples is strictly between 0 and 1, judging the upload alone
-    (``reprofile`` false). With ``k`` = 1 the filter's probabilities are the profile's Beta means: a rate
-    s/n weighs as Beta(a0 + s, b0 + n - s), so P(success) = (a0 + s) / (a0 + b0 + n), and the bounds sit
-    half a sample below the all-solved and all-failed means, above those of n - 1 successes or failures."""
-    a0, b0 = beta_prior
-    total = a0 + b0 + samples
-    return {
-        "reprofile": False,
-        "k": 1,
-        "solved": (a0 + samples - 0.5) / total,
-        "unsolved": (b0 + samples - 0.5) / total,
-    }
 
 
 def arm_command(args: argparse.Namespace, url: str, arm: str, seed: int, metrics: Path) -> list[str]:

@@ -12,15 +12,21 @@ model, free), or a profile of n samples per prompt with the starting policy (pai
 
 The rule is data: `RULES`, the first row that matches wins, each row carrying the measurement behind it
 (docs/strategies.md). It is provisional: the decision table of docs/strategies.md replaces its rows as
-the comparison against a pass-rate filter at equal total rollouts is measured. Standard library only.
+the comparison against a pass-rate filter at equal total rollouts is measured.
+
+`static_filter_params` gives the settings of the service's filter that make it the offline filter teams
+run on a profile: keep exactly the prompts whose profiled rate is strictly between 0 and 1. Standard
+library only.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-__all__ = ["RATE_PARAMS", "RULES", "Known", "Recommendation", "Rule", "recommend"]
+__all__ = ["RATE_PARAMS", "RULES", "Known", "Recommendation", "Rule", "recommend", "static_filter_params"]
 
 KnownKind = Literal["nothing", "rate", "profile"]
 
@@ -147,3 +153,70 @@ def recommend(pool_size: int, epochs: float, batch_size: int, known: Known | Non
         strength = (known.samples or DEFAULT_RATE_SAMPLES) if rule.rates else None
         return Recommendation(rule.strategy, params, rule.rates, strength, rule.evidence)
     raise AssertionError(f"no rule matches {known}")  # the table ends with a row for every kind
+
+
+#: The largest group size the service's filter takes as its ``k`` (selector_service/core/domain.py K_MAX).
+FILTER_K_MAX = 1024
+
+
+def _all_probability(successes: float, failures: float, k: int) -> float:
+    """P(k rollouts all succeed) under Beta(successes, failures): prod_{j<k} (a + j) / (a + b + j), the
+    filter's test (docs/methods.md §9)."""
+    prod = 1.0
+    for j in range(k):
+        prod *= (successes + j) / (successes + failures + j)
+    return prod
+
+
+def _apart(below: float, above: float) -> bool:
+    """`above` exceeds `below` by more than the service's rounding can move either: it stores rates as
+    float32 (a relative error of 6e-8 per sample, up to k-fold in a product of k factors)."""
+    return above > below * (1.0 + 1e-3)
+
+
+def static_filter_params(
+    samples: int | Iterable[int], beta_prior: tuple[float, float] = (1.0, 1.0)
+) -> dict[str, Any]:
+    """The settings of the service's filter (strategy ``filter``'s params, or a select's ``filter``
+    object; docs/api.md, "Select with a filter") that keep exactly the prompts whose uploaded rate from
+    `samples` samples (one count, or every count the profile holds) is strictly between 0 and 1, judging
+    the upload alone (``reprofile`` false): the offline filter teams run, on the service.
+
+    A rate s/n weighs as Beta(a0 + s, b0 + n - s) (`beta_prior` = (a0, b0), the dataset's, by default the
+    service's (1, 1)). With ``k`` = 1 the filter's probabilities are those Beta means, and each bound sits
+    between the all-solved (all-failed) mean and that of n - 1 successes (failures): half a sample below
+    the first for a single count of 2 or more. When the counts spread too widely for one bound at k = 1 (a bound that
+    lies between n/n and (n-1)/n for every n), the smallest k that separates them is used. A prompt
+    without a rate is kept. ValueError when no k up to the service's largest separates the counts, or a
+    count is not a whole number >= 1."""
+    counts = sorted({samples} if isinstance(samples, int) else set(samples))
+    if not counts or any(isinstance(n, bool) or int(n) != n or n < 1 for n in counts):
+        raise ValueError(f"samples must be whole numbers >= 1, got {samples!r}")
+    a0, b0 = (float(x) for x in beta_prior)
+    if not (math.isfinite(a0) and math.isfinite(b0) and a0 > 0 and b0 > 0):
+        raise ValueError(f"beta_prior must be two positive numbers, got {beta_prior!r}")
+    low, high = counts[0], counts[-1]
+    for k in range(1, FILTER_K_MAX + 1):
+        # Solved: the all-solved probability of n/n must reach the bound for every n, those of (n-1)/n and
+        # of a prompt without a rate (Beta(a0, b0)) stay below it. Each rises with n (the Beta moves right),
+        # so the fewest and the most samples decide.
+        solved = (
+            max(_all_probability(a0 + high - 1, b0 + 1, k), _all_probability(a0, b0, k)),
+            _all_probability(a0 + low, b0, k),
+        )
+        unsolved = (
+            max(_all_probability(b0 + high - 1, a0 + 1, k), _all_probability(b0, a0, k)),
+            _all_probability(b0 + low, a0, k),
+        )
+        if _apart(*solved) and _apart(*unsolved):
+            return {
+                "reprofile": False,
+                "k": k,
+                "solved": (solved[0] + solved[1]) / 2,
+                "unsolved": (unsolved[0] + unsolved[1]) / 2,
+            }
+    raise ValueError(
+        f"profiles of {counts[0]} to {counts[-1]} samples per prompt: no bounds of the service's filter keep "
+        "exactly the prompts strictly between 0 and 1 for all of them (profile every prompt with about as "
+        "many samples)"
+    )

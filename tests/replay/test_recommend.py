@@ -7,9 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from rlvr_selector_client.recommend import RULES, Known, recommend
+from rlvr_selector_client.recommend import RULES, Known, recommend, static_filter_params
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -65,3 +66,42 @@ def test_it_imports_only_the_standard_library():
     path = ROOT / "client" / "rlvr_selector_client" / "recommend.py"
     out = subprocess.run([sys.executable, "-S", "-c", code, str(path)], capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip() == "insight", out.stderr
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_static_filter_settings_keep_exactly_the_prompts_strictly_between_0_and_1(seed):
+    """Judged by the service's own filter (selector_service.core.filter.judge on the beliefs the upload
+    makes): for one count or a spread of counts, under the default or another Beta prior, every rate
+    s/n with 0 < s < n is kept, 0/n and n/n dropped, and a prompt without a rate kept."""
+    from selector_service.core.beliefs import BeliefArrays
+    from selector_service.core.coldstart import apply_metadata
+    from selector_service.core.filter import KEEP, Filter, judge
+    from selector_service.core.strategies import validate_filter
+
+    rng = np.random.default_rng(seed)
+    low = int(rng.integers(1, 20))
+    counts = [low] if seed % 2 else sorted({low, low + int(rng.integers(0, low + 1))})
+    prior = (1.0, 1.0) if seed % 3 else (float(rng.uniform(0.2, 3)), float(rng.uniform(0.2, 3)))
+    params = static_filter_params(counts if len(counts) > 1 else counts[0], prior)
+    samples = np.array([n for n in counts for _ in range(n + 1)] + [1], dtype=np.int32)
+    successes = np.array([s for n in counts for s in range(n + 1)] + [0])
+    rates = successes / samples
+    rates[-1] = np.nan  # the last prompt has no rate
+    ba = BeliefArrays.new(rates.size, *prior)
+    apply_metadata(ba, 0, rates, None, np.where(np.isnan(rates), -1, samples).astype(np.int32), True)
+    codes = judge(ba, np.arange(rates.size), Filter.of(validate_filter(params), int(rng.integers(1, 17))))
+    mixed = (successes > 0) & (successes < samples)
+    mixed[-1] = True
+    assert np.array_equal(codes == KEEP, mixed), (counts, prior, params)
+
+
+def test_static_filter_settings_for_a_single_count_sit_half_a_sample_below_the_extremes():
+    assert static_filter_params(8) == pytest.approx(
+        {"reprofile": False, "k": 1, "solved": 8.5 / 10, "unsolved": 8.5 / 10}
+    )
+    assert static_filter_params([8, 8], (2.0, 1.0))["solved"] == pytest.approx(9.5 / 11)
+    assert static_filter_params([2, 8])["k"] > 1  # one bound at k = 1 cannot separate 1/2 from 7/8
+    with pytest.raises(ValueError, match="profiles of 1 to 100 samples"):
+        static_filter_params([1, 100])
+    with pytest.raises(ValueError, match="whole numbers >= 1"):
+        static_filter_params(0)

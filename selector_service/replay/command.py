@@ -12,7 +12,7 @@ import json
 import os
 import sys
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
@@ -21,7 +21,6 @@ import numpy as np
 
 from selector_service.replay.logs import FORMATS, Columns, LogError, RunLog, read_log
 from selector_service.replay.protocol import (
-    REPLAY_ARMS,
     Arm,
     ArmResult,
     EpochTable,
@@ -33,7 +32,6 @@ from selector_service.replay.protocol import (
 __all__ = ["DESCRIPTION", "EPILOG", "add_arguments", "run"]
 
 EXIT_OK, EXIT_SERVICE, EXIT_INPUT = 0, 2, 3
-PROFILE = "+profile"
 
 DESCRIPTION = """\
 Replay a past run's per-prompt outcomes through the service: how many of its groups carried a learning
@@ -45,13 +43,17 @@ first step holding a prompt the epoch already saw; --epoch-steps gives it). At e
 B of the prompts the epoch observed (--batch-size; default the run's own: the prompts a step of the log
 holds) before it sees the epoch, then sees the real outcomes of its picks and nothing else, with the
 group sizes the log has. The first epoch is the profile: the filters and every NAME+profile arm see it
-whole first (NAME+profile: uploaded as pass rates, prior_strength = its samples per prompt) and its
-rollouts count against them; the other arms pick from it like any epoch.
+whole first (uploaded as pass rates, each with its samples, profile: true) and its rollouts, as the
+service counts them, count against them; the other arms pick from it like any epoch.
 
-The arms: uniform; filter (uniform over the prompts mixed in the profile, neither all solved nor all
-failed); filter_reprofile (the same, a prompt dropped or readmitted as its latest outcome in the replay
-says); every strategy the service offers (GET /strategies), each as NAME and NAME+profile. Each runs on a
-service of its own on the embedded store, in a temporary folder.
+The arms, each run on the service (a dataset of its own on the embedded store, in a temporary folder)
+but one: uniform; filter (the static filter teams run: the service's strategy filter on the profile
+alone, keeping exactly the prompts mixed in it, neither all solved nor all failed); filter_reprofile (the
+service's strategy filter at its defaults: the same profile, then re-profiled by the run's outcomes);
+filter_latest_outcome (a prompt dropped or readmitted by its latest group alone, a rule the service's
+filter does not express, run by the replay itself); every other strategy the service offers (GET
+/strategies), each as NAME and NAME+profile, and with --filter also NAME+filter and NAME+profile+filter
+(the select-time filter on top).
 
 The result: the effective-sample ratio (ESR: the share of picked groups with both a success and a
 failure, GRPO's learning signal) over epochs 1 on and over the last epochs, effective groups per rollout
@@ -111,6 +113,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--arms", help="a comma list of arms to run (default: all); e.g. uniform,filter,insight+profile"
     )
+    p.add_argument(
+        "--filter",
+        nargs="?",
+        const="{}",
+        metavar="JSON",
+        help="also run every strategy with a select's filter object, as NAME+filter and NAME+profile+filter "
+        '(e.g. \'{"solved": 0.3, "unsolved": 0.3}\'; without a value the service\'s defaults, {})',
+    )
     p.add_argument("--seed", type=int, default=0, help="the seed of every random pick (default 0)")
     p.add_argument(
         "--out", type=Path, help="folder for replay.png and replay.json (default ./replay-<log name>)"
@@ -139,34 +149,25 @@ def _columns(args: argparse.Namespace, fmt: str) -> Columns | None:
     return Columns(**{k: v if v is not None else getattr(base, k) for k, v in given.items()})
 
 
-def _arm_names(strategies: Sequence[str]) -> list[str]:
-    """Every arm, in the order the table lists them: uniform, the filters, then each strategy of the
-    service without and with the profile. A strategy named like one of the replay's own arms is left out
-    (the replay's definition is the baseline's)."""
-    names = ["uniform", *REPLAY_ARMS]
-    for strategy in strategies:
-        if strategy in REPLAY_ARMS:
-            continue
-        for name in (strategy, strategy + PROFILE):
-            if name not in names:
-                names.append(name)
-    return names
+def _filter_settings(text: str | None) -> dict[str, Any] | None:
+    """--filter's object, checked as the service checks a select's filter; _Refused naming what is wrong."""
+    if text is None:
+        return None
+    from selector_service.core.strategies import ParamError, validate_filter
 
-
-def _build_arms(names: list[str], client: Any, seed: int) -> list[Arm]:
-    from rlvr_selector_client.recommend import RATE_PARAMS
-    from selector_service.replay.service import ServiceArm
-
-    arms: list[Arm] = []
-    for name in names:
-        if name in REPLAY_ARMS:
-            arms.append(REPLAY_ARMS[name](seed))
-            continue
-        profile = name.endswith(PROFILE)
-        strategy = name.removesuffix(PROFILE)
-        params = RATE_PARAMS.get(strategy, {}) if profile else {}
-        arms.append(ServiceArm(client, strategy, profile=profile, seed=seed, params=params))
-    return arms
+    try:
+        settings = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise _Refused(
+            f"--filter is not JSON ({exc}): give an object, e.g. '{{\"recheck\": 0.02}}'"
+        ) from None
+    if not isinstance(settings, dict):
+        raise _Refused(f"--filter must be a JSON object, e.g. '{{\"recheck\": 0.02}}', not {text}")
+    try:
+        validate_filter(settings)
+    except ParamError as exc:
+        raise _Refused(f"--filter: {exc}") from None
+    return settings
 
 
 def _choose(wanted: str | None, available: list[str]) -> list[str]:
@@ -175,7 +176,10 @@ def _choose(wanted: str | None, available: list[str]) -> list[str]:
     names = [w.strip() for w in wanted.split(",") if w.strip()]
     unknown = [n for n in names if n not in available]
     if unknown:
-        raise _Refused(f"unknown arm {', '.join(unknown)}: the arms are {', '.join(available)}")
+        from selector_service.replay.arms import FILTER
+
+        hint = " (give --filter for the +filter arms)" if any(n.endswith(FILTER) for n in unknown) else ""
+        raise _Refused(f"unknown arm {', '.join(unknown)}{hint}: the arms are {', '.join(available)}")
     return [n for n in available if n in names]
 
 
@@ -259,15 +263,23 @@ def plot(summary: dict[str, dict[str, Any]], itself: dict[str, Any], path: Path,
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    baselines = ["uniform", *REPLAY_ARMS]
+    from selector_service.replay.arms import BASELINES, FILTER, PROFILE
+
+    baselines = list(BASELINES)
     fig, axes = plt.subplots(1, 2, figsize=(14, 5.2), sharey=True)
-    styles = {"uniform": ("black", "-"), "filter": ("tab:grey", "--"), "filter_reprofile": ("tab:grey", ":")}
-    others = [n for n in summary if n not in baselines]
-    palette = matplotlib.colormaps["tab20"]
-    colors = {
-        n.removesuffix(PROFILE): palette(i % 20)
-        for i, n in enumerate(dict.fromkeys(o.removesuffix(PROFILE) for o in others))
+    styles = {
+        "uniform": ("black", "-"),
+        "filter": ("tab:grey", "--"),
+        "filter_reprofile": ("tab:grey", ":"),
+        "filter_latest_outcome": ("tab:grey", "-."),
     }
+    others = [n for n in summary if n not in baselines]
+
+    def strategy(name: str) -> str:
+        return name.removesuffix(FILTER).removesuffix(PROFILE)
+
+    palette = matplotlib.colormaps["tab20"]
+    colors = {s: palette(i % 20) for i, s in enumerate(dict.fromkeys(strategy(o) for o in others))}
     for ax, profiled in zip(axes, (False, True), strict=True):
         ax.plot(itself["esr_per_epoch"], color="tab:brown", lw=1, alpha=0.6, label="the run itself")
         for name, s in summary.items():
@@ -275,8 +287,9 @@ def plot(summary: dict[str, dict[str, Any]], itself: dict[str, Any], path: Path,
             if name in baselines:
                 color, style = styles.get(name, ("black", "-"))
                 ax.plot(curve, style, color=color, lw=1.8, label=name)
-            elif name.endswith(PROFILE) == profiled:
-                ax.plot(curve, color=colors[name.removesuffix(PROFILE)], lw=1.2, label=name)
+            elif (PROFILE in name) == profiled:
+                style = "--" if name.endswith(FILTER) else "-"
+                ax.plot(curve, style, color=colors[strategy(name)], lw=1.2, label=name)
         ax.set(
             xlabel="epoch",
             title="with the first epoch as profile" if profiled else "without a profile",
@@ -338,10 +351,12 @@ def run(args: argparse.Namespace, service_url: str | None = None) -> int:
                 "the plot needs matplotlib: pip install 'rlvr-selector[replay]', or give --no-plot"
             )
         last = min(args.last, table.n_epochs - 1)
+        filter_settings = _filter_settings(args.filter)
     except (LogError, _Refused) as exc:
         print(f"selector-service replay: {exc}", file=sys.stderr)
         return EXIT_INPUT
     from rlvr_selector_client.client import SelectorClient, SelectorError
+    from selector_service.replay.arms import arm_names, build_arm
     from selector_service.replay.service import embedded_service
 
     out = (
@@ -364,8 +379,8 @@ def run(args: argparse.Namespace, service_url: str | None = None) -> int:
     try:
         service: AbstractContextManager[str] = nullcontext(service_url) if service_url else embedded_service()
         with service as url, SelectorClient(url, timeout=120.0) as client:
-            names = _choose(args.arms, _arm_names(list(client.strategies())))
-            arms = _build_arms(names, client, args.seed)
+            names = _choose(args.arms, arm_names(list(client.strategies()), filter_settings is not None))
+            arms: list[Arm] = [build_arm(n, client, args.seed, filter_settings) for n in names]
             total = sum(table.n_epochs - (1 if arm.profile else 0) for arm in arms)
             with _progress(total, args.no_progress) as advance:
                 results = replay(table, arms, batch, progress=advance)

@@ -18,10 +18,10 @@ spends R rollouts and profiles first with P of them trains on R - P, so the figu
 rollouts plus P; with a smaller B the replay samples the run, and the profile is charged at the run's
 scale, not at the sample's.
 
-The arms defined here are the pass-rate filters teams run: `FilterArm` (uniform over the prompts mixed
-in the profile, which never changes) and `FilterReprofileArm` (the same, each prompt dropped or
-readmitted as its latest outcome in the replay says). An arm is anything with `Arm`'s methods;
-`REPLAY_ARMS` names the ones built here, by the name the replay reports.
+An arm is anything with `Arm`'s methods. The baselines and the service's strategies are arms of
+selector_service/replay/arms.py, run through the service; the one arm defined here is
+`LatestOutcomeFilterArm` (`filter_latest_outcome`), a rule teams run by hand that the service's filter
+does not express: a prompt dropped or readmitted by its latest group alone.
 """
 
 from __future__ import annotations
@@ -36,14 +36,12 @@ import numpy as np
 from selector_service.replay.logs import LogError, RunLog
 
 __all__ = [
-    "REPLAY_ARMS",
     "Arm",
     "ArmResult",
     "ArmSkipped",
     "Epoch",
     "EpochTable",
-    "FilterArm",
-    "FilterReprofileArm",
+    "LatestOutcomeFilterArm",
     "epochs_of",
     "is_mixed",
     "replay",
@@ -170,11 +168,14 @@ class ArmSkipped(Exception):
 
 class Arm(Protocol):
     """What picks a batch each epoch. The replay calls `begin` once, then for each epoch `pick` and
-    `see`, and `end` at the end (also after a failure)."""
+    `see`, and `end` at the end (also after a failure); it reads `profile_rollouts` after `end`."""
 
     name: str
     #: Sees epoch 0 whole before the replay (its rollouts count) and picks from epoch 1 on.
     profile: bool
+    #: What the arm's profile cost in rollouts (0 without one), as counted by what ran it: the service's
+    #: own count (its dataset's profile_rollouts) for an arm that runs there.
+    profile_rollouts: int
 
     def begin(self, table: EpochTable) -> None: ...
 
@@ -193,47 +194,34 @@ def _draw(rng: np.random.Generator, pool: np.ndarray, k: int) -> np.ndarray:
     return np.sort(rng.choice(pool, size=k, replace=False))
 
 
-class FilterArm:
-    """The static pass-rate filter: uniform over the prompts that were mixed in the profile (neither all
-    solved nor all failed in epoch 0), at most B of them an epoch; the kept set never changes."""
+class LatestOutcomeFilterArm:
+    """The pass-rate filter re-profiled by each prompt's latest group alone: it starts from the prompts
+    mixed in the profile (epoch 0), drops a prompt whose latest group in the replay came out all solved
+    or all failed and readmits one that came out mixed; it picks uniformly among the kept prompts of an
+    epoch, at most B, and when fewer are there, dropped ones fill the batch (uniformly): that re-check is
+    how a dropped prompt is readmitted.
 
-    name = "filter"
+    The service's filter judges a belief that weighs every outcome (and the profile) instead, and its
+    forgetting (beta_decay) relaxes toward the profile, not away from it: this rule is not one of its
+    settings, so the replay runs it beside the service's `filter_reprofile`. Its profile is counted here,
+    as the rollouts of epoch 0."""
+
+    name = "filter_latest_outcome"
     profile = True
-    _tag = 1
 
     def __init__(self, seed: int = 0) -> None:
         self.seed = seed
         self.keep = np.zeros(0, dtype=bool)
+        self.profile_rollouts = 0
 
     def begin(self, table: EpochTable) -> None:
         first = table.epochs[0]
         self.keep = np.zeros(table.n_prompts, dtype=bool)
         self.keep[first.ids] = is_mixed(first.successes, first.trials)
-
-    def _rng(self, epoch: int) -> np.random.Generator:
-        return np.random.default_rng([self.seed, epoch, self._tag])
+        self.profile_rollouts = int(first.trials.sum())
 
     def pick(self, epoch: int, candidates: np.ndarray, batch_size: int) -> np.ndarray:
-        return _draw(self._rng(epoch), candidates[self.keep[candidates]], batch_size)
-
-    def see(self, epoch: int, ids: np.ndarray, successes: np.ndarray, trials: np.ndarray) -> None:
-        pass
-
-    def end(self) -> None:
-        pass
-
-
-class FilterReprofileArm(FilterArm):
-    """The filter re-profiled from the run's outcomes: a prompt is dropped when its latest observed group
-    in the replay is all solved or all failed, and readmitted when it comes out mixed. When fewer than B
-    kept prompts are in the epoch, dropped ones fill the batch (uniformly): that re-check is how a dropped
-    prompt is readmitted."""
-
-    name = "filter_reprofile"
-    _tag = 2
-
-    def pick(self, epoch: int, candidates: np.ndarray, batch_size: int) -> np.ndarray:
-        rng = self._rng(epoch)
+        rng = np.random.default_rng([self.seed, epoch, 2])
         kept = candidates[self.keep[candidates]]
         picks = _draw(rng, kept, batch_size)
         if picks.size < batch_size:
@@ -244,12 +232,8 @@ class FilterReprofileArm(FilterArm):
     def see(self, epoch: int, ids: np.ndarray, successes: np.ndarray, trials: np.ndarray) -> None:
         self.keep[ids] = is_mixed(successes, trials)
 
-
-#: The arms the replay builds itself, by name (each takes the replay's seed).
-REPLAY_ARMS: dict[str, Callable[[int], Arm]] = {
-    FilterArm.name: FilterArm,
-    FilterReprofileArm.name: FilterReprofileArm,
-}
+    def end(self) -> None:
+        pass
 
 
 @dataclass
@@ -304,8 +288,6 @@ def replay(
         )
         first = 1 if arm.profile else 0
         done = 0
-        if arm.profile:
-            result.profile_rollouts = int(table.epochs[0].trials.sum())
         try:
             arm.begin(table)
             for e in range(first, n_epochs):
@@ -328,6 +310,7 @@ def replay(
                     progress(arm.name)
         finally:
             arm.end()
+        result.profile_rollouts = int(arm.profile_rollouts)
         results.append(result)
     return results
 

@@ -1,13 +1,16 @@
 """The replay's service side: a real service on its embedded store in a temporary folder, started the way
-the product starts it (`launcher.ServiceProcess`: ``python -m selector_service serve``), and one arm per
-strategy it offers, driven over REST with the typed client.
+the product starts it (`launcher.ServiceProcess`: ``python -m selector_service serve``), and `ServiceArm`,
+an arm that is a configuration of the service (a strategy with its parameters, a select's filter, dataset
+settings, the profile or not), driven over REST with the typed client.
 
-A strategy's arm has a dataset of its own, named `dataset_name(arm)` (the name is also the key of the
+A service arm has a dataset of its own, named `dataset_name(arm)` (the name is also the key of the
 service's seeded streams, so a replay is the same on every run), with the log's group size as its K.
 Epoch e is the service's step e: the arm selects at step e, then reports its picks' groups with
 ``successes`` and ``trials`` (their counts after the success threshold, as ``/observe`` counts rewards
-in binary mode). An arm with the profile (``NAME+profile``) first uploads epoch 0's pass rates
-(``PUT /datasets/{name}/metadata``), with ``prior_strength`` the profile's samples per prompt.
+in binary mode). An arm with the profile first uploads epoch 0's pass rates, each with its group's size
+as ``pass_samples`` and ``profile: true`` (``PUT /datasets/{name}/metadata``): each rate weighs its
+samples, and the service counts them as the dataset's profiling rollouts, which the arm reports
+(`ServiceArm.profile_rollouts`, read from the dataset's summary before it is deleted).
 
 The service picks from the whole pool; when an epoch did not observe every prompt, the arm asks for B
 plus the prompts the epoch lacks and keeps the first B the epoch observed, in the service's order (best
@@ -17,7 +20,6 @@ as not consumed (docs/methods.md §7).
 
 from __future__ import annotations
 
-import math
 import os
 import tempfile
 from collections.abc import Iterator, Mapping
@@ -31,7 +33,7 @@ from rlvr_selector_client.client import InvalidRequest, Result, SelectorClient
 from selector_service.replay.protocol import ArmSkipped, EpochTable
 from selector_service.server.launcher import ServiceProcess, ServiceStartError
 
-__all__ = ["OBSERVE_CHUNK", "ServiceArm", "dataset_name", "embedded_service"]
+__all__ = ["OBSERVE_CHUNK", "ServiceArm", "dataset_name", "embedded_service", "profile_upload"]
 
 #: Results per /observe request (a larger pick goes in several, all filed at the epoch's step).
 OBSERVE_CHUNK = 50_000
@@ -62,8 +64,22 @@ def embedded_service(start_timeout_s: float = 180.0) -> Iterator[str]:
             service.stop()
 
 
+def profile_upload(table: EpochTable) -> tuple[list[float | None], list[int | None]]:
+    """Epoch 0 as a profile: each prompt's pass rate there and its group's size (None for a prompt the
+    epoch did not observe)."""
+    first = table.epochs[0]
+    rates: list[float | None] = [None] * table.n_prompts
+    samples: list[int | None] = [None] * table.n_prompts
+    for i, s, t in zip(first.ids.tolist(), first.successes.tolist(), first.trials.tolist(), strict=True):
+        rates[i], samples[i] = s / t, t
+    return rates, samples
+
+
 class ServiceArm:
-    """A strategy of the service as an arm of the replay (module docstring)."""
+    """A configuration of the service as an arm of the replay (module docstring): `strategy` with
+    `params`, a select's `filter` object (None: none), dataset `settings` beyond K (beta_decay, ...), with
+    the profile uploaded or not. Named ``STRATEGY``, ``STRATEGY+profile`` unless `name` says otherwise;
+    its dataset is `dataset_name(name)` unless `dataset` says otherwise."""
 
     def __init__(
         self,
@@ -73,31 +89,33 @@ class ServiceArm:
         profile: bool,
         seed: int = 0,
         params: Mapping[str, Any] | None = None,
+        filter: Mapping[str, Any] | None = None,
+        settings: Mapping[str, Any] | None = None,
+        name: str | None = None,
+        dataset: str | None = None,
     ) -> None:
         self.client = client
         self.strategy = strategy
         self.profile = profile
-        self.name = f"{strategy}+profile" if profile else strategy
-        self.dataset = dataset_name(self.name)
+        self.name = name or (f"{strategy}+profile" if profile else strategy)
+        self.dataset = dataset or dataset_name(self.name)
         self.seed = seed
         self.params = dict(params or {})
+        self.filter = None if filter is None else dict(filter)
+        self.settings = dict(settings or {})
+        self.profile_rollouts = 0
         self.n_prompts = 0
         self.created = False
 
     def begin(self, table: EpochTable) -> None:
         self.n_prompts = table.n_prompts
         k = int(min(max(round(float(np.median(np.concatenate([e.trials for e in table.epochs])))), 1), 1024))
-        settings: dict[str, Any] = {"rollouts_per_prompt": k}
-        if self.profile:
-            settings["prior_strength"] = table.profile_samples
         try:
-            self.client.create_dataset(self.dataset, table.n_prompts, **settings)
+            self.client.create_dataset(self.dataset, table.n_prompts, rollouts_per_prompt=k, **self.settings)
             self.created = True
             if self.profile:
-                rates = table.profile_rates()
-                self.client.upload_metadata(
-                    self.dataset, pass_rate=[None if math.isnan(r) else float(r) for r in rates]
-                )
+                rates, samples = profile_upload(table)
+                self.client.upload_metadata(self.dataset, pass_rate=rates, pass_samples=samples, profile=True)
         except InvalidRequest as exc:
             raise ArmSkipped(f"the service refused {self.name}'s dataset: {exc}") from None
 
@@ -105,7 +123,13 @@ class ServiceArm:
         ask = min(self.n_prompts, batch_size + self.n_prompts - candidates.size)
         try:
             selection = self.client.select(
-                self.dataset, epoch, ask, self.strategy, params=self.params or None, seed=self.seed
+                self.dataset,
+                epoch,
+                ask,
+                self.strategy,
+                params=self.params or None,
+                seed=self.seed,
+                filter=self.filter,
             )
         except InvalidRequest as exc:
             raise ArmSkipped(f"the service refused {self.name}: {exc}") from None
@@ -132,5 +156,9 @@ class ServiceArm:
 
     def end(self) -> None:
         if self.created:
-            self.client.delete_dataset(self.dataset)  # frees the service's memory for the next arm
-            self.created = False
+            try:  # what the service counted as the profile's rollouts
+                summary = self.client.get_dataset(self.dataset).raw.get("summary") or {}
+                self.profile_rollouts = int(summary.get("profile_rollouts") or 0)
+            finally:
+                self.client.delete_dataset(self.dataset)  # frees the service's memory for the next arm
+                self.created = False

@@ -14,13 +14,23 @@ import numpy as np
 import pytest
 
 from selector_service.replay import command
+from selector_service.replay.arms import arm_names
 from selector_service.replay.logs import read_log
-from selector_service.replay.protocol import FilterArm, FilterReprofileArm, epochs_of, replay
+from selector_service.replay.protocol import LatestOutcomeFilterArm, epochs_of, replay
 from selector_service.server import cli
 from tests.replay import ROOT, one_shot_trace
 
 TRACE = one_shot_trace()
-ARMS = ["uniform", "filter", "filter_reprofile", "insight", "insight+profile", "greso"]
+ARMS = [
+    "uniform",
+    "filter",
+    "filter_reprofile",
+    "filter_latest_outcome",
+    "insight",
+    "insight+profile",
+    "greso",
+]
+PROFILED = ["filter", "filter_reprofile", "filter_latest_outcome", "insight+profile"]
 SHARED = ["uniform", "insight", "greso"]  # rollout_trace picks with the core's strategy, K = the trace's
 EPOCHS, BATCH = 6, 64
 
@@ -57,6 +67,10 @@ def test_the_one_shot_trace_replays_and_matches_the_core_replay(tmp_path, capsys
     assert line["recommended"] == "insight+profile"  # a profile of 8 samples: the rule's first row
     assert "| filter_reprofile |" in stdout and "(the run itself" in stdout
     detail = json.loads((out / "replay.json").read_text())
+    # The profile's rollouts as the service counted them (its dataset's profile_rollouts), the same number
+    # as epoch 0's: 1,209 prompts x 8.
+    for arm in ARMS:
+        assert detail["arms"][arm]["profile_rollouts"] == (1209 * 8 if arm in PROFILED else 0), arm
     assert (out / "replay.png").stat().st_size > 10_000
     assert sorted(p.name for p in out.iterdir()) == ["replay.json", "replay.png"]  # no temporary left
     # The arms rollout_trace shares: its fixed-K row at K = 8 (each pick's real group) with the arm's
@@ -99,7 +113,7 @@ def test_outputs_appear_whole_or_not_at_all(tmp_path, monkeypatch, capsys):
     log_path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     log = read_log(log_path)
     table = epochs_of(log)
-    results = replay(table, [FilterArm(0), FilterReprofileArm(0)], 4)
+    results = replay(table, [LatestOutcomeFilterArm(0)], 4)
     args = argparse.Namespace(no_plot=False, seed=0)
     out = tmp_path / "out"
 
@@ -114,15 +128,49 @@ def test_outputs_appear_whole_or_not_at_all(tmp_path, monkeypatch, capsys):
     assert command._report(args, log, table, 4, 2, results, out) == 0
     assert sorted(p.name for p in out.iterdir()) == ["replay.json", "replay.png"]
     line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert list(line["arms"]) == ["filter", "filter_reprofile"] and line["recommended"] == "insight+profile"
+    assert list(line["arms"]) == ["filter_latest_outcome"] and line["recommended"] == "insight+profile"
 
 
-def test_arms_are_chosen_by_name_and_a_strategy_named_like_a_baseline_is_left_out():
-    names = command._arm_names(["uniform", "insight", "filter"])
-    assert names == ["uniform", "filter", "filter_reprofile", "uniform+profile", "insight", "insight+profile"]
+def test_arms_are_chosen_by_name_and_strategy_filter_is_the_baselines():
+    baselines = ["uniform", "filter", "filter_reprofile", "filter_latest_outcome"]
+    names = arm_names(["uniform", "insight", "filter", "greso"])
+    assert names == [*baselines, "uniform+profile", "insight", "insight+profile", "greso", "greso+profile"]
+    assert arm_names(["insight", "filter"], with_filter=True) == [
+        *baselines, "insight", "insight+profile", "insight+filter", "insight+profile+filter"
+    ]  # fmt: skip
     assert command._choose("insight+profile,uniform", names) == ["uniform", "insight+profile"]
     with pytest.raises(command._Refused, match="unknown arm bogus: the arms are uniform, filter"):
         command._choose("uniform,bogus", names)
+    with pytest.raises(command._Refused, match=r"insight\+filter \(give --filter"):
+        command._choose("insight+filter", names)
+
+
+@pytest.mark.parametrize(
+    ("value", "words"),
+    [
+        ("{", "--filter is not JSON"),
+        ("[0.3]", "must be a JSON object"),
+        ('{"bounds": 0.3}', "unknown filter setting"),
+        ('{"solved": 2}', "solved"),
+    ],
+)
+def test_a_bad_filter_option_exits_3(tmp_path, capsys, value, words):
+    out = tmp_path / "out"
+    argv = ["replay", str(_small_log(tmp_path)), "--filter", value, "--out", str(out), "--no-plot"]
+    assert cli.main(argv) == 3
+    assert words in capsys.readouterr().err and not out.exists()
+
+
+def _small_log(tmp_path):
+    rng = np.random.default_rng(0)
+    rows = [
+        {"step": e, "prompt_id": i, "rewards": rng.integers(0, 2, 4).tolist()}
+        for e in range(4)
+        for i in range(8)
+    ]
+    path = tmp_path / "run.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
 
 
 def test_help_states_the_protocol(capsys):
@@ -131,5 +179,6 @@ def test_help_states_the_protocol(capsys):
     assert exit_.value.code == 0
     text = " ".join(capsys.readouterr().out.split())
     for words in ("epoch by epoch", "before it sees the epoch", "The first epoch is the profile", "GET /strategies",
-                  "filter_reprofile", "NAME+profile", "docs/strategies.md"):  # fmt: skip
+                  "filter_reprofile", "filter_latest_outcome", "NAME+profile", "NAME+filter",
+                  "docs/strategies.md"):  # fmt: skip
         assert words in text, words

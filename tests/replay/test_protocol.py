@@ -1,6 +1,6 @@
 """The replay protocol: epochs found where the run started over its pool, and the loop's invariants for
 any arm (at most B picks, each observed in the epoch, outcomes of the picks only, the profile charged),
-checked over random runs; the filter arms' definitions."""
+checked over random runs; the latest-outcome filter's definition."""
 
 from __future__ import annotations
 
@@ -12,8 +12,7 @@ from selector_service.replay.protocol import (
     ArmResult,
     ArmSkipped,
     EpochTable,
-    FilterArm,
-    FilterReprofileArm,
+    LatestOutcomeFilterArm,
     epochs_of,
     is_mixed,
     replay,
@@ -93,9 +92,12 @@ class RandomArm:
         self.picked: dict[int, np.ndarray] = {}
         self.seen: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self.began = self.ended = False
+        self.profile_rollouts = 0
 
     def begin(self, table: EpochTable) -> None:
         self.began = True
+        if self.profile:  # what the arm says its profile cost, which the replay reports
+            self.profile_rollouts = 1000 + int(table.epochs[0].trials.sum())
 
     def pick(self, epoch, candidates, batch_size):
         k = int(self.rng.integers(0, batch_size + 1))
@@ -116,7 +118,7 @@ def test_every_arm_sees_only_its_picks_and_the_profile_is_charged(seed):
     table = epochs_of(log)
     batch = 1 + seed % 5
     cold, profiled = RandomArm("cold", False, seed), RandomArm("profiled", True, seed)
-    results = replay(table, [cold, profiled, FilterArm(seed), FilterReprofileArm(seed)], batch)
+    results = replay(table, [cold, profiled, LatestOutcomeFilterArm(seed)], batch)
     assert cold.began and cold.ended and profiled.ended
     assert sorted(cold.picked) == list(range(table.n_epochs))
     assert sorted(profiled.picked) == list(range(1, table.n_epochs))  # the profile is not picked from
@@ -132,9 +134,10 @@ def test_every_arm_sees_only_its_picks_and_the_profile_is_charged(seed):
             assert result.groups[e] == picks.size <= batch
             assert result.mixed[e] == int(is_mixed(successes, trials).sum())
             assert result.rollouts[e] == int(trials.sum())
+    profile = int(table.epochs[0].trials.sum())
     assert results[0].profile_rollouts == 0
-    for result in results[1:]:
-        assert result.profile_rollouts == int(table.epochs[0].trials.sum()) and result.groups[0] == 0
+    assert results[1].profile_rollouts == 1000 + profile and results[1].groups[0] == 0
+    assert results[2].profile_rollouts == profile and results[2].groups[0] == 0
 
 
 def test_an_arm_that_breaks_the_protocol_is_stopped():
@@ -175,7 +178,7 @@ def test_a_skipped_arm_is_reported_and_the_others_run():
     assert len(calls) == 2 * table.n_epochs  # the bar reaches its total
 
 
-def test_the_filters_keep_what_their_profile_or_latest_outcome_says():
+def test_the_latest_outcome_filter_keeps_what_the_latest_group_says():
     # Prompts 0..5 in groups of 2; epoch 0: 0 and 1 mixed, 2 solved, 3..5 failed; epoch 1: 0 solved;
     # epoch 2: every prompt mixed.
     steps = [0] * 6 + [1] * 6 + [2] * 6
@@ -183,7 +186,7 @@ def test_the_filters_keep_what_their_profile_or_latest_outcome_says():
     successes = [1, 1, 2, 0, 0, 0] + [2, 1, 1, 0, 0, 0] + [1] * 6
     table = epochs_of(make_log(steps, prompts, successes, [2] * 18))
 
-    class Recorded(FilterReprofileArm):
+    class Recorded(LatestOutcomeFilterArm):
         def __init__(self) -> None:
             super().__init__(0)
             self.picks: list[list[int]] = []
@@ -194,15 +197,15 @@ def test_the_filters_keep_what_their_profile_or_latest_outcome_says():
             self.picks.append(sorted(ids.tolist()))
             self.kept.append(np.flatnonzero(self.keep).tolist())
 
-    static, reprofiled = FilterArm(0), Recorded()
-    results = replay(table, [static, reprofiled], 2)
-    assert static.keep.tolist() == [True, True, False, False, False, False]  # never changes
-    assert results[0].groups.tolist() == [0, 2, 2] and results[0].mixed.tolist() == [0, 1, 2]
-    # Epoch 1: picks its two kept prompts and drops 0 (solved). Epoch 2: one kept prompt left (1); a
-    # dropped one fills the batch, comes out mixed and is readmitted.
-    assert reprofiled.picks[0] == [0, 1] and reprofiled.kept[0] == [1]
-    (refill,) = set(reprofiled.picks[1]) - {1}
-    assert 1 in reprofiled.picks[1] and reprofiled.kept[1] == sorted([1, refill])
+    arm = Recorded()
+    (result,) = replay(table, [arm], 2)
+    assert result.profile_rollouts == 12  # epoch 0: six groups of 2
+    # Epoch 1: picks its two kept prompts (mixed in the profile) and drops 0 (solved). Epoch 2: one kept
+    # prompt left (1); a dropped one fills the batch, comes out mixed and is readmitted.
+    assert arm.picks[0] == [0, 1] and arm.kept[0] == [1]
+    (refill,) = set(arm.picks[1]) - {1}
+    assert 1 in arm.picks[1] and arm.kept[1] == sorted([1, refill])
+    assert result.groups.tolist() == [0, 2, 2] and result.mixed.tolist() == [0, 1, 2]
 
 
 def test_the_profile_is_charged_its_share_of_the_run():

@@ -7,20 +7,31 @@ PATH is the One-Shot-RLVR trace (`data/acc_step_500.json` of github.com/ypwang61
 bench/rollout_trace.py describes it): the training accuracy of each of 1,209 DeepScaleR prompts at every
 epoch of a 500-step GRPO run, 8 rollouts per prompt per epoch.
 
-The replay uses the core directly (selector_service.core, as DatasetState does), per arm and seed:
+Every arm runs through the product's replay (selector_service.replay, what `selector-service replay`
+runs; docs/replay.md states the protocol), on one service started on its embedded store: the trace is
+read and cut into epochs by the command's reader, and each arm, per seed, is a configuration of the
+service (a dataset of its own) that the replay loop drives over REST:
 
 1. Profile: epoch 0's outcomes are uploaded as every prompt's pass rate with its sample count, 8
-   (`apply_metadata(..., pass_samples=8, profile=True)`): 1,209 x 8 = 9,672 profiling rollouts, counted.
-   Arms marked `cold` upload nothing (and spend nothing).
-2. Epochs 1..E-1: the arm's select picks B prompts (`strategies.select`, the filter as a select's
-   `filter` or strategy `filter`'s params), each picked prompt's group is that epoch's 8 real outcomes,
-   and the group is reported to the beliefs like /observe does (`apply_results`, then the step's close).
+   (``pass_samples``, ``profile: true``): 1,209 x 8 = 9,672 profiling rollouts, counted by the service
+   (its ``profile_rollouts``). Arms marked cold upload nothing (and spend nothing) and, as in the
+   command, pick from epoch 0 on.
+2. Epochs 1..E-1: the arm's select picks B prompts (strategy ``filter`` with the arm's settings as its
+   params, or a strategy with a select's ``filter`` object), each picked prompt's group is that epoch's
+   8 real outcomes, reported with /observe.
 
-Reported per arm, mean ± standard error over seeds: the effective-sample ratio (ESR: share of picked
-groups with a success and a failure, GRPO's learning signal) over all epochs and the last 10, mixed
-groups per rollout with the profile counted, and how many prompts the filter keeps at the last epoch.
-A group here is the whole epoch's outcome of the prompt, so the only randomness is in the picks (the
-walks, pools, re-checks and ties): the seeds say how much the choices of one arm vary.
+`uniform`, the static filter and the default filter are the command's arms `uniform`, `filter` and
+`filter_reprofile` (selector_service/replay/arms.py: the same configuration and dataset name, so at seed 0
+the same picks), and the filter by the latest group alone is its `filter_latest_outcome`. The rest sweep
+the bounds, the re-check share and forgetting (the dataset's beta_decay), and put each strategy with the
+profile beside itself under the default filter.
+
+Reported per arm, mean ± standard error over seeds, over epochs 1..E-1: the effective-sample ratio (ESR:
+share of picked groups with a success and a failure, GRPO's learning signal), the same over the last 10
+epochs, mixed groups per rollout with the profile counted (mixed groups over the arm's rollouts plus the
+profile's), and how many prompts the filter keeps at the last epoch (the service's export judged by its
+own filter code). A group here is the whole epoch's outcome of the prompt, so the only randomness is in
+the picks (the walks, pools, re-checks and ties): the seeds say how much the choices of one arm vary.
 
 Writes bench/out/filter_trace.json; ends stdout with one JSON line (docs/methods.md §9 cites it).
 """
@@ -29,23 +40,29 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import OUT_DIR, emit
-from bench.rollout_trace import SOURCE, Trace, load_trace
-from selector_service.core import BeliefArrays, apply_results, close_open_step, outcomes_from_counts
-from selector_service.core.coldstart import apply_metadata
+from bench.rollout_trace import SOURCE
+from rlvr_selector_client.client import SelectorClient
 from selector_service.core.filter import KEEP, Filter, judge
-from selector_service.core.strategies import select, validate_filter
+from selector_service.core.strategies import validate_filter
+from selector_service.replay.arms import build_arm
+from selector_service.replay.logs import LogError, read_log
+from selector_service.replay.protocol import Arm, ArmResult, EpochTable, epochs_of, replay
+from selector_service.replay.service import ServiceArm, embedded_service
+from selector_service.storage.snapshot import deserialize_snapshot
 
 #: Where a checkout finds the trace by default: ../shared beside it (or beside its worktrees' folder).
 _TRACE = Path("shared", "data", "one-shot-rlvr", "acc_step_500.json")
@@ -53,53 +70,68 @@ DEFAULT_TRACE = next(
     (p / _TRACE for p in Path(__file__).resolve().parents[2:4] if (p / _TRACE).is_file()),
     Path(__file__).resolve().parents[2] / _TRACE,
 )
+UNIFORM, STATIC, DEFAULT = "uniform", "static filter (0 < rate < 1 at epoch 0)", "filter b=0.5"
+LATEST = "filter by the latest group alone"
 
 
 @dataclass(frozen=True)
-class Arm:
+class Spec:
+    """An arm of this benchmark: `replay_arm`, the command's arm of that name (`profile` says whether it
+    uses the profile); else a configuration of the service (strategy, params, a select's filter,
+    beta_decay, the profile or not)."""
+
     name: str
-    strategy: str
+    strategy: str = "filter"
     params: dict[str, Any] = field(default_factory=dict)
     filter: dict[str, Any] | None = None
     beta_decay: float = 1.0
     profile: bool = True  # epoch 0's rates uploaded (and their rollouts counted)
+    replay_arm: str | None = None
 
-    def settings(self) -> dict[str, Any] | None:
-        """The filter this arm judges by (for the kept count), if any."""
-        if self.strategy == "filter":
-            return validate_filter(self.params)
-        return None if self.filter is None else validate_filter(self.filter)
+    def build(self, client: SelectorClient, seed: int) -> Arm:
+        if self.replay_arm is not None:
+            return build_arm(self.replay_arm, client, seed)
+        return ServiceArm(
+            client,
+            self.strategy,
+            profile=self.profile,
+            seed=seed,
+            params=self.params,
+            filter=self.filter,
+            settings=None if self.beta_decay == 1.0 else {"beta_decay": self.beta_decay},
+            name=self.name,
+            dataset="filter-trace-" + re.sub(r"[^A-Za-z0-9._-]+", "-", self.name).strip("-"),
+        )
 
 
-def arms(quick: bool) -> list[Arm]:
+def arms(quick: bool) -> list[Spec]:
     out = [
-        Arm("uniform", "uniform", profile=False),
-        Arm("static filter (0 < rate < 1 at epoch 0)", "filter", {"reprofile": False}),
+        Spec(UNIFORM, profile=False, replay_arm="uniform"),
+        Spec(STATIC, replay_arm="filter"),
+        Spec(DEFAULT, replay_arm="filter_reprofile"),
+        Spec(LATEST, replay_arm="filter_latest_outcome"),
     ]
-    bounds = (0.3, 0.5, 0.7) if quick else (0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8)
+    bounds = (0.3, 0.7) if quick else (0.1, 0.15, 0.2, 0.3, 0.4, 0.6, 0.7, 0.8)
     for b in bounds:
-        out.append(Arm(f"filter b={b}", "filter", {"solved": b, "unsolved": b}))
+        out.append(Spec(f"filter b={b}", params={"solved": b, "unsolved": b}))
     if not quick:
         for solved, unsolved in ((0.3, 0.5), (0.5, 0.3), (0.2, 0.5), (0.5, 0.2)):
-            name = f"filter solved={solved} unsolved={unsolved}"
-            out.append(Arm(name, "filter", {"solved": solved, "unsolved": unsolved}))
-        for b in (0.3, 0.5):
             out.append(
-                Arm(f"static filter b={b}", "filter", {"solved": b, "unsolved": b, "reprofile": False})
+                Spec(
+                    f"filter solved={solved} unsolved={unsolved}",
+                    params={"solved": solved, "unsolved": unsolved},
+                )
             )
+        for b in (0.3, 0.5):
+            out.append(Spec(f"static filter b={b}", params={"solved": b, "unsolved": b, "reprofile": False}))
     rechecks = (0.05, 0.1) if quick else (0.02, 0.05, 0.1, 0.2)
     for b in (0.5,) if quick else (0.3, 0.5, 0.7):
         for r in rechecks:
-            out.append(Arm(f"filter b={b} recheck={r}", "filter", {"solved": b, "unsolved": b, "recheck": r}))
+            out.append(Spec(f"filter b={b} recheck={r}", params={"solved": b, "unsolved": b, "recheck": r}))
     for decay in (0.5,) if quick else (0.9, 0.7, 0.5):
         for r in (0.0, 0.1):
             out.append(
-                Arm(
-                    f"filter b=0.5 recheck={r} beta_decay={decay}",
-                    "filter",
-                    {"recheck": r},
-                    beta_decay=decay,
-                )
+                Spec(f"filter b=0.5 recheck={r} beta_decay={decay}", params={"recheck": r}, beta_decay=decay)
             )
     for strategy, params in (
         ("insight", {}),
@@ -110,51 +142,102 @@ def arms(quick: bool) -> list[Arm]:
         ("learnability", {}),
     ):
         label = strategy + ("" if not params else " " + ",".join(f"{k}={v}" for k, v in params.items()))
-        out.append(Arm(label, strategy, params))
-        out.append(Arm(f"{label} + filter", strategy, params, filter={}))
+        out.append(Spec(label, strategy, params))
+        out.append(Spec(f"{label} + filter", strategy, params, filter={}))
         if not quick:
-            out.append(Arm(f"{label} + filter recheck=0.1", strategy, params, filter={"recheck": 0.1}))
-    out.append(Arm("dps cold", "dps", profile=False))
-    out.append(Arm("dps cold + filter", "dps", filter={}, profile=False))
+            out.append(Spec(f"{label} + filter recheck=0.1", strategy, params, filter={"recheck": 0.1}))
+    out.append(Spec("dps cold", "dps", profile=False))
+    out.append(Spec("dps cold + filter", "dps", filter={}, profile=False))
     return out
 
 
-def replay(trace: Trace, arm: Arm, batch: int, seed: int) -> dict[str, Any]:
-    n, k = trace.n_prompts, trace.rollouts
-    key = f"filter-trace-{seed}"
-    beliefs = BeliefArrays.new(n, 1.0, 1.0)
-    profiling = 0
-    if arm.profile:
-        rates = trace.successes[:, 0] / k
-        apply_metadata(beliefs, 0, rates, None, np.full(n, k, dtype=np.int32), True)
-        profiling = int(beliefs.shared.profile_rollouts)
-    mixed = np.zeros(trace.n_epochs - 1, dtype=np.int64)
-    for epoch in range(1, trace.n_epochs):
-        step = epoch - 1
-        ids, _ = select(
-            beliefs,
-            strategy=arm.strategy,
-            params=arm.params,
-            batch_size=batch,
-            step=step,
-            seed=seed,
-            key=key,
-            dataset_k=k,
-            filter=arm.filter,
-        )
-        succ = trace.successes[ids, epoch].astype(np.float64)
-        trials = np.full(ids.size, float(k))
-        apply_results(
-            beliefs, ids, succ, trials, outcomes_from_counts(succ, trials), arm.beta_decay, 1.0, 1.0
-        )
-        close_open_step(beliefs, hmm_decay=0.7, key=key)
-        mixed[step] = int(((succ > 0) & (succ < k)).sum())
-    settings = arm.settings()
-    kept = None
-    if settings is not None:
-        kept = int((judge(beliefs, np.arange(n), Filter.of(settings, k)) == KEEP).sum())
-    rollouts = batch * k * (trace.n_epochs - 1)
-    return {"mixed": mixed, "profiling": profiling, "rollouts": rollouts, "kept": kept}
+class KeptAtEnd:
+    """A service arm that, before its dataset is deleted, counts the prompts its filter keeps: the
+    dataset's export (GET /datasets/{name}/export) judged by the service's own filter code. Every other
+    call goes to the arm."""
+
+    def __init__(self, arm: Arm, url: str) -> None:
+        self.arm, self.url = arm, url
+        self.kept: int | None = None
+
+    @property
+    def name(self) -> str:
+        return self.arm.name
+
+    @property
+    def profile(self) -> bool:
+        return self.arm.profile
+
+    @property
+    def profile_rollouts(self) -> int:
+        return self.arm.profile_rollouts
+
+    def begin(self, table: EpochTable) -> None:
+        self.arm.begin(table)
+
+    def pick(self, epoch: int, candidates: np.ndarray, batch_size: int) -> np.ndarray:
+        return self.arm.pick(epoch, candidates, batch_size)
+
+    def see(self, epoch: int, ids: np.ndarray, successes: np.ndarray, trials: np.ndarray) -> None:
+        self.arm.see(epoch, ids, successes, trials)
+
+    def end(self) -> None:
+        arm = self.arm
+        settings = None
+        if isinstance(arm, ServiceArm) and arm.created:
+            settings = arm.params if arm.strategy == "filter" else arm.filter
+        if settings is not None:
+            assert isinstance(arm, ServiceArm)
+            answer = httpx.get(f"{self.url}/datasets/{arm.dataset}/export", timeout=60)
+            answer.raise_for_status()
+            beliefs = deserialize_snapshot(answer.content).arrays
+            f = Filter.of(validate_filter(settings), arm.k)
+            self.kept = int((judge(beliefs, np.arange(beliefs.n), f) == KEEP).sum())
+        arm.end()
+
+
+def describe(arm: Arm) -> dict[str, Any]:
+    """What an arm ran, once it has run (the static filter's bounds are set from the profile)."""
+    if isinstance(arm, KeptAtEnd):
+        arm = arm.arm
+    if isinstance(arm, ServiceArm):
+        return {"strategy": arm.strategy, "params": arm.params, "filter": arm.filter,
+                "settings": arm.settings, "profile": arm.profile, "dataset": arm.dataset}  # fmt: skip
+    return {"replay_arm": arm.name, "profile": arm.profile}
+
+
+@dataclass
+class Runs:
+    """A spec's runs, one per seed: the replay's result and the prompts its filter keeps at the end
+    (None without a filter); what it ran."""
+
+    results: list[ArmResult] = field(default_factory=list)
+    kept: list[int | None] = field(default_factory=list)
+    config: dict[str, Any] = field(default_factory=dict)
+
+
+def run(
+    table: EpochTable,
+    specs: Sequence[Spec],
+    batch: int,
+    seeds: int,
+    url: str,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Runs]:
+    """Each spec at each seed through the replay on the service at `url`."""
+    out: dict[str, Runs] = {}
+    with SelectorClient(url, timeout=120.0) as client:
+        for spec in specs:
+            runs = out.setdefault(spec.name, Runs())
+            for seed in range(seeds):
+                arm = KeptAtEnd(spec.build(client, seed), url)
+                (result,) = replay(table, [arm], batch, progress=progress)
+                if result.skipped is not None:
+                    raise SystemExit(f"filter_trace: arm {spec.name}: {result.skipped}")
+                runs.results.append(result)
+                runs.kept.append(arm.kept)
+                runs.config = describe(arm)
+    return out
 
 
 def _mean_se(values: Sequence[float]) -> dict[str, float]:
@@ -163,20 +246,35 @@ def _mean_se(values: Sequence[float]) -> dict[str, float]:
     return {"mean": round(float(x.mean()), 4), "se": round(se, 4)}
 
 
-def summarize(runs: list[dict[str, Any]], batch: int) -> dict[str, Any]:
-    esr = [r["mixed"].sum() / (batch * r["mixed"].size) for r in runs]
-    last = [r["mixed"][-10:].sum() / (batch * min(10, r["mixed"].size)) for r in runs]
-    per_rollout = [r["mixed"].sum() / (r["rollouts"] + r["profiling"]) for r in runs]
-    out = {
-        "esr": _mean_se(esr),
-        "esr_last10": _mean_se(last),
+def summarize(runs: Runs, last: int = 10) -> dict[str, Any]:
+    """Over epochs 1.. (every arm picks there): ESR, ESR over the `last` epochs, mixed groups per rollout
+    with the profile counted; the profile's and the picks' rollouts; the prompts kept at the end."""
+    results = runs.results
+    n = results[0].groups.size
+    tail = slice(max(1, n - last), n)
+    per_rollout = [int(r.mixed[1:].sum()) / (int(r.rollouts[1:].sum()) + r.profile_rollouts) for r in results]
+    out: dict[str, Any] = {
+        "esr": _mean_se([r.esr(slice(1, n)) or 0.0 for r in results]),
+        "esr_last10": _mean_se([r.esr(tail) or 0.0 for r in results]),
         "mixed_per_rollout": _mean_se(per_rollout),
-        "profiling_rollouts": runs[0]["profiling"],
-        "rollouts": runs[0]["rollouts"],
+        "profiling_rollouts": results[0].profile_rollouts,
+        "rollouts": int(results[0].rollouts[1:].sum()),
     }
-    if runs[0]["kept"] is not None:
-        out["kept_at_end"] = _mean_se([r["kept"] for r in runs])
+    kept = [k for k in runs.kept if k is not None]
+    if kept:
+        out["kept_at_end"] = _mean_se(kept)
     return out
+
+
+def load(path: Path) -> EpochTable:
+    """The trace cut into epochs by `selector-service replay`'s reader (an accuracy file, 8 rollouts per
+    prompt per epoch). SystemExit saying what is wrong."""
+    if not path.is_file():
+        raise SystemExit(f"filter_trace: no trace at {path}. The trace is {SOURCE}; pass its path.")
+    try:
+        return epochs_of(read_log(path, fmt="accuracy", trials=8))
+    except LogError as error:
+        raise SystemExit(f"filter_trace: {error}") from None
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -187,22 +285,32 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--quick", action="store_true", help="a few arms (for a smoke run)")
     parser.add_argument("--out", type=Path, default=OUT_DIR)
     args = parser.parse_args(argv)
-    trace = load_trace(args.path)
+    if args.seeds < 1 or args.batch_size < 1:
+        parser.error("--seeds and --batch-size must be >= 1")
+    table = load(args.path)
+    specs = arms(args.quick)
     started = time.perf_counter()
-    results: dict[str, Any] = {}
     print(
-        f"{trace.n_prompts} prompts, epochs 1..{trace.n_epochs - 1} after the epoch-0 profile, "
-        f"B = {args.batch_size}, {args.seeds} seeds"
+        f"{table.n_prompts} prompts, epochs 1..{table.n_epochs - 1} after the epoch-0 profile, "
+        f"B = {args.batch_size}, {args.seeds} seeds, {len(specs)} arms through the replay's service"
     )
+    from tqdm import tqdm
+
+    total = sum(table.n_epochs - (1 if s.profile else 0) for s in specs) * args.seeds
+    with (
+        embedded_service() as url,
+        tqdm(total=total, desc="filter_trace", unit="epoch", file=sys.stderr) as bar,
+    ):
+        runs = run(table, specs, args.batch_size, args.seeds, url, progress=lambda name: bar.update(1))
+    results: dict[str, Any] = {}
     print("| arm | ESR | last 10 epochs | mixed groups per rollout, profile counted | kept at the end |")
     print("|---|---|---|---|---|")
-    for arm in arms(args.quick):
-        runs = [replay(trace, arm, args.batch_size, seed) for seed in range(args.seeds)]
-        s = summarize(runs, args.batch_size)
-        results[arm.name] = {"arm": arm.__dict__, **s}
+    for spec in specs:
+        s = summarize(runs[spec.name])
+        results[spec.name] = {"arm": {"name": spec.name, **runs[spec.name].config}, **s}
         kept = s.get("kept_at_end")
         print(
-            f"| {arm.name} | {s['esr']['mean']:.3f} ± {s['esr']['se']:.3f} "
+            f"| {spec.name} | {s['esr']['mean']:.3f} ± {s['esr']['se']:.3f} "
             f"| {s['esr_last10']['mean']:.3f} ± {s['esr_last10']['se']:.3f} "
             f"| {s['mixed_per_rollout']['mean']:.4f} | {'' if kept is None else round(kept['mean'])} |",
             flush=True,
@@ -210,15 +318,15 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     seconds = time.perf_counter() - started
     line = {
         "benchmark": "filter_trace",
-        "prompts": trace.n_prompts,
-        "epochs": trace.n_epochs,
+        "prompts": table.n_prompts,
+        "epochs": table.n_epochs,
         "batch_size": args.batch_size,
         "seeds": args.seeds,
         "seconds": round(seconds, 1),
         # The default filter's and the static filter's share of groups with signal, and uniform's.
-        "filter_esr": results["filter b=0.5"]["esr"]["mean"],
-        "static_filter_esr": results["static filter (0 < rate < 1 at epoch 0)"]["esr"]["mean"],
-        "uniform_esr": results["uniform"]["esr"]["mean"],
+        "filter_esr": results[DEFAULT]["esr"]["mean"],
+        "static_filter_esr": results[STATIC]["esr"]["mean"],
+        "uniform_esr": results[UNIFORM]["esr"]["mean"],
         "results": {
             name: {m: r[m]["mean"] for m in ("esr", "esr_last10", "mixed_per_rollout")}
             for name, r in results.items()

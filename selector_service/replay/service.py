@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -105,13 +106,20 @@ class ServiceArm:
         self.settings = dict(settings or {})
         self.profile_rollouts = 0
         self.n_prompts = 0
+        #: The dataset's K: the log's median group size (at most the service's 1024).
+        self.k = 0
         self.created = False
+        #: Names this arm's reports (their request ids), apart from an earlier replay's on the same service.
+        self.run = f"replay-{uuid.uuid4().hex[:12]}"
 
     def begin(self, table: EpochTable) -> None:
         self.n_prompts = table.n_prompts
-        k = int(min(max(round(float(np.median(np.concatenate([e.trials for e in table.epochs])))), 1), 1024))
+        median = float(np.median(np.concatenate([e.trials for e in table.epochs])))
+        self.k = int(min(max(round(median), 1), 1024))
         try:
-            self.client.create_dataset(self.dataset, table.n_prompts, rollouts_per_prompt=k, **self.settings)
+            self.client.create_dataset(
+                self.dataset, table.n_prompts, rollouts_per_prompt=self.k, **self.settings
+            )
             self.created = True
             if self.profile:
                 rates, samples = profile_upload(table)
@@ -150,7 +158,7 @@ class ServiceArm:
                 )
             ]
             try:
-                self.client.observe(self.dataset, epoch, results, request_id=f"{self.dataset}-{epoch}-{lo}")
+                self.client.observe(self.dataset, epoch, results, request_id=f"{self.run}-{epoch}-{lo}")
             except InvalidRequest as exc:  # a group the service cannot take (over its K limit, say)
                 raise ArmSkipped(f"the service refused {self.name}'s outcomes: {exc}") from None
 

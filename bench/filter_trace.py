@@ -60,7 +60,14 @@ from selector_service.core.filter import KEEP, Filter, judge
 from selector_service.core.strategies import validate_filter
 from selector_service.replay.arms import build_arm
 from selector_service.replay.logs import LogError, read_log
-from selector_service.replay.protocol import Arm, ArmResult, EpochTable, epochs_of, replay
+from selector_service.replay.protocol import (
+    Arm,
+    ArmResult,
+    EpochTable,
+    LatestOutcomeFilterArm,
+    epochs_of,
+    replay,
+)
 from selector_service.replay.service import ServiceArm, embedded_service
 from selector_service.storage.snapshot import deserialize_snapshot
 
@@ -152,9 +159,9 @@ def arms(quick: bool) -> list[Spec]:
 
 
 class KeptAtEnd:
-    """A service arm that, before its dataset is deleted, counts the prompts its filter keeps: the
-    dataset's export (GET /datasets/{name}/export) judged by the service's own filter code. Every other
-    call goes to the arm."""
+    """An arm that, as it ends, counts the prompts its filter keeps: for a service arm, before its dataset
+    is deleted, the dataset's export (GET /datasets/{name}/export) judged by the service's own filter
+    code; for the latest-group filter, its kept set. Every other call goes to the arm."""
 
     def __init__(self, arm: Arm, url: str) -> None:
         self.arm, self.url = arm, url
@@ -186,7 +193,9 @@ class KeptAtEnd:
         settings = None
         if isinstance(arm, ServiceArm) and arm.created:
             settings = arm.params if arm.strategy == "filter" else arm.filter
-        if settings is not None:
+        if isinstance(arm, LatestOutcomeFilterArm):
+            self.kept = int(arm.keep.sum())
+        elif settings is not None:
             assert isinstance(arm, ServiceArm)
             answer = httpx.get(f"{self.url}/datasets/{arm.dataset}/export", timeout=60)
             answer.raise_for_status()

@@ -59,4 +59,4 @@ def test_its_arms_are_the_replay_commands(tmp_path, service):
     assert runs[ft.STATIC].config["params"]["reprofile"] is False
     summary = ft.summarize(runs["filter b=0.3"])
     assert summary["profiling_rollouts"] == N * 8 and summary["rollouts"] == (EPOCHS - 1) * BATCH * 8
-    assert 0 < summary["kept_at_end"]["mean"] <= N and runs[ft.LATEST].kept == [None]
+    assert 0 < summary["kept_at_end"]["mean"] <= N and runs[ft.UNIFORM].kept == [None]

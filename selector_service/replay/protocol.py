@@ -8,7 +8,8 @@ the replay) before it sees anything of the epoch, then sees the real outcomes of
 those, with the group sizes the log has.
 
 Epoch 0 is the profile. An arm that uses it (`Arm.profile`) sees all of epoch 0 before the replay, and
-its rollouts count against it; it then picks from epoch 1 on. Every other arm picks from epoch 0 on, as a
+its rollouts count against it (`Arm.profile_rollouts`: for an arm on the service, the service's count of
+what was uploaded as profiling); it then picks from epoch 1 on. Every other arm picks from epoch 0 on, as a
 run without a profile would. The effective-sample ratio (mixed groups over groups picked; a group is
 mixed when it holds a success and a failure, GRPO's learning signal) is reported over epochs 1 on, the
 stretch every arm picks in, and over the last epochs. Effective groups per rollout are an arm's mixed

@@ -45,8 +45,8 @@ def refused_for_memory(r: httpx.Response) -> None:
 
 
 def test_the_charge_is_the_documented_footprint():
-    assert admission_bytes(10**6, 0) == 2 * 43 * 10**6
-    assert admission_bytes(10**6, 10**6) == 2 * 108 * 10**6
+    assert admission_bytes(10**6, 0) == 2 * 52 * 10**6
+    assert admission_bytes(10**6, 10**6) == 2 * 117 * 10**6
 
 
 def test_a_create_over_the_budget_is_507_and_nothing_exists(client, small, redis_url, dsname):

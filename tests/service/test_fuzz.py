@@ -226,6 +226,20 @@ CASES = [
 ]
 
 
+#: Headers that frame the HTTP message itself: the server (uvicorn's h11) refuses a malformed one with a
+#: bare 400 before any route runs, so a fuzzed value there tests the HTTP library, not the service. Negative
+#: mode sometimes adds them among its extra headers (which ones depends on the process's hash seed).
+FRAMING_HEADERS = frozenset(
+    {"content-length", "transfer-encoding", "host", "connection", "expect", "upgrade", "te"}
+)
+
+
+def _drop_framing_headers(case: Any) -> None:
+    if isinstance(case.headers, dict):
+        for name in [h for h in case.headers if h.lower() in FRAMING_HEADERS]:
+            del case.headers[name]
+
+
 @pytest.mark.parametrize(("method", "path", "mode"), CASES)
 def test_fuzz_operation(api_schema, fuzz_service, seed, method, path, mode):
     """No 5xx; only documented status codes and content types; bodies that match their schemas."""
@@ -240,6 +254,7 @@ def test_fuzz_operation(api_schema, fuzz_service, seed, method, path, mode):
     )
     @given(case=operation.as_strategy(generation_mode=mode), data=st.data())
     def run(case, data):
+        _drop_framing_headers(case)
         aimed = mode is GenerationMode.POSITIVE and data.draw(st.booleans(), label="aim at seed")
         if aimed:
             _aim_at_seed(case, seed, data)

@@ -19,10 +19,10 @@ from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 from rlvr_selector_client import contract
 from selector_service.contract import dataset_settings
 from selector_service.contract.jsonscan import array_separators
-from selector_service.core.coldstart import MAX_GROUPS
 from selector_service.core.domain import K_MAX, PASS_SAMPLES_MAX, TRIALS_MAX
 from selector_service.core.filter import FILTER_DEFAULTS
 from selector_service.core.rollouts import DEFAULT_ROLLOUT_POLICY, ROLLOUT_POLICIES, ROLLOUT_POLICY_HELP
+from selector_service.core.shared import MAX_GROUPS
 from selector_service.core.strategies import STRATEGIES
 
 

@@ -6,9 +6,10 @@ has a slow float64 twin in tests/naive.py, and runs without fastmath so the same
 bits in every process. Parallel kernels are launched under `PARALLEL_LOCK` (see _parallel.py), so
 wrappers may be called from many threads at once.
 
-Modules: outcomes (rewards -> successes, trials, states), beliefs (BeliefArrays: per-prompt arrays
+Modules: outcomes (rewards -> successes, trials, states), shared (a dataset's constants, DatasetRules,
+and the SharedState it keeps beside its per-prompt arrays), beliefs (BeliefArrays: per-prompt arrays
 and the observed set that holds DPS state; the Beta update), coldstart (docs/methods.md §6: metadata, group
-rates, cold and frozen priors, the dataset's SharedState), dps (DPS step close over the observed set),
+rates, cold and frozen priors), dps (DPS step close over the observed set),
 mi (INSIGHT's weighted mutual information), scores (MoPPS, baselines, DPS score), curricula (docs/methods.md §7:
 learnability, AdaRFT), step_close (a step's close: walks, the shared state, then DPS; `close_open_step`), walks (GRESO's and SEC's walks
 and their positions), special (numba digamma), rng (the counter-based generator behind every random
@@ -22,12 +23,8 @@ the DPS update.
 """
 
 from ._parallel import PARALLEL_LOCK
-from .beliefs import BeliefArrays, apply_results
+from .beliefs import NO_GROUP, BeliefArrays, apply_results
 from .coldstart import (
-    MAX_GROUPS,
-    NO_GROUP,
-    DatasetRules,
-    SharedState,
     apply_metadata,
     beta_for,
     check_metadata,
@@ -68,6 +65,7 @@ from .select import (
     topk_random_ties,
     uniform_batch,
 )
+from .shared import MAX_GROUPS, DatasetRules, SharedState
 from .special import digamma, digamma_array
 from .step_close import close_open_step
 from .strategies import STRATEGIES, ParamError, StrategySpec, score, select, validate_params

@@ -37,7 +37,7 @@ and the prior and prev at (1/3, 1/3, 1/3) (docs/methods.md §2; dps.py shows it 
 it reports D0 and 1/3 (`hmm_rows`, `dense_hmm`) and costs only its 52 bytes. Memory: 52 bytes per
 prompt plus 65 per observed prompt, 117 when every prompt is observed (budget 128; the observed set's
 capacity grows by half as needed and never beyond N). The dataset's SharedState (group sums, strategy
-state; coldstart.py) adds a few dozen bytes per group.
+state; shared.py) adds a few dozen bytes per group.
 
 Beta update (docs/methods.md §1 and 6), one result (S successes out of `trials`) after another, in order; at a
 prompt's first result its cold prior is frozen into (alpha0_i, beta0_i) (coldstart module docstring):
@@ -61,23 +61,16 @@ import numba
 import numpy as np
 import numpy.typing as npt
 
-from .coldstart import DatasetRules, SharedState
-from .mi import mutual_information, wmi_scores, wmi_weight
 from .outcomes import PARTIAL, SOLVED, UNOBSERVED, UNSOLVED, combine_state
-from .scores import dps_scores, expected_difficulty_scores, inverse_evidence_scores, thompson_scores
+from .shared import DatasetRules, SharedState
 
 __all__ = [
     "FIELDS",
+    "NO_GROUP",
+    "NO_SAMPLES",
     "OBSERVED_FIELDS",
     "BeliefArrays",
     "apply_results",
-    "dps_scores",
-    "expected_difficulty_scores",
-    "inverse_evidence_scores",
-    "mutual_information",
-    "thompson_scores",
-    "wmi_scores",
-    "wmi_weight",
 ]
 
 #: name -> (dtype, shape after the prompt axis) of every array over all N prompts, in snapshot order.
@@ -97,16 +90,21 @@ FIELDS: dict[str, tuple[np.dtype, tuple[int, ...]]] = {
     "prior_n": (np.dtype(np.int32), ()),
 }
 
+#: `group` value of a prompt without a group.
+NO_GROUP = -1
+#: `pass_samples` (and frozen `prior_n`) value of a rate without a sample count: it weighs prior_strength.
+NO_SAMPLES = -1
+
 #: Per-prompt fields of cold start (docs/methods.md §6, 7), and their value for a prompt nothing is known
 #: about (no metadata, no runs).
 METADATA_FIELDS: dict[str, float] = {
     "pass_rate": math.nan,
-    "group": -1,
+    "group": NO_GROUP,
     "prior_p0": math.nan,
     "streak": 0,
-    "pass_samples": -1,
+    "pass_samples": NO_SAMPLES,
     "profiled": 0,
-    "prior_n": -1,
+    "prior_n": NO_SAMPLES,
 }
 #: Saturation of the streak counter.
 STREAK_MAX = 32_767
@@ -163,7 +161,7 @@ class BeliefArrays:
     obs_state: np.ndarray
     observed: int = 0
     d0: float = 1.0
-    #: The dataset's state beside the per-prompt arrays (group sums, strategy state; coldstart.py).
+    #: The dataset's state beside the per-prompt arrays (group sums, strategy state; shared.py).
     shared: SharedState = field(default_factory=SharedState)
 
     def __post_init__(self) -> None:
@@ -478,7 +476,7 @@ def _apply_kernel(
             # docs/methods.md §6: freeze the cold prior, from the group sums of every result applied before
             # this one; a known pass rate weighs its own sample count when it has one.
             p0 = np.float64(pass_rate[p])
-            prior_n[p] = pass_samples[p] if (pass_samples[p] >= 1 and not np.isnan(p0)) else -1
+            prior_n[p] = pass_samples[p] if (pass_samples[p] >= 1 and not np.isnan(p0)) else NO_SAMPLES
             if np.isnan(p0) and g >= 0:
                 p0 = (a0 + gs[g]) / (a0 + b0 + gt[g])
             prior_p0[p] = p0

@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .coldstart import STEP_EASY, STEP_HARD, STEP_RESULTS, STEP_SUCCESSES, STEP_TRIALS
 from .curricula import GRESO_EASY_TARGET, GRESO_HARD_TARGET, GRESO_P_MAX, GRESO_P_MIN, GRESO_STEP
 from .dps import CloseStats, close_step
+from .shared import STEP_EASY, STEP_HARD, STEP_RESULTS, STEP_SUCCESSES, STEP_TRIALS
 from .walks import advance_walks
 
 if TYPE_CHECKING:

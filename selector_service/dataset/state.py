@@ -29,11 +29,12 @@ import numpy as np
 from selector_service.contract import dataset_settings
 from selector_service.core import strategies
 from selector_service.core.beliefs import BeliefArrays, apply_results
-from selector_service.core.coldstart import DatasetRules, Metadata, apply_metadata, prior_arrays
+from selector_service.core.coldstart import Metadata, apply_metadata, prior_arrays
 from selector_service.core.dps import CloseStats
 from selector_service.core.rng import stream
 from selector_service.core.rollouts import RolloutRequest
 from selector_service.core.select import TiedScores, retie, tie_index
+from selector_service.core.shared import DatasetRules
 from selector_service.core.step_close import close_open_step
 from selector_service.dataset.history import LAG_LABELS, StepHistory
 

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from selector_service.contract import dataset_settings
 from selector_service.contract.schemas import DatasetCreate, DatasetInfo, decode_observe
-from selector_service.core.coldstart import DatasetRules
+from selector_service.core.shared import DatasetRules
 from selector_service.dataset.state import DatasetSpec
 from selector_service.storage.store import Keys
 

@@ -296,14 +296,14 @@ def _live_strength(
     pass_rate: npt.NDArray[np.float32],
     pass_samples: npt.NDArray[np.int32],
     p: int | np.integer[Any],
-    s: float,
+    prior_strength: float,
 ) -> float:
     """s_i of docs/methods.md §6 now: the prompt's sample count when its pass rate is known and has one,
     else the dataset's prior_strength s (a group's rate always weighs s)."""
     n = pass_samples[p]
     if n >= 1 and not np.isnan(pass_rate[p]):
         return np.float64(n)
-    return s
+    return prior_strength
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
@@ -311,9 +311,9 @@ def cold_beta(
     src: _PriorSource,
     rates: npt.NDArray[np.float64],
     p: int | np.integer[Any],
-    a0: float,
-    b0: float,
-    s: float,
+    alpha0: float,
+    beta0: float,
+    prior_strength: float,
 ) -> tuple[float, float, float]:
     """(alpha, beta, p0) of prompt p as every Beta-family score reads it: its posterior and frozen p0 once
     observed, else its cold prior and live p0 (NaN: none)."""
@@ -322,9 +322,9 @@ def cold_beta(
         return alpha[p], beta[p], prior_p0[p]
     p0 = _live_p0(pass_rate, group, rates, p)
     if np.isnan(p0):
-        return a0, b0, p0
-    si = _live_strength(pass_rate, pass_samples, p, s)
-    return a0 + si * p0, b0 + si * (1.0 - p0), p0
+        return alpha0, beta0, p0
+    si = _live_strength(pass_rate, pass_samples, p, prior_strength)
+    return alpha0 + si * p0, beta0 + si * (1.0 - p0), p0
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
@@ -332,17 +332,17 @@ def profile_beta(
     pass_rate: npt.NDArray[np.float32],
     pass_samples: npt.NDArray[np.int32],
     p: int | np.integer[Any],
-    a0: float,
-    b0: float,
-    s: float,
+    alpha0: float,
+    beta0: float,
+    prior_strength: float,
 ) -> tuple[float, float]:
-    """The Beta of prompt p's uploaded profile alone (its pass rate and count; Beta(a0, b0) without a
+    """The Beta of prompt p's uploaded profile alone (its pass rate and count; Beta(alpha0, beta0) without a
     rate), whatever was observed: what a static filter judges (docs/methods.md §9)."""
     r = np.float64(pass_rate[p])
     if np.isnan(r):
-        return a0, b0
-    si = _live_strength(pass_rate, pass_samples, p, s)
-    return a0 + si * r, b0 + si * (1.0 - r)
+        return alpha0, beta0
+    si = _live_strength(pass_rate, pass_samples, p, prior_strength)
+    return alpha0 + si * r, beta0 + si * (1.0 - r)
 
 
 @numba.njit(nogil=True, cache=True)
@@ -351,9 +351,9 @@ def _beta_range(
     rates: npt.NDArray[np.float64],
     ids: npt.NDArray[np.int64],
     use_all: bool,
-    a0: float,
-    b0: float,
-    s: float,
+    alpha0: float,
+    beta0: float,
+    prior_strength: float,
     out_a: npt.NDArray[np.float64],
     out_b: npt.NDArray[np.float64],
     out_p0: npt.NDArray[np.float64],
@@ -364,7 +364,7 @@ def _beta_range(
     pass_rate, group, pass_samples)."""
     for i in range(lo, hi):
         p = i if use_all else ids[i]
-        out_a[i], out_b[i], out_p0[i] = cold_beta(src, rates, p, a0, b0, s)
+        out_a[i], out_b[i], out_p0[i] = cold_beta(src, rates, p, alpha0, beta0, prior_strength)
 
 
 @numba.njit(nogil=True, cache=True)
@@ -373,14 +373,14 @@ def _beta_serial(
     rates: npt.NDArray[np.float64],
     ids: npt.NDArray[np.int64],
     use_all: bool,
-    a0: float,
-    b0: float,
-    s: float,
+    alpha0: float,
+    beta0: float,
+    prior_strength: float,
     out_a: npt.NDArray[np.float64],
     out_b: npt.NDArray[np.float64],
     out_p0: npt.NDArray[np.float64],
 ) -> None:
-    _beta_range(src, rates, ids, use_all, a0, b0, s, out_a, out_b, out_p0, 0, out_a.size)
+    _beta_range(src, rates, ids, use_all, alpha0, beta0, prior_strength, out_a, out_b, out_p0, 0, out_a.size)
 
 
 @numba.njit(nogil=True, cache=True, parallel=True)
@@ -389,9 +389,9 @@ def _beta_parallel(
     rates: npt.NDArray[np.float64],
     ids: npt.NDArray[np.int64],
     use_all: bool,
-    a0: float,
-    b0: float,
-    s: float,
+    alpha0: float,
+    beta0: float,
+    prior_strength: float,
     out_a: npt.NDArray[np.float64],
     out_b: npt.NDArray[np.float64],
     out_p0: npt.NDArray[np.float64],
@@ -399,7 +399,20 @@ def _beta_parallel(
     m = out_a.size
     for c in prange((m + CHUNK - 1) // CHUNK):
         lo = c * CHUNK
-        _beta_range(src, rates, ids, use_all, a0, b0, s, out_a, out_b, out_p0, lo, min(m, lo + CHUNK))
+        _beta_range(
+            src,
+            rates,
+            ids,
+            use_all,
+            alpha0,
+            beta0,
+            prior_strength,
+            out_a,
+            out_b,
+            out_p0,
+            lo,
+            min(m, lo + CHUNK),
+        )
 
 
 def prior_source(ba: BeliefArrays) -> _PriorSource:
@@ -464,13 +477,13 @@ def _scores_around_the_prior(ba: BeliefArrays, score_fn: ScoreFn, out: np.ndarra
     observed): the prior's score computed once and written everywhere, then the others' scores. The same
     values as scoring every prompt (the score kernels are elementwise), for a pass of comparisons instead
     of N evaluations of the score: INSIGHT over 10^7 prompts, 256 observed, 0.024 s instead of 1.0 s."""
-    a0, b0 = ba.shared.rules.alpha0, ba.shared.rules.beta0
-    others = np.flatnonzero((ba.alpha != a0) | (ba.beta != b0))
+    alpha0, beta0 = ba.shared.rules.alpha0, ba.shared.rules.beta0
+    others = np.flatnonzero((ba.alpha != alpha0) | (ba.beta != beta0))
     if others.size > ba.n // 2:
         return score_fn(ba.alpha, ba.beta, None, out)
     if out is None:
         out = np.empty(ba.n)
-    out.fill(score_fn(np.array([a0]), np.array([b0]), None, None)[0])
+    out.fill(score_fn(np.array([alpha0]), np.array([beta0]), None, None)[0])
     if others.size:
         out[others] = score_fn(ba.alpha, ba.beta, others, None)
     return out
@@ -508,8 +521,8 @@ def _live_kernel(
     rates: npt.NDArray[np.float64],
     ids: npt.NDArray[np.int64],
     use_all: bool,
-    a0: float,
-    b0: float,
+    alpha0: float,
+    beta0: float,
     to_score: bool,
     target: float,
     out: npt.NDArray[np.float64],
@@ -519,7 +532,7 @@ def _live_kernel(
         p = i if use_all else ids[i]
         p0 = _live_p0(pass_rate, group, rates, p)
         if np.isnan(p0):  # no metadata: the posterior mean (the cold prior's mean when never observed)
-            p0 = alpha[p] / (alpha[p] + beta[p]) if n_obs[p] > 0 else a0 / (a0 + b0)
+            p0 = alpha[p] / (alpha[p] + beta[p]) if n_obs[p] > 0 else alpha0 / (alpha0 + beta0)
         out[i] = -abs(100.0 * (1.0 - p0) - target) if to_score else p0
 
 

@@ -127,9 +127,9 @@ def _code(
     src: _PriorSource,
     rates: npt.NDArray[np.float64],
     p: int | np.integer[Any],
-    a0: float,
-    b0: float,
-    s: float,
+    alpha0: float,
+    beta0: float,
+    prior_strength: float,
     k: int,
     solved: float,
     unsolved: float,
@@ -137,9 +137,9 @@ def _code(
 ) -> int:
     """KEEP, DROP_SOLVED or DROP_UNSOLVED for prompt p (module docstring)."""
     if reprofile:
-        a, b, _ = cold_beta(src, rates, p, a0, b0, s)
+        a, b, _ = cold_beta(src, rates, p, alpha0, beta0, prior_strength)
     else:
-        a, b = profile_beta(src[4], src[6], p, a0, b0, s)
+        a, b = profile_beta(src[4], src[6], p, alpha0, beta0, prior_strength)
     n = a + b
     if _at_least(a, n, k, solved):
         return DROP_SOLVED
@@ -153,9 +153,9 @@ def _judge_kernel(
     src: _PriorSource,
     rates: npt.NDArray[np.float64],
     ids: npt.NDArray[np.int64],
-    a0: float,
-    b0: float,
-    s: float,
+    alpha0: float,
+    beta0: float,
+    prior_strength: float,
     k: int,
     solved: float,
     unsolved: float,
@@ -163,7 +163,7 @@ def _judge_kernel(
     out: npt.NDArray[np.int8],
 ) -> None:
     for i in range(ids.size):
-        out[i] = _code(src, rates, ids[i], a0, b0, s, k, solved, unsolved, reprofile)
+        out[i] = _code(src, rates, ids[i], alpha0, beta0, prior_strength, k, solved, unsolved, reprofile)
 
 
 def judge(ba: BeliefArrays, ids: np.ndarray, f: Filter) -> np.ndarray:
@@ -220,9 +220,9 @@ def zero_advantage_probabilities(
 def _draw_kernel(
     src: _PriorSource,
     rates: npt.NDArray[np.float64],
-    a0: float,
-    b0: float,
-    s: float,
+    alpha0: float,
+    beta0: float,
+    prior_strength: float,
     k: int,
     solved: float,
     unsolved: float,
@@ -257,7 +257,9 @@ def _draw_kernel(
             h = (h + np.uint64(1)) & mask
         if table[h] == p:
             continue
-        if (_code(src, rates, p, a0, b0, s, k, solved, unsolved, reprofile) == KEEP) != kept:
+        if (
+            _code(src, rates, p, alpha0, beta0, prior_strength, k, solved, unsolved, reprofile) == KEEP
+        ) != kept:
             continue
         table[h] = p
         out[got] = p

@@ -55,14 +55,23 @@ def _finite(name: str, value: float, low: float, high: float, *, low_open: bool 
 
 @dataclass(frozen=True)
 class DatasetRules:
-    """A dataset's constants that shape how its shared state evolves (fixed at creation).
+    """A dataset's constants, fixed at creation: every number its beliefs and shared state evolve by.
 
-    alpha0, beta0: the Beta prior; prior_strength s and group_decay gamma (docs/methods.md §6); sec_lr (SEC's
-    learning rate for Q) and adarft_eta / adarft_alpha / adarft_beta (AdaRFT's update of T), docs/methods.md §7.
+    alpha0, beta0: the Beta prior (the spec's beta_prior); beta_decay, the Beta update's forgetting factor
+    (docs/methods.md §1), and hmm_decay, DPS's (§2); prior_strength s and group_decay gamma (§6); sec_lr (SEC's
+    learning rate for Q) and adarft_eta / adarft_alpha / adarft_beta (AdaRFT's update of T), §7. Each keeps
+    its setting's name from the stored spec down to the kernels' arguments.
+
+    A decay left None is not fixed by the dataset: each call that applies it names it (beliefs.apply_results'
+    beta_decay, dps.close_step's hmm_decay), which is how the kernels are driven without a spec (tests,
+    benchmarks). A dataset built from a spec fixes both, and a call may then name only the same value:
+    a constant never reaches a kernel by two ways with two values (`decay`).
     """
 
     alpha0: float = 1.0
     beta0: float = 1.0
+    beta_decay: float | None = None
+    hmm_decay: float | None = None
     prior_strength: float = 2.0
     group_decay: float = 0.9
     sec_lr: float = 0.5
@@ -75,12 +84,32 @@ class DatasetRules:
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"the Beta prior's {name} must be finite and > 0, got {value!r}")
+        for name in ("beta_decay", "hmm_decay"):
+            value = getattr(self, name)
+            if value is not None:
+                _finite(name, value, 0.0, 1.0, low_open=True)
         _finite("prior_strength", self.prior_strength, 0.0, PRIOR_STRENGTH_MAX)
         _finite("group_decay", self.group_decay, 0.0, 1.0, low_open=True)
         _finite("sec lr", self.sec_lr, 0.0, 1.0)
         _finite("adarft eta", self.adarft_eta, 0.0, 100.0)
         _finite("adarft alpha", self.adarft_alpha, 0.0, 1e3)
         _finite("adarft beta", self.adarft_beta, 0.0, 1.0)
+
+    def decay(self, name: str, given: float | None) -> float:
+        """The decay `name` (beta_decay or hmm_decay) a call applies: the dataset's, or `given` where the
+        rules leave it open. ValueError when neither names it, when `given` differs from the dataset's, or
+        when it lies outside [0, 1] (a kernel's domain: 0 forgets everything at once)."""
+        fixed = getattr(self, name)
+        if given is None:
+            if fixed is None:
+                raise ValueError(f"{name} is not fixed by the dataset's rules: name it in the call")
+            return float(fixed)
+        value = float(given)
+        if not (math.isfinite(value) and 0.0 <= value <= 1.0):
+            raise ValueError(f"{name} (forgetting factor) must lie in [0, 1], got {given!r}")
+        if fixed is not None and value != fixed:
+            raise ValueError(f"{name} {given!r} differs from the dataset's {fixed!r}: leave it out")
+        return value
 
 
 def _zeros(n: int, dtype: Any = np.float64) -> np.ndarray:

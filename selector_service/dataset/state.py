@@ -68,8 +68,8 @@ _DEFAULT = dataset_settings.DEFAULTS
 @dataclass(frozen=True)
 class DatasetSpec:
     """What a client fixed at creation: every setting of dataset_settings.SETTINGS, as a field of that
-    name and in its order, then the incarnation's `uid`. The decays live here: they shape how beliefs
-    evolve. The fields are written out for the type checker; their defaults are the declaration's
+    name and in its order, then the incarnation's `uid`. The numbers the beliefs evolve by reach them as
+    `rules()`, which the beliefs hold. The fields are written out for the type checker; their defaults are the declaration's
     (tests/service/test_dataset_settings.py holds names, order and defaults to it)."""
 
     name: str
@@ -115,7 +115,9 @@ class DatasetSpec:
         return cls(**dataset_settings.from_request(request))
 
     def rules(self) -> DatasetRules:
-        """The constants the dataset's shared state evolves by (docs/methods.md §6 and 7's dataset-level params)."""
+        """The constants the dataset's beliefs and shared state evolve by: its Beta prior, its decays, its
+        cold start's (docs/methods.md §6) and the dataset-level parameters of §7, each under its
+        setting's name."""
         return DatasetRules(
             alpha0=self.beta_prior[0],
             beta0=self.beta_prior[1],
@@ -318,9 +320,8 @@ class DatasetState:
     def apply_outcomes(
         self, ids: np.ndarray, succ: np.ndarray, trials: np.ndarray, states: np.ndarray, lag: int = 0
     ) -> None:
-        s = self.spec
         self.history.observe(self.arrays, ids, succ, trials, lag)  # before the beliefs move
-        apply_results(self.arrays, ids, succ, trials, states, s.beta_decay, s.beta_prior[0], s.beta_prior[1])
+        apply_results(self.arrays, ids, succ, trials, states)  # by the spec's rules, which the beliefs hold
         self.results += len(ids)
         self.rollouts += float(trials.sum())
         for cache in self._caches.values():
@@ -335,9 +336,7 @@ class DatasetState:
         if gap < 1:
             return
         counts = self.arrays.shared.step_counts.copy()  # the close resets them
-        self.last_close = close_open_step(
-            self.arrays, hmm_decay=self.spec.hmm_decay, key=self.spec.name, steps=gap
-        )
+        self.last_close = close_open_step(self.arrays, key=self.spec.name, steps=gap)
         totals = (self.profile_rollouts(), self.rollouts + self.profile_rollouts())
         self.history.close(self.open_step, counts, self.last_close, self.arrays.observed, *totals)
         for empty in range(self.open_step + 1, step):

@@ -19,10 +19,9 @@ from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 from rlvr_selector_client import contract
 from selector_service.contract import dataset_settings
 from selector_service.contract.jsonscan import array_separators
-from selector_service.core.domain import K_MAX, PASS_SAMPLES_MAX, TRIALS_MAX
+from selector_service.core.domain import K_MAX, TRIALS_MAX
 from selector_service.core.filter import FILTER_DEFAULTS
 from selector_service.core.rollouts import DEFAULT_ROLLOUT_POLICY, ROLLOUT_POLICIES, ROLLOUT_POLICY_HELP
-from selector_service.core.shared import MAX_GROUPS
 from selector_service.core.strategies import STRATEGIES
 
 
@@ -346,8 +345,8 @@ class StrategiesResponse(BaseModel):
 
 
 PassRate = Annotated[float, Field(ge=0, le=1)]
-GroupId = Annotated[int, Field(ge=-1, le=MAX_GROUPS - 1)]
-PassSamples = Annotated[int, Field(ge=1, le=PASS_SAMPLES_MAX)]
+GroupId = Annotated[int, Field(ge=-1, le=contract.MAX_GROUPS - 1)]
+PassSamples = Annotated[int, Field(ge=1, le=contract.PASS_SAMPLES_MAX)]
 #: The per-prompt arrays of a metadata upload, in the order their lengths are compared.
 _METADATA_ARRAYS = ("pass_rate", "pass_samples", "group")
 
@@ -361,7 +360,7 @@ class MetadataRequest(_Request):
     )
     pass_samples: list[PassSamples | None] | None = Field(
         None,
-        description=f"The samples each pass rate was measured from, a whole number in 1..{PASS_SAMPLES_MAX}: "
+        description=f"The samples each pass rate was measured from, a whole number in 1..{contract.PASS_SAMPLES_MAX}: "
         "the rate then weighs as that many samples in the prompt's Beta prior; null = unknown (the "
         "dataset's prior_strength). Same length as the other arrays.",
     )
@@ -371,7 +370,8 @@ class MetadataRequest(_Request):
         "its profiling rollouts; false: they came with the data (free). Needs pass_samples.",
     )
     group: list[GroupId] | None = Field(
-        None, description=f"A group in 0..{MAX_GROUPS - 1} per prompt; -1 = none. Same length as pass_rate."
+        None,
+        description=f"A group in 0..{contract.MAX_GROUPS - 1} per prompt; -1 = none. Same length as pass_rate.",
     )
 
     @model_validator(mode="after")

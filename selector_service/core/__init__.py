@@ -31,6 +31,7 @@ from .coldstart import (
     group_rates,
     prior_pass_rates,
 )
+from .domain import MAX_GROUPS
 from .dps import CloseStats, close_step
 from .mi import K_MAX, mutual_information, wmi_scores, wmi_weight
 from .outcomes import (
@@ -65,7 +66,7 @@ from .select import (
     topk_random_ties,
     uniform_batch,
 )
-from .shared import MAX_GROUPS, DatasetRules, SharedState
+from .shared import DatasetRules, SharedState
 from .special import digamma, digamma_array
 from .step_close import close_open_step
 from .strategies import STRATEGIES, ParamError, StrategySpec, score, select, validate_params

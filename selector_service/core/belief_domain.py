@@ -41,9 +41,8 @@ import numpy.typing as npt
 
 from .beliefs import STREAK_MAX, BeliefArrays
 from .curricula import GRESO_P_MAX, GRESO_P_MIN
-from .domain import BELIEF_MAX, PASS_SAMPLES_MAX, plain
+from .domain import BELIEF_MAX, MAX_GROUPS, PASS_SAMPLES_MAX, plain
 from .outcomes import SOLVED, UNOBSERVED
-from .shared import MAX_GROUPS
 
 __all__ = ["POSITION_MAX", "check_beliefs"]
 

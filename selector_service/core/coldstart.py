@@ -50,9 +50,9 @@ from numba import prange
 
 from ._parallel import CHUNK, PARALLEL_MIN, launch
 from .beliefs import NO_GROUP, NO_SAMPLES, BeliefArrays
-from .domain import PASS_SAMPLES_MAX, plain
+from .domain import MAX_GROUPS, PASS_SAMPLES_MAX, plain
 from .mi import _check_ids
-from .shared import MAX_GROUPS, SharedState
+from .shared import SharedState
 
 #: A Beta score function of scores.py / mi.py: (alpha, beta, ids or None, out or None) -> float64 scores.
 ScoreFn = Callable[[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None], np.ndarray]

@@ -17,16 +17,17 @@ modules above both read and move it.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import numpy as np
 
-from .domain import PRIOR_STRENGTH_MAX
+from rlvr_selector_client.contract import DEFAULTS
+
+from .domain import MAX_GROUPS, settings_problems
 
 __all__ = [
     "GROUP_FIELDS",
-    "MAX_GROUPS",
     "SCALARS",
     "STEP_EASY",
     "STEP_HARD",
@@ -37,8 +38,6 @@ __all__ = [
     "SharedState",
 ]
 
-#: Groups are numbered 0..MAX_GROUPS-1 (docs/methods.md §6: G <= 65,536).
-MAX_GROUPS = 65_536
 #: Order of SharedState.step_counts: results applied at the open step, of which all-solved and
 #: all-failed (states SOLVED / UNSOLVED), and their summed successes and trials.
 STEP_RESULTS, STEP_EASY, STEP_HARD, STEP_SUCCESSES, STEP_TRIALS = range(5)
@@ -60,7 +59,10 @@ class DatasetRules:
     alpha0, beta0: the Beta prior (the spec's beta_prior); beta_decay, the Beta update's forgetting factor
     (docs/methods.md §1), and hmm_decay, DPS's (§2); prior_strength s and group_decay gamma (§6); sec_lr (SEC's
     learning rate for Q) and adarft_eta / adarft_alpha / adarft_beta (AdaRFT's update of T), §7. Each keeps
-    its setting's name from the stored spec down to the kernels' arguments.
+    its setting's name from the stored spec down to the kernels' arguments, and those that are settings
+    have the declaration's defaults and domain (rlvr_selector_client.contract, checked by
+    domain.settings_problems); SEC's and AdaRFT's are their strategies' dataset-level parameters
+    (strategies.dataset_rules resolves them from a spec's defaults).
 
     A decay left None is not fixed by the dataset: each call that applies it names it (beliefs.apply_results'
     beta_decay, dps.close_step's hmm_decay), which is how the kernels are driven without a spec (tests,
@@ -68,28 +70,22 @@ class DatasetRules:
     a constant never reaches a kernel by two ways with two values (`decay`).
     """
 
-    alpha0: float = 1.0
-    beta0: float = 1.0
+    alpha0: float = DEFAULTS["beta_prior"][0]
+    beta0: float = DEFAULTS["beta_prior"][1]
     beta_decay: float | None = None
     hmm_decay: float | None = None
-    prior_strength: float = 2.0
-    group_decay: float = 0.9
+    prior_strength: float = DEFAULTS["prior_strength"]
+    group_decay: float = DEFAULTS["group_decay"]
     sec_lr: float = 0.5
     adarft_eta: float = 50.0
     adarft_alpha: float = 2.0
     adarft_beta: float = 0.5
 
     def __post_init__(self) -> None:
-        for name in ("alpha0", "beta0"):
-            value = getattr(self, name)
-            if not (math.isfinite(value) and value > 0):
-                raise ValueError(f"the Beta prior's {name} must be finite and > 0, got {value!r}")
-        for name in ("beta_decay", "hmm_decay"):
-            value = getattr(self, name)
-            if value is not None:
-                _finite(name, value, 0.0, 1.0, low_open=True)
-        _finite("prior_strength", self.prior_strength, 0.0, PRIOR_STRENGTH_MAX)
-        _finite("group_decay", self.group_decay, 0.0, 1.0, low_open=True)
+        settings = {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+        problem = settings_problems({**settings, "beta_prior": (self.alpha0, self.beta0)})
+        if problem:
+            raise ValueError(problem)
         _finite("sec lr", self.sec_lr, 0.0, 1.0)
         _finite("adarft eta", self.adarft_eta, 0.0, 100.0)
         _finite("adarft alpha", self.adarft_alpha, 0.0, 1e3)

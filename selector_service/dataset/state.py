@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import struct
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from enum import StrEnum
 from typing import Any
 
@@ -62,28 +62,12 @@ class LogGap(Exception):
     them (reload from the snapshot that covers them), or the log is not the one this state came from."""
 
 
-_DEFAULT = dataset_settings.DEFAULTS
-
-
 @dataclass(frozen=True)
-class DatasetSpec:
-    """What a client fixed at creation: every setting of dataset_settings.SETTINGS, as a field of that
-    name and in its order, then the incarnation's `uid`. The numbers the beliefs evolve by reach them as
-    `rules()`, which the beliefs hold. The fields are written out for the type checker; their defaults are the declaration's
-    (tests/service/test_dataset_settings.py holds names, order and defaults to it)."""
+class DatasetSpec(dataset_settings.DatasetSettings):
+    """What a client fixed at creation: every setting, as the declaration's fields (DatasetSettings, in its
+    order, with its types and defaults), then the incarnation's `uid`. The numbers the beliefs evolve by
+    reach them as `rules()`, which the beliefs hold."""
 
-    name: str
-    size: int
-    rollouts_per_prompt: int = _DEFAULT["rollouts_per_prompt"]
-    success_threshold: float = _DEFAULT["success_threshold"]
-    beta_prior: tuple[float, float] = _DEFAULT["beta_prior"]
-    beta_decay: float = _DEFAULT["beta_decay"]
-    hmm_decay: float = _DEFAULT["hmm_decay"]
-    reward_mode: str = _DEFAULT["reward_mode"]
-    defaults: dict[str, Any] = field(default_factory=dict)
-    max_lag: int = _DEFAULT["max_lag"]
-    prior_strength: float = _DEFAULT["prior_strength"]
-    group_decay: float = _DEFAULT["group_decay"]
     uid: str = ""
 
     def public(self) -> dict[str, Any]:

@@ -57,6 +57,8 @@ def test_the_rule_settings_default_to_the_kernels_own_defaults() -> None:
         name: getattr(spec, name) for name in dataset_settings.RULES
     }
     assert (spec.rules().alpha0, spec.rules().beta0) == spec.beta_prior
+    with pytest.raises(ValueError, match=r"prior_strength 2000000\.0 not in \[0, 1e\+06\]"):
+        DatasetRules(prior_strength=2e6)  # the spec's domain, from the same declaration
 
 
 def test_a_stored_spec_out_of_range_is_named_setting_by_setting() -> None:

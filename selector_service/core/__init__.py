@@ -2,7 +2,7 @@
 
 Pure numerics: numpy, numba and math only; nothing here knows about Redis, HTTP or metrics. Every
 fast kernel is `numba.njit(nogil=True, cache=True)` behind a checked wrapper (the wrappers are the API),
-has a slow float64 twin in tests/naive.py, and runs without fastmath so the same inputs give the same
+has a slow float64 twin in tests/core/naive.py, and runs without fastmath so the same inputs give the same
 bits in every process. Parallel kernels are launched under `PARALLEL_LOCK` (see _parallel.py), so
 wrappers may be called from many threads at once.
 

@@ -425,7 +425,9 @@ def _ids(ids: np.ndarray | None, n: int) -> tuple[np.ndarray, bool]:
     return _check_ids(ids, n), ids is None
 
 
-def _beta_prior_arrays(ba: BeliefArrays, ids: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def prior_arrays(ba: BeliefArrays, ids: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(alpha, beta, p0) per prompt of `ids` (None: all): the posterior of an observed prompt and the
+    frozen p0 its prior was built from; a never-observed prompt's cold prior and its live p0 (NaN: none)."""
     ids, use_all = _ids(ids, ba.n)
     m = ba.n if use_all else ids.size
     out_a, out_b, out_p0 = np.empty(m), np.empty(m), np.empty(m)
@@ -467,7 +469,7 @@ def beta_scores(
         out = np.empty(ba.n)
     for lo in range(0, ba.n, SCORE_CHUNK):
         hi = min(lo + SCORE_CHUNK, ba.n)
-        a, b, _ = _beta_prior_arrays(ba, np.arange(lo, hi, dtype=np.int64))
+        a, b, _ = prior_arrays(ba, np.arange(lo, hi, dtype=np.int64))
         score_fn(a, b, None, out[lo:hi])
     return out
 
@@ -499,20 +501,14 @@ def beta_for(ba: BeliefArrays, ids: np.ndarray | None) -> tuple[np.ndarray, np.n
     """
     if not has_cold_priors(ba.shared):
         return ba.alpha, ba.beta, ids
-    a, b, _ = _beta_prior_arrays(ba, ids)
+    a, b, _ = prior_arrays(ba, ids)
     return a, b, None
-
-
-def prior_arrays(ba: BeliefArrays, ids: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(alpha, beta, p0) per prompt of `ids` (None: all): the posterior of an observed prompt and the
-    frozen p0 its prior was built from; a never-observed prompt's cold prior and its live p0 (NaN: none)."""
-    return _beta_prior_arrays(ba, ids)
 
 
 def prior_pass_rates(ba: BeliefArrays, ids: np.ndarray | None) -> np.ndarray:
     """The p0 each prompt's Beta prior is built from (float64, NaN = none): frozen at the first
     observation for observed prompts, the live p0 (pass rate, else group rate) for the others."""
-    return _beta_prior_arrays(ba, ids)[2]
+    return prior_arrays(ba, ids)[2]
 
 
 @numba.njit(nogil=True, cache=True)

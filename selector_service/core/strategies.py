@@ -31,7 +31,7 @@ DatasetRules its beliefs are created with.
 project's counter-based generator (rng.py), `stream(key, step, seed, purpose)` with purposes
 "candidates" (the pool), "thompson" (MoPPS draws) and "ties" (top-k tie-breaking), so the same
 (beliefs, strategy, params, batch, step, seed, key) gives the same batch in every process and with every
-numpy version (tests/test_golden_batches.py pins a few).
+numpy version (tests/core/test_golden_batches.py pins a few).
 
 MoPPS draws are keyed by prompt id, so `score` for mopps returns exactly the draws a `select` at the
 same (step, seed) made for those prompts. With mode "threshold" the batch is chosen by the band

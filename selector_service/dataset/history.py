@@ -282,7 +282,7 @@ class StepHistory:
         total_rollouts: float = 0.0,
     ) -> None:
         """Writes the row of `step` from the open step's figures, the shared state's step counts taken
-        before the close reset them (coldstart.STEP_*: results, all-solved, all-failed, successes,
+        before the close reset them (shared.STEP_*: results, all-solved, all-failed, successes,
         trials), the close's CloseStats and the running totals of rollouts (the dataset's profiling
         rollouts, and every rollout applied so far plus those); then starts the next step's figures."""
         if self.n == self.cols["step"].shape[0]:

@@ -143,11 +143,6 @@ def pack_metadata(meta: Metadata) -> bytes:
     return b"".join(parts)
 
 
-def metadata_payload_size(count: int, *, pass_rate: bool, group: bool, pass_samples: bool) -> int:
-    """Bytes of the payload `pack_metadata` makes of `count` prompts with the arrays named."""
-    return _METADATA_HEAD.size + 4 * count * (int(pass_rate) + int(group) + int(pass_samples))
-
-
 def metadata_head(offset: int, count: int, field: str, profile: bool) -> bytes:
     """The head of the payload of a one-array upload (`field` = pass_rate, group or pass_samples) of
     `count` prompts: followed by the array's `4 count` little-endian bytes, it is what `pack_metadata`

@@ -31,8 +31,8 @@ ENTROPY_WEIGHT_MAX] = [-1e6, 1e6]; mode 'topk' or 'threshold'.
 
 Why these bounds, and what they make reachable:
 
-- Beta beliefs. docs/methods.md §1's update alpha <- lam alpha + (1 - lam) alpha0 + S is a convex combination
-  of alpha and alpha0 plus S >= 0, so alpha never falls below min(alpha0, its start) >= PRIOR_MIN (up to
+- Beta beliefs. docs/methods.md §1's update alpha <- beta_decay alpha + (1 - beta_decay) alpha0 + S is a
+  convex combination of alpha and alpha0 plus S >= 0, so alpha never falls below min(alpha0, its start) >= PRIOR_MIN (up to
   one rounding), and it grows by at most TRIALS_MAX per result: after R results of a prompt,
   alpha + beta <= 2 PRIOR_MAX + R * TRIALS_MAX, which stays below 1e300 for any log shorter than 1e290
   results. The scores are exact and stable over all of that: INSIGHT's I_K is evaluated in a form whose
@@ -45,7 +45,7 @@ Why these bounds, and what they make reachable:
   to ~1e307, but nothing useful lies there, and a prior of 1e308 makes alpha0 + beta0 overflow (the
   reported 500s). Infinite or NaN values are refused everywhere.
 - DPS beliefs. Each Dirichlet count decays toward d0 = 1 and gains at most 1 per closed step, so every
-  count stays in [min(1, 1 - lam), 1 + steps] and every transition probability above 1 / (3 + 3 steps):
+  count stays in [min(1, 1 - hmm_decay), 1 + steps] and every transition probability above 1 / (3 + 3 steps):
   the float32 state never overflows or divides by zero for any hmm_decay in (0, 1].
 - Scores. INSIGHT's w(m) <= 1/4 and I_K <= ln(K + 1) for any eta >= 0 (exp(-eta d^2) only underflows
   to 0); DPS scores are prior(2) + w_H H(prior) with H <= ln 3, so |w_H| <= 1e6 keeps them far inside

@@ -29,7 +29,7 @@ that compare the two pass distinct prompt ids per step. Ties in `select` follow 
 (the released code does not randomise them; the service must, docs/methods.md §2).
 
 Per prompt and step this costs tens of microseconds and several hundred bytes of Python objects, which
-is what bench_scale.py measures; tests/test_reference_sampler.py checks that it computes the same
+is what bench_scale.py measures; tests/core/test_reference_sampler.py checks that it computes the same
 beliefs as the service's close_step.
 """
 

@@ -151,7 +151,7 @@ def replay(trace: Trace, row: str, setting: Setting, seed: int) -> dict[str, Any
     # A smaller batch is picked with the stream key `selector-service replay` gives the strategy's arm
     # (its dataset's name): with --k equal to the trace's rollouts, the fixed-K row is that arm.
     arm_key = dataset_name(setting.strategy)
-    beliefs = BeliefArrays.new(n, 1.0, 1.0)
+    beliefs = BeliefArrays.new(n, 1.0, 1.0, beta_decay=setting.beta_decay, hmm_decay=setting.hmm_decay)
     draws = np.random.default_rng([seed, 7])  # the same stream for every row: paired draws
     params = validate_params(setting.strategy, {})
     budget = setting.batch_size * setting.k
@@ -192,10 +192,8 @@ def replay(trace: Trace, row: str, setting: Setting, seed: int) -> dict[str, Any
             )
         seen = draws.hypergeometric(succ, total - succ, counts).astype(np.float64)
         trials = counts.astype(np.float64)
-        apply_results(
-            beliefs, ids, seen, trials, outcomes_from_counts(seen, trials), setting.beta_decay, 1.0, 1.0
-        )
-        close_open_step(beliefs, hmm_decay=setting.hmm_decay, key=arm_key)
+        apply_results(beliefs, ids, seen, trials, outcomes_from_counts(seen, trials))
+        close_open_step(beliefs, key=arm_key)
         mixed[epoch] = int(is_mixed(seen, trials).sum())
         spent[epoch] = int(counts.sum())
         np.add.at(hist, counts, 1)

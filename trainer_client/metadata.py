@@ -27,10 +27,12 @@ from pathlib import Path
 from typing import Any
 
 from rlvr_selector_client.client import MetadataAck, SelectorClient
+from rlvr_selector_client.contract import MAX_GROUPS
 
 __all__ = ["TaskMetadata", "read_task_rates", "task_metadata", "upload_task_metadata"]
 
-MAX_GROUP = 65_535
+#: The largest group id the service accepts (the contract's).
+MAX_GROUP = MAX_GROUPS - 1
 
 
 @dataclass(frozen=True)

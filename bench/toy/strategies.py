@@ -153,6 +153,8 @@ class Trainer:
             world.n_prompts,
             cfg.alpha0,
             cfg.beta0,
+            beta_decay=cfg.beta_decay,
+            hmm_decay=cfg.hmm_decay,
             prior_strength=cfg.prior_strength,
             group_decay=cfg.group_decay,
         )
@@ -184,9 +186,8 @@ class Trainer:
 
     def report(self, ids: np.ndarray, successes: np.ndarray, trials: np.ndarray) -> None:
         """Report results like a trainer's /observe does."""
-        cfg = self.cfg
         states = outcomes_from_counts(successes, trials)
-        apply_results(self.beliefs, ids, successes, trials, states, cfg.beta_decay, cfg.alpha0, cfg.beta0)
+        apply_results(self.beliefs, ids, successes, trials, states)
 
     def observe(self, ids: np.ndarray, counts: np.ndarray | None = None) -> np.ndarray:
         """Roll out K samples per prompt (or counts[i] for prompt ids[i]) and report them."""
@@ -218,7 +219,7 @@ class Trainer:
         )
 
     def close(self) -> Any:
-        return close_open_step(self.beliefs, hmm_decay=self.cfg.hmm_decay, key=self.key)
+        return close_open_step(self.beliefs, key=self.key)
 
 
 def selected_step(run: Trainer, step: int) -> StepOutcome:

@@ -656,8 +656,8 @@ def _observe_call(
 METADATA_JSON_CHUNK = 100_000
 #: Prompts per raw metadata request (4 bytes each: 4 MB, well under the service's 16 MB body limit).
 METADATA_RAW_CHUNK = 1_000_000
-#: The most samples one pass rate may stand for (docs/api.md ``pass_samples``).
-PASS_SAMPLES_MAX = 1_000_000
+#: The most samples one pass rate may stand for (docs/api.md ``pass_samples``), and groups 0..MAX_GROUPS-1.
+PASS_SAMPLES_MAX, MAX_GROUPS = contract.PASS_SAMPLES_MAX, contract.MAX_GROUPS
 
 
 def _raw(values: Sequence[float] | Sequence[int] | array.array[Any], code: str) -> bytes:
@@ -687,8 +687,10 @@ def _rates(values: Sequence[float | None], at: int) -> list[float]:
 def _groups(values: Sequence[int], at: int) -> list[int]:
     out = []
     for i, g in enumerate(values):
-        if isinstance(g, bool) or int(g) != g or not -1 <= int(g) <= 65535:
-            raise ValueError(f"group[{at + i}] = {_plain(g)!r}: groups are integers 0..65535 (-1 = none)")
+        if isinstance(g, bool) or int(g) != g or not -1 <= int(g) < MAX_GROUPS:
+            raise ValueError(
+                f"group[{at + i}] = {_plain(g)!r}: groups are integers 0..{MAX_GROUPS - 1} (-1 = none)"
+            )
         out.append(int(g))
     return out
 
@@ -712,7 +714,7 @@ def _samples(values: Sequence[int | None], at: int) -> list[int]:
 #: name -> (checker, raw type code) of the arrays of a metadata upload, in the order they are sent.
 _METADATA_ARRAYS = {"pass_rate": (_rates, "f"), "group": (_groups, "i"), "pass_samples": (_samples, "i")}
 #: name -> (lowest, highest) of the whole numbers of an array (-1: none / unknown; 0 refused for counts).
-_INTEGER_RANGES = {"group": (-1, 65535), "pass_samples": (-1, PASS_SAMPLES_MAX)}
+_INTEGER_RANGES = {"group": (-1, MAX_GROUPS - 1), "pass_samples": (-1, PASS_SAMPLES_MAX)}
 
 
 #: Buffer formats of numbers an array.array reads as they are (a numpy array's, for one).

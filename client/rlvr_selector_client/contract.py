@@ -7,24 +7,28 @@
   the client's call an observe belongs to (`CALL_HEADER`, `CALL_ID`).
 - A select's rollout budget: its policies and the bounds of its counts (`rollout_problems`), which the
   service, the trainer's options and the integrations' options check.
-- Each dataset setting of POST /datasets (docs/api.md) with its default and description (`SETTINGS`).
-  From them follow the client's create parameters and body (`create_body`) and the settings of its
-  DatasetInfo (`from_doc`, `INFO_DEFAULTED`); the service builds its create and info bodies, its stored
-  spec and its checks from the same declaration (selector_service/contract/dataset_settings.py).
+- Each dataset setting of POST /datasets (docs/api.md), declared once as a field of `DatasetSettings`
+  with its type, default and description (`SETTINGS` reads them). From them follow the client's create
+  parameters and body (`create_body`) and the settings of its DatasetInfo (`from_doc`,
+  `INFO_DEFAULTED`); the service's stored spec is that class, and it builds its create and info bodies,
+  its checks and the constants its kernels read from the same declaration
+  (selector_service/contract/dataset_settings.py).
 
 Standard library only: it is imported in trainers' environments, beside whatever they pin. The bounds
 that are the service's numerically safe domain are named here, not given: a constraint given as a
 string ("K_MAX"), a `check` and a description given as a function of the module are the service's
 selector_service/core/domain.py's, which the service reads when it builds its bodies. The client needs
-no bound: the service checks every value and says what is wrong.
+no bound to create a dataset (the service checks every value and says what is wrong); those it checks
+before an upload (`MAX_GROUPS`, `PASS_SAMPLES_MAX`) are given here, and the service reads them too.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 #: The contract's version. It changes only when a change to the REST contract is not an extension
 #: (docs/api.md: endpoints and fields are added, never changed), which the two sides cannot talk across.
@@ -77,6 +81,11 @@ CALL_ID = r"[A-Za-z0-9_-]{1,64}"
 MAX_STEP = 10**12
 #: The most steps late an observation may be accepted (max_lag).
 MAX_LAG = 1000
+#: A metadata upload's groups are 0..MAX_GROUPS-1, -1 = none (docs/methods.md §6: G <= 65,536).
+MAX_GROUPS = 65_536
+#: The most samples one uploaded pass rate may stand for (pass_samples; a rate worth a million rollouts
+#: at most, which keeps a cold prior inside the numerically safe domain, core/domain.py).
+PASS_SAMPLES_MAX = 1_000_000
 
 
 #: The policies a select's rollout budget may name (docs/methods.md §8), in the order /strategies lists
@@ -140,26 +149,26 @@ def _object(value: Any) -> Any:
 
 @dataclass(frozen=True)
 class Setting:
-    """One dataset setting.
+    """One dataset setting: how the bodies describe and bound it, given as the annotation of its field of
+    `DatasetSettings`, and its name, type and default, which `SETTINGS` reads from that field.
 
-    `type` is its value's type in the info body (and, but for `choices`, in the create body);
     `constraints` are pydantic Field constraints of the create body (a string value names a constant of
     core/domain.py); `choices` make the create body's type a Literal of them. `stored` turns a request's,
-    a stored document's or an answer's value into the spec's (`stored_type`). `check` names a function of
-    core/domain.py that says what is wrong with a value (or None), used instead of the constraints'
-    own check. `rule`: a field of the same name of the service's core.coldstart.DatasetRules.
+    a stored document's or an answer's value into the spec's. `check` names a function of core/domain.py
+    that says what is wrong with a value (or None), used instead of the constraints' own check. `body`:
+    the bodies' type where it is not the spec's (a list where the spec holds a tuple).
     """
 
-    name: str
-    type: Any
-    default: Any
     description: str | Callable[[Any], str]
     constraints: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     choices: tuple[str, ...] = ()
     stored: Callable[[Any], Any] | None = None
-    stored_type: Any = None
     check: str = ""
-    rule: bool = False
+    body: Any = None
+    #: From the declaration: the field's name, its type in the bodies (`body`, else the spec's), its default.
+    name: str = ""
+    type: Any = None
+    default: Any = None
 
     @property
     def required(self) -> bool:
@@ -175,78 +184,101 @@ class Setting:
         return self.to_stored(self.default)
 
 
-SETTINGS: tuple[Setting, ...] = (
-    Setting("name", str, REQUIRED, NAME, {"pattern": f"^{NAME}$"}),
-    Setting("size", int, REQUIRED, "Prompt ids are 0..size-1 (verl's extra_info.index).", {"ge": 1}),
-    Setting("rollouts_per_prompt", int, 8, "K, rollouts per prompt per step.", {"ge": 1, "le": "K_MAX"}),
-    Setting(
-        "success_threshold",
-        float,
-        1.0,
-        "A reward >= threshold is a success (binary mode).",
-        stored=_threshold,
-    ),
-    Setting(
-        "beta_prior",
-        list[float],
-        [1.0, 1.0],
-        lambda domain: (
-            f"[alpha0, beta0], each in [{domain.PRIOR_MIN:g}, {domain.PRIOR_MAX:g}] "
-            "(the numerically safe domain)."
+def _prior_description(domain: Any) -> str:
+    return f"[alpha0, beta0], each in [{domain.PRIOR_MIN:g}, {domain.PRIOR_MAX:g}] (the numerically safe domain)."
+
+
+@dataclass(frozen=True)
+class DatasetSettings:
+    """Every setting of a dataset (POST /datasets, docs/api.md), declared once: one field per setting, in
+    the order the bodies list them, typed as the stored spec holds it, with its default (none: every
+    create gives it) and, as its annotation, the Setting that describes and bounds it in the bodies.
+
+    The service's stored spec is this class with the incarnation's uid (state.DatasetSpec); its create and
+    info bodies, and the client's create body and DatasetInfo, follow `SETTINGS`.
+    """
+
+    name: Annotated[str, Setting(NAME, {"pattern": f"^{NAME}$"})]
+    size: Annotated[int, Setting("Prompt ids are 0..size-1 (verl's extra_info.index).", {"ge": 1})]
+    rollouts_per_prompt: Annotated[
+        int, Setting("K, rollouts per prompt per step.", {"ge": 1, "le": "K_MAX"})
+    ] = 8
+    success_threshold: Annotated[
+        float, Setting("A reward >= threshold is a success (binary mode).", stored=_threshold)
+    ] = 1.0
+    beta_prior: Annotated[
+        tuple[float, float],
+        Setting(
+            _prior_description,
+            {"min_length": 2, "max_length": 2},
+            stored=_pair,
+            check="prior_problem",
+            body=list[float],
         ),
-        {"min_length": 2, "max_length": 2},
-        stored=_pair,
-        stored_type=tuple[float, float],
-        check="prior_problem",
-    ),
-    Setting("beta_decay", float, 1.0, "Forgetting factor of the Beta update, in (0, 1].", {"gt": 0, "le": 1}),
-    Setting("hmm_decay", float, 0.7, "Forgetting factor of the DPS update, in (0, 1].", {"gt": 0, "le": 1}),
-    Setting(
-        "reward_mode",
+    ] = (1.0, 1.0)
+    beta_decay: Annotated[
+        float, Setting("Forgetting factor of the Beta update, in (0, 1].", {"gt": 0, "le": 1})
+    ] = 1.0
+    hmm_decay: Annotated[
+        float, Setting("Forgetting factor of the DPS update, in (0, 1].", {"gt": 0, "le": 1})
+    ] = 0.7
+    reward_mode: Annotated[
         str,
-        "binary",
-        "binary: success = reward >= threshold; fractional: rewards in [0,1] summed.",
-        choices=("binary", "fractional"),
-    ),
-    Setting(
-        "defaults",
+        Setting(
+            "binary: success = reward >= threshold; fractional: rewards in [0,1] summed.",
+            choices=("binary", "fractional"),
+        ),
+    ] = "binary"
+    defaults: Annotated[
         dict[str, dict[str, Any]],
-        {},
-        "Per-strategy selection defaults, e.g. {'insight': {'eta': 2.0}}.",
-        stored=_object,
-    ),
-    Setting(
-        "max_lag",
+        Setting("Per-strategy selection defaults, e.g. {'insight': {'eta': 2.0}}.", stored=_object),
+    ] = dataclasses.field(default_factory=dict)
+    max_lag: Annotated[
         int,
-        0,
-        "Late observations: an observe for a step closed at most this many steps ago is applied "
-        "(Beta at once, DPS pooled into the open step) and answered with its lag; 0 = strict (409).",
-        {"ge": 0, "le": MAX_LAG},
-    ),
-    Setting(
-        "prior_strength",
+        Setting(
+            "Late observations: an observe for a step closed at most this many steps ago is applied "
+            "(Beta at once, DPS pooled into the open step) and answered with its lag; 0 = strict (409).",
+            {"ge": 0, "le": MAX_LAG},
+        ),
+    ] = 0
+    prior_strength: Annotated[
         float,
-        2.0,
-        "Cold start (docs/methods.md §6): weight, in rollouts, of a prompt's prior pass rate (its own "
-        "from PUT /datasets/{name}/metadata, else its group's rate) in its Beta prior.",
-        {"ge": 0, "le": "PRIOR_STRENGTH_MAX"},
-        rule=True,
-    ),
-    Setting(
-        "group_decay",
+        Setting(
+            "Cold start (docs/methods.md §6): weight, in rollouts, of a prompt's prior pass rate (its own "
+            "from PUT /datasets/{name}/metadata, else its group's rate) in its Beta prior.",
+            {"ge": 0, "le": "PRIOR_STRENGTH_MAX"},
+        ),
+    ] = 2.0
+    group_decay: Annotated[
         float,
-        0.9,
-        "Cold start (docs/methods.md §6): the group rates' successes and trials are multiplied by this "
-        "at every step close, in (0, 1].",
-        {"gt": 0, "le": 1},
-        rule=True,
-    ),
-)
+        Setting(
+            "Cold start (docs/methods.md §6): the group rates' successes and trials are multiplied by this "
+            "at every step close, in (0, 1].",
+            {"gt": 0, "le": 1},
+        ),
+    ] = 0.9
+
+
+def _declared() -> tuple[Setting, ...]:
+    """Each field of DatasetSettings as its Setting, with the field's name, type and default."""
+    hints = typing.get_type_hints(DatasetSettings, include_extras=True)
+    out = []
+    for f in dataclasses.fields(DatasetSettings):
+        spec_type, about = typing.get_args(hints[f.name])
+        if f.default is not dataclasses.MISSING:
+            default = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
+        else:
+            default = REQUIRED
+        out.append(dataclasses.replace(about, name=f.name, type=about.body or spec_type, default=default))
+    return tuple(out)
+
+
+SETTINGS: tuple[Setting, ...] = _declared()
 
 #: The settings a create may leave out, with their defaults as the spec holds them.
 DEFAULTS: dict[str, Any] = {s.name: s.stored_default() for s in SETTINGS if not s.required}
-#: The settings that are DatasetRules fields of the same name.
-RULES: tuple[str, ...] = tuple(s.name for s in SETTINGS if s.rule)
 #: The settings that the info body's schema (GET /datasets/{name}, /openapi.json) gives a default, the
 #: others it requires; the published schema of contract 1 says so, and changes only with the contract.
 INFO_DEFAULTED: tuple[str, ...] = ("max_lag", "prior_strength", "group_decay")

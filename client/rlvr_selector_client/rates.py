@@ -52,6 +52,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rlvr_selector_client.contract import PASS_SAMPLES_MAX
+
 __all__ = ["FORMATS", "Rates", "RatesError", "main", "read_rates", "upload_rates"]
 
 #: The --format choices; "auto" tells them apart (module docstring).
@@ -68,8 +70,6 @@ SKYWORK_MODELS = (
 POLARIS_SAMPLES = 8
 #: The columns of a NeMo-Gym reward profile row that an import reads.
 NEMO_TASK, NEMO_RATE, NEMO_COUNT = "_ng_task_index", "mean/reward", "num_rollouts"
-#: The most samples one rate may stand for (docs/api.md ``pass_samples``; the client checks it too).
-PASS_SAMPLES_MAX = 1_000_000
 #: Exit statuses of the command line, as trainer-client's.
 EXIT_OK, EXIT_CONFIG, EXIT_SERVICE = 0, 2, 3
 

@@ -1,18 +1,19 @@
 """The service's side of the dataset settings, whose one declaration is the client package's
-(rlvr_selector_client/contract.py, `SETTINGS`).
+(rlvr_selector_client/contract.py, `DatasetSettings`, read as `SETTINGS`).
 
 From the declaration follow: the create and info bodies (`create_fields`, `info_fields`, built into
-schemas.DatasetCreate and DatasetInfo) and the stored spec (state.DatasetSpec's fields take their
-defaults from `DEFAULTS`, `from_doc` reads a stored document, `from_request` a create body, `problems`
-checks one). The bounds that are the kernels'
-numerically safe domain stay the service's: the declaration names them, and `resolved` reads them from
-core/domain.py when the service first builds its bodies or checks a spec.
+schemas.DatasetCreate and DatasetInfo); the stored spec (state.DatasetSpec is DatasetSettings with the
+incarnation's uid: `from_doc` reads a stored document, `from_request` a create body, `problems` checks
+one); and the constants the kernels read (`RULES`: the settings that core.shared.DatasetRules holds
+under the same names). The bounds that are the kernels' numerically safe domain stay the service's: the
+declaration names them, and core/domain.py reads them (`resolved` for the bodies, `problems` for a
+spec).
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Mapping
+import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from typing import Annotated, Any, Literal
@@ -24,11 +25,13 @@ from rlvr_selector_client.contract import (
     INFO_DEFAULTED,
     NAME,
     REQUIRED,
-    RULES,
     SETTINGS,
+    DatasetSettings,
     Setting,
     from_doc,
 )
+from selector_service.core import domain
+from selector_service.core.shared import DatasetRules
 
 __all__ = [
     "DEFAULTS",
@@ -37,6 +40,7 @@ __all__ = [
     "REQUIRED",
     "RULES",
     "SETTINGS",
+    "DatasetSettings",
     "Resolved",
     "Setting",
     "create_fields",
@@ -46,6 +50,15 @@ __all__ = [
     "problems",
     "resolved",
 ]
+
+#: The settings the kernels read, in the declaration's order: DatasetRules fields of the same name
+#: (state.DatasetSpec.rules hands them on; the Beta prior reaches the rules as alpha0, beta0).
+RULES: tuple[str, ...] = tuple(
+    s.name for s in SETTINGS if s.name in {f.name for f in dataclasses.fields(DatasetRules)}
+)
+
+#: What is out of range in a spec's settings (the same domain as the create body's), or None.
+problems = domain.settings_problems
 
 
 @dataclass(frozen=True)
@@ -60,18 +73,16 @@ class Resolved:
 
 @cache
 def resolved() -> tuple[Resolved, ...]:
-    """Every setting with its bounds, description and check resolved (imports core/domain.py)."""
-    from selector_service.core import domain
-
-    out = []
-    for s in SETTINGS:
-        constraints = {
-            k: getattr(domain, v) if isinstance(v, str) and k != "pattern" else v
-            for k, v in s.constraints.items()
-        }
-        description = s.description(domain) if callable(s.description) else s.description
-        out.append(Resolved(s, description, constraints, getattr(domain, s.check) if s.check else None))
-    return tuple(out)
+    """Every setting with its bounds, description and check resolved (core/domain.py)."""
+    return tuple(
+        Resolved(
+            s,
+            s.description(domain) if callable(s.description) else s.description,
+            domain.bounds(s),
+            domain.setting_check(s),
+        )
+        for s in SETTINGS
+    )
 
 
 def _raising(check: Callable[[Any], str | None]) -> Callable[[Any], Any]:
@@ -106,45 +117,6 @@ def info_fields() -> dict[str, Any]:
     """The info body's settings fields, in order: each required but those of INFO_DEFAULTED, which the
     schema gives their defaults (every answer holds every setting all the same)."""
     return {s.name: (s.type, s.default if s.name in INFO_DEFAULTED else ...) for s in SETTINGS}
-
-
-def _problem(r: Resolved, value: Any) -> str | None:
-    s, c = r.setting, r.constraints
-    if r.check is not None:
-        return r.check(value)
-    if s.choices:
-        return None if value in s.choices else f"{s.name} {value!r} is unknown"
-    if isinstance(s.default, dict):
-        return None if isinstance(value, dict) else f"{s.name} must be an object"
-    low = c.get("gt", c.get("ge"))
-    high = c.get("le")
-    if s.type is int:
-        ok = (low is None or value >= low) and (high is None or value <= high)
-        if ok:
-            return None
-        return (
-            f"{s.name} {value} not in {low}..{high}"
-            if high is not None
-            else f"{s.name} {value} must be >= {low}"
-        )
-    if s.type is float:
-        inside = (
-            math.isfinite(value)
-            and (low is None or (value > low if "gt" in c else value >= low))
-            and (high is None or value <= high)
-        )
-        if inside:
-            return None
-        if low is None:
-            return f"{s.name} must be finite"
-        return f"{s.name} {value} not in {'(' if 'gt' in c else '['}{low:g}, {high:g}]"
-    return None
-
-
-def problems(values: Mapping[str, Any]) -> str | None:
-    """What is out of range in a spec's settings (the same domain as the create body's), or None."""
-    bad = [p for r in resolved() if (p := _problem(r, values[r.setting.name]))]
-    return "; ".join(bad) if bad else None
 
 
 def from_request(request: Any) -> dict[str, Any]:

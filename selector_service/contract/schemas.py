@@ -19,9 +19,8 @@ from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 from rlvr_selector_client import contract
 from selector_service.contract import dataset_settings
 from selector_service.contract.jsonscan import array_separators
-from selector_service.core.coldstart import MAX_GROUPS
-from selector_service.core.domain import K_MAX, PASS_SAMPLES_MAX, TRIALS_MAX
-from selector_service.core.filter import FILTER_DEFAULTS
+from selector_service.core.domain import K_MAX, TRIALS_MAX
+from selector_service.core.filter import FILTER_SETTINGS
 from selector_service.core.rollouts import DEFAULT_ROLLOUT_POLICY, ROLLOUT_POLICIES, ROLLOUT_POLICY_HELP
 from selector_service.core.strategies import STRATEGIES
 
@@ -120,40 +119,22 @@ class RolloutBudget(_Request):
     )
 
 
-class SelectFilter(_Request):
+def _filter_fields() -> dict[str, Any]:
+    """The filter's fields: its settings' declaration (core/filter.py), in its order."""
+    bounds: dict[str, dict[str, Any]] = {name: dict(s.bounds) for name, s in FILTER_SETTINGS.items()}
+    return {
+        name: (s.type, Field(s.default, description=s.help, **bounds[name]))
+        for name, s in FILTER_SETTINGS.items()
+    }
+
+
+_FilterSettings = create_model("_FilterSettings", __base__=_Request, __module__=__name__, **_filter_fields())
+
+
+class SelectFilter(_FilterSettings):  # type: ignore[valid-type, misc]  # a create_model class, built at import
     """Keep out of the batch the prompts whose belief says they are almost surely solved or hopeless
     (docs/methods.md §9): a prompt is dropped when the Beta-binomial probability that a group of k of its
     rollouts all succeed is >= solved, or all fail is >= unsolved."""
-
-    solved: float = Field(
-        FILTER_DEFAULTS["solved"],
-        gt=0,
-        le=1,
-        description="Drop a prompt when P(a group of k all succeeds) >= this.",
-    )
-    unsolved: float = Field(
-        FILTER_DEFAULTS["unsolved"],
-        gt=0,
-        le=1,
-        description="Drop a prompt when P(a group of k all fails) >= this.",
-    )
-    k: int | None = Field(
-        FILTER_DEFAULTS["k"],
-        ge=1,
-        le=K_MAX,
-        description="Group size of those probabilities; null = the dataset's K.",
-    )
-    recheck: float = Field(
-        FILTER_DEFAULTS["recheck"],
-        ge=0,
-        lt=1,
-        description="Share of the batch given to dropped prompts drawn at random, so that their beliefs can move.",
-    )
-    reprofile: bool = Field(
-        FILTER_DEFAULTS["reprofile"],
-        description="True: judge each prompt by its belief as the run's outcomes move it; false: by its uploaded "
-        "pass rate and count alone (a static filter on the profile).",
-    )
 
 
 class SelectRequest(_Request):
@@ -346,8 +327,8 @@ class StrategiesResponse(BaseModel):
 
 
 PassRate = Annotated[float, Field(ge=0, le=1)]
-GroupId = Annotated[int, Field(ge=-1, le=MAX_GROUPS - 1)]
-PassSamples = Annotated[int, Field(ge=1, le=PASS_SAMPLES_MAX)]
+GroupId = Annotated[int, Field(ge=-1, le=contract.MAX_GROUPS - 1)]
+PassSamples = Annotated[int, Field(ge=1, le=contract.PASS_SAMPLES_MAX)]
 #: The per-prompt arrays of a metadata upload, in the order their lengths are compared.
 _METADATA_ARRAYS = ("pass_rate", "pass_samples", "group")
 
@@ -361,7 +342,7 @@ class MetadataRequest(_Request):
     )
     pass_samples: list[PassSamples | None] | None = Field(
         None,
-        description=f"The samples each pass rate was measured from, a whole number in 1..{PASS_SAMPLES_MAX}: "
+        description=f"The samples each pass rate was measured from, a whole number in 1..{contract.PASS_SAMPLES_MAX}: "
         "the rate then weighs as that many samples in the prompt's Beta prior; null = unknown (the "
         "dataset's prior_strength). Same length as the other arrays.",
     )
@@ -371,7 +352,8 @@ class MetadataRequest(_Request):
         "its profiling rollouts; false: they came with the data (free). Needs pass_samples.",
     )
     group: list[GroupId] | None = Field(
-        None, description=f"A group in 0..{MAX_GROUPS - 1} per prompt; -1 = none. Same length as pass_rate."
+        None,
+        description=f"A group in 0..{contract.MAX_GROUPS - 1} per prompt; -1 = none. Same length as pass_rate.",
     )
 
     @model_validator(mode="after")

@@ -2,13 +2,14 @@
 
 Pure numerics: numpy, numba and math only; nothing here knows about Redis, HTTP or metrics. Every
 fast kernel is `numba.njit(nogil=True, cache=True)` behind a checked wrapper (the wrappers are the API),
-has a slow float64 twin in tests/naive.py, and runs without fastmath so the same inputs give the same
+has a slow float64 twin in tests/core/naive.py, and runs without fastmath so the same inputs give the same
 bits in every process. Parallel kernels are launched under `PARALLEL_LOCK` (see _parallel.py), so
 wrappers may be called from many threads at once.
 
-Modules: outcomes (rewards -> successes, trials, states), beliefs (BeliefArrays: per-prompt arrays
+Modules: outcomes (rewards -> successes, trials, states), shared (a dataset's constants, DatasetRules,
+and the SharedState it keeps beside its per-prompt arrays), beliefs (BeliefArrays: per-prompt arrays
 and the observed set that holds DPS state; the Beta update), coldstart (docs/methods.md §6: metadata, group
-rates, cold and frozen priors, the dataset's SharedState), dps (DPS step close over the observed set),
+rates, cold and frozen priors), dps (DPS step close over the observed set),
 mi (INSIGHT's weighted mutual information), scores (MoPPS, baselines, DPS score), curricula (docs/methods.md §7:
 learnability, AdaRFT), step_close (a step's close: walks, the shared state, then DPS; `close_open_step`), walks (GRESO's and SEC's walks
 and their positions), special (numba digamma), rng (the counter-based generator behind every random
@@ -22,18 +23,15 @@ the DPS update.
 """
 
 from ._parallel import PARALLEL_LOCK
-from .beliefs import BeliefArrays, apply_results
+from .beliefs import NO_GROUP, BeliefArrays, apply_results
 from .coldstart import (
-    MAX_GROUPS,
-    NO_GROUP,
-    DatasetRules,
-    SharedState,
     apply_metadata,
     beta_for,
     check_metadata,
     group_rates,
     prior_pass_rates,
 )
+from .domain import MAX_GROUPS
 from .dps import CloseStats, close_step
 from .mi import K_MAX, mutual_information, wmi_scores, wmi_weight
 from .outcomes import (
@@ -68,6 +66,7 @@ from .select import (
     topk_random_ties,
     uniform_batch,
 )
+from .shared import DatasetRules, SharedState
 from .special import digamma, digamma_array
 from .step_close import close_open_step
 from .strategies import STRATEGIES, ParamError, StrategySpec, score, select, validate_params

@@ -40,9 +40,8 @@ import numpy as np
 import numpy.typing as npt
 
 from .beliefs import STREAK_MAX, BeliefArrays
-from .coldstart import MAX_GROUPS
 from .curricula import GRESO_P_MAX, GRESO_P_MIN
-from .domain import BELIEF_MAX, PASS_SAMPLES_MAX, plain
+from .domain import BELIEF_MAX, MAX_GROUPS, PASS_SAMPLES_MAX, plain
 from .outcomes import SOLVED, UNOBSERVED
 
 __all__ = ["POSITION_MAX", "check_beliefs"]

@@ -37,13 +37,15 @@ and the prior and prev at (1/3, 1/3, 1/3) (docs/methods.md §2; dps.py shows it 
 it reports D0 and 1/3 (`hmm_rows`, `dense_hmm`) and costs only its 52 bytes. Memory: 52 bytes per
 prompt plus 65 per observed prompt, 117 when every prompt is observed (budget 128; the observed set's
 capacity grows by half as needed and never beyond N). The dataset's SharedState (group sums, strategy
-state; coldstart.py) adds a few dozen bytes per group.
+state; shared.py) adds a few dozen bytes per group.
 
 Beta update (docs/methods.md §1 and 6), one result (S successes out of `trials`) after another, in order; at a
 prompt's first result its cold prior is frozen into (alpha0_i, beta0_i) (coldstart module docstring):
 
-    alpha <- lam * alpha + (1 - lam) * alpha0_i + S
-    beta  <- lam * beta  + (1 - lam) * beta0_i  + (trials - S)
+    alpha <- beta_decay * alpha + (1 - beta_decay) * alpha0_i + S
+    beta  <- beta_decay * beta  + (1 - beta_decay) * beta0_i  + (trials - S)
+
+with the dataset's constants (shared.DatasetRules).
 
 `apply_results` also gives a prompt its slot at its first result, pools the step state
 (outcomes.combine_state), sets last_state, the streak and n_obs, adds the result to its group's sums, and
@@ -55,29 +57,22 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import numba
 import numpy as np
 import numpy.typing as npt
 
-from .coldstart import DatasetRules, SharedState
-from .mi import mutual_information, wmi_scores, wmi_weight
 from .outcomes import PARTIAL, SOLVED, UNOBSERVED, UNSOLVED, combine_state
-from .scores import dps_scores, expected_difficulty_scores, inverse_evidence_scores, thompson_scores
+from .shared import DatasetRules, SharedState
 
 __all__ = [
     "FIELDS",
+    "NO_GROUP",
+    "NO_SAMPLES",
     "OBSERVED_FIELDS",
     "BeliefArrays",
     "apply_results",
-    "dps_scores",
-    "expected_difficulty_scores",
-    "inverse_evidence_scores",
-    "mutual_information",
-    "thompson_scores",
-    "wmi_scores",
-    "wmi_weight",
 ]
 
 #: name -> (dtype, shape after the prompt axis) of every array over all N prompts, in snapshot order.
@@ -97,16 +92,21 @@ FIELDS: dict[str, tuple[np.dtype, tuple[int, ...]]] = {
     "prior_n": (np.dtype(np.int32), ()),
 }
 
+#: `group` value of a prompt without a group.
+NO_GROUP = -1
+#: `pass_samples` (and frozen `prior_n`) value of a rate without a sample count: it weighs prior_strength.
+NO_SAMPLES = -1
+
 #: Per-prompt fields of cold start (docs/methods.md §6, 7), and their value for a prompt nothing is known
 #: about (no metadata, no runs).
 METADATA_FIELDS: dict[str, float] = {
     "pass_rate": math.nan,
-    "group": -1,
+    "group": NO_GROUP,
     "prior_p0": math.nan,
     "streak": 0,
-    "pass_samples": -1,
+    "pass_samples": NO_SAMPLES,
     "profiled": 0,
-    "prior_n": -1,
+    "prior_n": NO_SAMPLES,
 }
 #: Saturation of the streak counter.
 STREAK_MAX = 32_767
@@ -163,7 +163,7 @@ class BeliefArrays:
     obs_state: np.ndarray
     observed: int = 0
     d0: float = 1.0
-    #: The dataset's state beside the per-prompt arrays (group sums, strategy state; coldstart.py).
+    #: The dataset's state beside the per-prompt arrays (group sums, strategy state; shared.py).
     shared: SharedState = field(default_factory=SharedState)
 
     def __post_init__(self) -> None:
@@ -174,15 +174,15 @@ class BeliefArrays:
 
     @classmethod
     def new(
-        cls, n: int, alpha0: float = 1.0, beta0: float = 1.0, d0: float = 1.0, **rules: float
+        cls, n: int, alpha0: float = 1.0, beta0: float = 1.0, d0: float = 1.0, **rules: Any
     ) -> BeliefArrays:
         """Priors of docs/methods.md §1, 2 and 6: Beta(alpha0, beta0); every prompt never observed (D = D0 = d0 *
         ones, prior = prev = 1/3, implicit); no metadata. `rules`: the other DatasetRules fields
-        (prior_strength, group_decay, ...)."""
+        (beta_decay, hmm_decay, prior_strength, group_decay, ...)."""
         if isinstance(n, bool) or not isinstance(n, int | np.integer) or not 1 <= n <= MAX_PROMPTS:
             raise ValueError(f"a dataset needs 1 <= n <= {MAX_PROMPTS} prompts, got {n!r}")
-        _check_prior(alpha0, beta0)
         _check_d0(d0)
+        fixed = DatasetRules(float(alpha0), float(beta0), **rules)
         n = int(n)
         arrays = {**_fresh_metadata(n), **_observed_arrays(min(n, _INITIAL_CAPACITY))}
         ba = cls(
@@ -194,7 +194,7 @@ class BeliefArrays:
             # mypy matches a **dict against every parameter, also the non-array ones given by name here
             **arrays,  # type: ignore[arg-type]
             d0=float(d0),
-            shared=SharedState(rules=DatasetRules(float(alpha0), float(beta0), **rules)),
+            shared=SharedState(rules=fixed),
         )
         return ba
 
@@ -402,19 +402,6 @@ def _check_d0(d0: float) -> None:
         raise ValueError(f"d0 (Dirichlet prior count) must be finite and > 0, got {d0!r}")
 
 
-def _check_prior(alpha0: float, beta0: float) -> None:
-    if not (math.isfinite(alpha0) and math.isfinite(beta0) and alpha0 > 0 and beta0 > 0):
-        raise ValueError(
-            f"the Beta prior (alpha0, beta0) must be finite and > 0, got ({alpha0!r}, {beta0!r})"
-        )
-
-
-def _check_decay(lam: float, name: str = "lam") -> float:
-    if not (math.isfinite(lam) and 0.0 <= lam <= 1.0):
-        raise ValueError(f"{name} (forgetting factor) must lie in [0, 1], got {lam!r}")
-    return float(lam)
-
-
 @numba.njit(nogil=True, cache=True, inline="always")
 def mean_abs_advantage(s: float, t: float) -> float:
     """SEC's |advantage| of one group from its S successes in t binary rollouts (docs/methods.md §7):
@@ -458,10 +445,10 @@ def _apply_kernel(
     successes: npt.NDArray[np.float64],
     trials: npt.NDArray[np.float64],
     states: npt.NDArray[np.int8],
-    lam: float,
-    a0: float,
-    b0: float,
-    strength: float,
+    beta_decay: float,
+    alpha0: float,
+    beta0: float,
+    prior_strength: float,
 ) -> int:
     """Applies the results in order; returns the new size of the observed set (the caller has reserved
     room for every prompt seen for the first time). meta = (pass_rate, group, prior_p0, streak,
@@ -478,23 +465,23 @@ def _apply_kernel(
             # docs/methods.md §6: freeze the cold prior, from the group sums of every result applied before
             # this one; a known pass rate weighs its own sample count when it has one.
             p0 = np.float64(pass_rate[p])
-            prior_n[p] = pass_samples[p] if (pass_samples[p] >= 1 and not np.isnan(p0)) else -1
+            prior_n[p] = pass_samples[p] if (pass_samples[p] >= 1 and not np.isnan(p0)) else NO_SAMPLES
             if np.isnan(p0) and g >= 0:
-                p0 = (a0 + gs[g]) / (a0 + b0 + gt[g])
+                p0 = (alpha0 + gs[g]) / (alpha0 + beta0 + gt[g])
             prior_p0[p] = p0
         p0 = prior_p0[p]
         if np.isnan(p0):
-            ai = a0
-            bi = b0
+            ai = alpha0
+            bi = beta0
         else:
-            si = np.float64(prior_n[p]) if prior_n[p] >= 1 else strength
-            ai = a0 + si * p0
-            bi = b0 + si * (1.0 - p0)
+            si = np.float64(prior_n[p]) if prior_n[p] >= 1 else prior_strength
+            ai = alpha0 + si * p0
+            bi = beta0 + si * (1.0 - p0)
         if n_obs[p] == 0:
             alpha[p] = ai
             beta[p] = bi
-        alpha[p] = lam * alpha[p] + (1.0 - lam) * ai + s
-        beta[p] = lam * beta[p] + (1.0 - lam) * bi + (t - s)
+        alpha[p] = beta_decay * alpha[p] + (1.0 - beta_decay) * ai + s
+        beta[p] = beta_decay * beta[p] + (1.0 - beta_decay) * bi + (t - s)
         slot = slot_of[p]
         if slot < 0:
             slot = observed
@@ -540,18 +527,21 @@ def apply_results(
     successes: np.ndarray,
     trials: np.ndarray,
     states: np.ndarray,
-    lam: float,
-    alpha0: float,
-    beta0: float,
+    beta_decay: float | None = None,
+    alpha0: float | None = None,
+    beta0: float | None = None,
 ) -> None:
     """Applies m results in order (a prompt may appear several times): the Beta update of docs/methods.md §1 with
     the frozen priors of docs/methods.md §6, a slot in the observed set at a prompt's first result, step-state
-    pooling, last_state, streak, n_obs, group sums and the open step's statistics. `alpha0`, `beta0`
-    must be the prior `ba` was created with. Validates everything first; on error nothing changes."""
-    lam = _check_decay(lam, "beta_decay")
-    _check_prior(alpha0, beta0)
+    pooling, last_state, streak, n_obs, group sums and the open step's statistics.
+
+    The constants are the dataset's (ba.shared.rules): its Beta prior, prior_strength and beta_decay.
+    `beta_decay` names the decay where the rules leave it open, and may repeat the dataset's
+    (DatasetRules.decay); `alpha0`, `beta0`, when given, must be the prior `ba` was created with.
+    Validates everything first; on error nothing changes."""
     rules = ba.shared.rules
-    if (float(alpha0), float(beta0)) != (rules.alpha0, rules.beta0):
+    beta_decay = rules.decay("beta_decay", beta_decay)
+    if (alpha0, beta0) != (None, None) and (alpha0, beta0) != (rules.alpha0, rules.beta0):
         raise ValueError(
             f"the beliefs were created with the Beta prior ({rules.alpha0}, {rules.beta0}), "
             f"not ({alpha0}, {beta0})"
@@ -587,8 +577,8 @@ def apply_results(
             ba.obs_prev, ba.obs_state, ba.observed, ba.d0,
             (ba.pass_rate, ba.group, ba.prior_p0, ba.streak, ba.pass_samples, ba.prior_n),
             sh.group_successes, sh.group_trials, sh.step_adv, sh.step_adv_n, sh.step_counts,
-            ids, successes, trials, states.astype(np.int8, copy=False), lam, rules.alpha0, rules.beta0,
-            rules.prior_strength,
+            ids, successes, trials, states.astype(np.int8, copy=False), beta_decay, rules.alpha0,
+            rules.beta0, rules.prior_strength,
         )
     )  # fmt: skip
     if sh.grouped:

@@ -1,5 +1,5 @@
 """Cold start (docs/methods.md §6): per-prompt metadata, group rates, cold priors and priors frozen at a prompt's
-first observation; and `SharedState`, what a dataset keeps beside its per-prompt arrays.
+first observation.
 
 Per-prompt metadata (BeliefArrays fields, set by `apply_metadata`, a log record in the service):
 
@@ -34,17 +34,14 @@ Profiling (docs/api.md section 2): the dataset's profiling rollouts are the sum 
 the prompts whose count was uploaded as profiled (`SharedState.profile_rollouts`, kept by
 `apply_metadata`): an upload sets each prompt's count and flag, so sending it again changes nothing.
 
-`SharedState` also holds the per-dataset state of the strategies of docs/methods.md §7 (GRESO's p_easy / p_hard
-and walk position, SEC's Q values and per-category walk positions, AdaRFT's target difficulty T) and
-the statistics of the open step they are updated from when it closes (step_close.close_shared).
+The group sums and the metadata counts live in the dataset's SharedState (shared.py), beside the rules
+(alpha0, beta0, s, gamma) they are read with.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 import numba
 import numpy as np
@@ -52,11 +49,10 @@ import numpy.typing as npt
 from numba import prange
 
 from ._parallel import CHUNK, PARALLEL_MIN, launch
-from .domain import PASS_SAMPLES_MAX, PRIOR_STRENGTH_MAX, plain
+from .beliefs import NO_GROUP, NO_SAMPLES, BeliefArrays
+from .domain import MAX_GROUPS, PASS_SAMPLES_MAX, plain
 from .mi import _check_ids
-
-if TYPE_CHECKING:
-    from .beliefs import BeliefArrays
+from .shared import SharedState
 
 #: A Beta score function of scores.py / mi.py: (alpha, beta, ids or None, out or None) -> float64 scores.
 ScoreFn = Callable[[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None], np.ndarray]
@@ -81,10 +77,6 @@ _LiveSource = tuple[
 ]
 
 __all__ = [
-    "MAX_GROUPS",
-    "NO_GROUP",
-    "DatasetRules",
-    "SharedState",
     "apply_metadata",
     "beta_for",
     "beta_scores",
@@ -95,182 +87,6 @@ __all__ = [
     "prior_arrays",
     "prior_pass_rates",
 ]
-
-#: Groups are numbered 0..MAX_GROUPS-1 (docs/methods.md §6: G <= 65,536).
-MAX_GROUPS = 65_536
-#: `group` value of a prompt without a group.
-NO_GROUP = -1
-#: `pass_samples` (and frozen `prior_n`) value of a rate without a sample count: it weighs prior_strength.
-NO_SAMPLES = -1
-
-#: Order of SharedState.step_counts: results applied at the open step, of which all-solved and
-#: all-failed (states SOLVED / UNSOLVED), and their summed successes and trials.
-STEP_RESULTS, STEP_EASY, STEP_HARD, STEP_SUCCESSES, STEP_TRIALS = range(5)
-
-
-def _finite(name: str, value: float, low: float, high: float, *, low_open: bool = False) -> float:
-    value = float(value)
-    ok = math.isfinite(value) and (value > low if low_open else value >= low) and value <= high
-    if not ok:
-        bound = "(" if low_open else "["
-        raise ValueError(f"{name} must lie in {bound}{low}, {high}], got {value!r}")
-    return value
-
-
-@dataclass(frozen=True)
-class DatasetRules:
-    """A dataset's constants that shape how its shared state evolves (fixed at creation).
-
-    alpha0, beta0: the Beta prior; prior_strength s and group_decay gamma (docs/methods.md §6); sec_lr (SEC's
-    learning rate for Q) and adarft_eta / adarft_alpha / adarft_beta (AdaRFT's update of T), docs/methods.md §7.
-    """
-
-    alpha0: float = 1.0
-    beta0: float = 1.0
-    prior_strength: float = 2.0
-    group_decay: float = 0.9
-    sec_lr: float = 0.5
-    adarft_eta: float = 50.0
-    adarft_alpha: float = 2.0
-    adarft_beta: float = 0.5
-
-    def __post_init__(self) -> None:
-        for name in ("alpha0", "beta0"):
-            value = getattr(self, name)
-            if not (math.isfinite(value) and value > 0):
-                raise ValueError(f"the Beta prior's {name} must be finite and > 0, got {value!r}")
-        _finite("prior_strength", self.prior_strength, 0.0, PRIOR_STRENGTH_MAX)
-        _finite("group_decay", self.group_decay, 0.0, 1.0, low_open=True)
-        _finite("sec lr", self.sec_lr, 0.0, 1.0)
-        _finite("adarft eta", self.adarft_eta, 0.0, 100.0)
-        _finite("adarft alpha", self.adarft_alpha, 0.0, 1e3)
-        _finite("adarft beta", self.adarft_beta, 0.0, 1.0)
-
-
-def _zeros(n: int, dtype: Any = np.float64) -> np.ndarray:
-    return np.zeros(n, dtype=dtype)
-
-
-#: name -> dtype of the arrays of SharedState indexed by group (all of length n_groups).
-GROUP_FIELDS: dict[str, np.dtype] = {
-    "group_successes": np.dtype(np.float64),  # S_g
-    "group_trials": np.dtype(np.float64),  # T_g
-    "group_size": np.dtype(np.int64),  # prompts whose metadata puts them in g
-    "sec_q": np.dtype(np.float64),  # SEC's Q_g
-    "sec_pos": np.dtype(np.int64),  # SEC: position of g's walk (passes * size + offset)
-    "step_adv": np.dtype(np.float64),  # SEC: sum of the mean |advantage| of g's results at the open step
-    "step_adv_n": np.dtype(np.int64),  # ... and their number
-}
-
-#: Scalars of SharedState written to snapshots (JSON numbers; Python floats round-trip exactly).
-SCALARS = (
-    "pass_rate_known",
-    "grouped",
-    "greso_pos",
-    "p_easy",
-    "p_hard",
-    "adarft_t",
-    "pass_samples_known",
-    "profile_rollouts",
-)
-
-
-@dataclass(eq=False)
-class SharedState:
-    """What one dataset keeps beside its per-prompt arrays (a plain container; see the module docstring)."""
-
-    rules: DatasetRules = field(default_factory=DatasetRules)
-    group_successes: np.ndarray = field(default_factory=lambda: _zeros(0))
-    group_trials: np.ndarray = field(default_factory=lambda: _zeros(0))
-    group_size: np.ndarray = field(default_factory=lambda: _zeros(0, np.int64))
-    sec_q: np.ndarray = field(default_factory=lambda: _zeros(0))
-    sec_pos: np.ndarray = field(default_factory=lambda: _zeros(0, np.int64))
-    step_adv: np.ndarray = field(default_factory=lambda: _zeros(0))
-    step_adv_n: np.ndarray = field(default_factory=lambda: _zeros(0, np.int64))
-    #: results, all-solved, all-failed, successes, trials applied at the open step (STEP_* indices)
-    step_counts: np.ndarray = field(default_factory=lambda: _zeros(5))
-    pass_rate_known: int = 0  # prompts with a known pass rate
-    pass_samples_known: int = 0  # prompts with a sample count behind their pass rate
-    profile_rollouts: int = 0  # sum of the sample counts uploaded as profiled (docs/api.md section 2)
-    grouped: int = 0  # prompts with a group
-    greso_pos: int = 0  # GRESO: global position of its walk over the concatenated epoch permutations
-    p_easy: float = 0.5
-    p_hard: float = 0.5
-    adarft_t: float = 0.0
-    #: Bumped whenever a cold prior may have changed (metadata, group sums); never persisted: caches
-    #: of this process compare it, a loaded state starts with fresh caches.
-    cold_version: int = 0
-    #: SEC's member index (walks.sec_members), built on first use; dropped by a metadata upload.
-    members_cache: tuple[np.ndarray, np.ndarray] | None = field(default=None, repr=False)
-
-    @property
-    def n_groups(self) -> int:
-        """Length of the per-group arrays: 1 + the largest group id ever uploaded (0 without groups)."""
-        return int(self.group_successes.shape[0])
-
-    def group_arrays(self) -> dict[str, np.ndarray]:
-        return {name: getattr(self, name) for name in GROUP_FIELDS}
-
-    def grow(self, n_groups: int) -> None:
-        """Extends the per-group arrays to `n_groups` (zeros for the new groups)."""
-        old = self.n_groups
-        if n_groups <= old:
-            return
-        for name, dtype in GROUP_FIELDS.items():
-            arr = np.zeros(n_groups, dtype=dtype)
-            arr[:old] = getattr(self, name)
-            setattr(self, name, arr)
-
-    def copy(self) -> SharedState:
-        new = replace(self, step_counts=self.step_counts.copy(), members_cache=None)
-        for name, arr in self.group_arrays().items():  # set by name: a **dict of them is not typed per field
-            setattr(new, name, arr.copy())
-        return new
-
-    # ---- snapshots ----------------------------------------------------------------------------------
-    def header(self) -> dict[str, Any]:
-        """Scalars for a snapshot header (the rules come from the dataset spec, not from here)."""
-        doc = {name: getattr(self, name) for name in SCALARS}
-        doc["step_counts"] = [float(x) for x in self.step_counts]
-        return doc
-
-    @classmethod
-    def from_parts(
-        cls, rules: DatasetRules, header: dict[str, Any], arrays: dict[str, np.ndarray]
-    ) -> SharedState:
-        """Rebuilds the state from `header()` and `group_arrays()`; ValueError when they do not fit."""
-        if not arrays:  # no group was ever uploaded: a writer may leave the empty arrays out
-            arrays = {name: np.zeros(0, dtype=dtype) for name, dtype in GROUP_FIELDS.items()}
-        missing = set(GROUP_FIELDS) - set(arrays)
-        unknown = set(arrays) - set(GROUP_FIELDS)
-        if missing or unknown:
-            raise ValueError(f"shared arrays: missing {sorted(missing)}, unknown {sorted(unknown)}")
-        lengths = {np.shape(arr) for arr in arrays.values()}
-        if len(lengths) != 1 or len(next(iter(lengths))) != 1 or next(iter(lengths))[0] > MAX_GROUPS:
-            raise ValueError(f"shared arrays must be 1-d of one length <= {MAX_GROUPS}, got {lengths}")
-        try:
-            counts = np.array(header["step_counts"], dtype=np.float64)
-            state = cls(
-                rules=rules,
-                step_counts=counts,
-                pass_rate_known=int(header["pass_rate_known"]),
-                pass_samples_known=int(header["pass_samples_known"]),
-                profile_rollouts=int(header["profile_rollouts"]),
-                grouped=int(header["grouped"]),
-                greso_pos=int(header["greso_pos"]),
-                p_easy=float(header["p_easy"]),
-                p_hard=float(header["p_hard"]),
-                adarft_t=float(header["adarft_t"]),
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ValueError(f"shared state header is incomplete or malformed: {exc!r}") from exc
-        if counts.shape != (5,):
-            raise ValueError(f"shared state step_counts must have 5 entries, got {counts.shape}")
-        for name, dtype in GROUP_FIELDS.items():  # set by name: a **dict of them is not typed per field
-            setattr(
-                state, name, np.require(np.asarray(arrays[name]), dtype=dtype, requirements=["C", "W", "A"])
-            )
-        return state
 
 
 def has_cold_priors(shared: SharedState) -> bool:
@@ -480,14 +296,14 @@ def _live_strength(
     pass_rate: npt.NDArray[np.float32],
     pass_samples: npt.NDArray[np.int32],
     p: int | np.integer[Any],
-    s: float,
+    prior_strength: float,
 ) -> float:
     """s_i of docs/methods.md §6 now: the prompt's sample count when its pass rate is known and has one,
     else the dataset's prior_strength s (a group's rate always weighs s)."""
     n = pass_samples[p]
     if n >= 1 and not np.isnan(pass_rate[p]):
         return np.float64(n)
-    return s
+    return prior_strength
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
@@ -495,9 +311,9 @@ def cold_beta(
     src: _PriorSource,
     rates: npt.NDArray[np.float64],
     p: int | np.integer[Any],
-    a0: float,
-    b0: float,
-    s: float,
+    alpha0: float,
+    beta0: float,
+    prior_strength: float,
 ) -> tuple[float, float, float]:
     """(alpha, beta, p0) of prompt p as every Beta-family score reads it: its posterior and frozen p0 once
     observed, else its cold prior and live p0 (NaN: none)."""
@@ -506,9 +322,9 @@ def cold_beta(
         return alpha[p], beta[p], prior_p0[p]
     p0 = _live_p0(pass_rate, group, rates, p)
     if np.isnan(p0):
-        return a0, b0, p0
-    si = _live_strength(pass_rate, pass_samples, p, s)
-    return a0 + si * p0, b0 + si * (1.0 - p0), p0
+        return alpha0, beta0, p0
+    si = _live_strength(pass_rate, pass_samples, p, prior_strength)
+    return alpha0 + si * p0, beta0 + si * (1.0 - p0), p0
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
@@ -516,17 +332,17 @@ def profile_beta(
     pass_rate: npt.NDArray[np.float32],
     pass_samples: npt.NDArray[np.int32],
     p: int | np.integer[Any],
-    a0: float,
-    b0: float,
-    s: float,
+    alpha0: float,
+    beta0: float,
+    prior_strength: float,
 ) -> tuple[float, float]:
-    """The Beta of prompt p's uploaded profile alone (its pass rate and count; Beta(a0, b0) without a
+    """The Beta of prompt p's uploaded profile alone (its pass rate and count; Beta(alpha0, beta0) without a
     rate), whatever was observed: what a static filter judges (docs/methods.md §9)."""
     r = np.float64(pass_rate[p])
     if np.isnan(r):
-        return a0, b0
-    si = _live_strength(pass_rate, pass_samples, p, s)
-    return a0 + si * r, b0 + si * (1.0 - r)
+        return alpha0, beta0
+    si = _live_strength(pass_rate, pass_samples, p, prior_strength)
+    return alpha0 + si * r, beta0 + si * (1.0 - r)
 
 
 @numba.njit(nogil=True, cache=True)
@@ -535,9 +351,9 @@ def _beta_range(
     rates: npt.NDArray[np.float64],
     ids: npt.NDArray[np.int64],
     use_all: bool,
-    a0: float,
-    b0: float,
-    s: float,
+    alpha0: float,
+    beta0: float,
+    prior_strength: float,
     out_a: npt.NDArray[np.float64],
     out_b: npt.NDArray[np.float64],
     out_p0: npt.NDArray[np.float64],
@@ -548,7 +364,7 @@ def _beta_range(
     pass_rate, group, pass_samples)."""
     for i in range(lo, hi):
         p = i if use_all else ids[i]
-        out_a[i], out_b[i], out_p0[i] = cold_beta(src, rates, p, a0, b0, s)
+        out_a[i], out_b[i], out_p0[i] = cold_beta(src, rates, p, alpha0, beta0, prior_strength)
 
 
 @numba.njit(nogil=True, cache=True)
@@ -557,14 +373,14 @@ def _beta_serial(
     rates: npt.NDArray[np.float64],
     ids: npt.NDArray[np.int64],
     use_all: bool,
-    a0: float,
-    b0: float,
-    s: float,
+    alpha0: float,
+    beta0: float,
+    prior_strength: float,
     out_a: npt.NDArray[np.float64],
     out_b: npt.NDArray[np.float64],
     out_p0: npt.NDArray[np.float64],
 ) -> None:
-    _beta_range(src, rates, ids, use_all, a0, b0, s, out_a, out_b, out_p0, 0, out_a.size)
+    _beta_range(src, rates, ids, use_all, alpha0, beta0, prior_strength, out_a, out_b, out_p0, 0, out_a.size)
 
 
 @numba.njit(nogil=True, cache=True, parallel=True)
@@ -573,9 +389,9 @@ def _beta_parallel(
     rates: npt.NDArray[np.float64],
     ids: npt.NDArray[np.int64],
     use_all: bool,
-    a0: float,
-    b0: float,
-    s: float,
+    alpha0: float,
+    beta0: float,
+    prior_strength: float,
     out_a: npt.NDArray[np.float64],
     out_b: npt.NDArray[np.float64],
     out_p0: npt.NDArray[np.float64],
@@ -583,7 +399,20 @@ def _beta_parallel(
     m = out_a.size
     for c in prange((m + CHUNK - 1) // CHUNK):
         lo = c * CHUNK
-        _beta_range(src, rates, ids, use_all, a0, b0, s, out_a, out_b, out_p0, lo, min(m, lo + CHUNK))
+        _beta_range(
+            src,
+            rates,
+            ids,
+            use_all,
+            alpha0,
+            beta0,
+            prior_strength,
+            out_a,
+            out_b,
+            out_p0,
+            lo,
+            min(m, lo + CHUNK),
+        )
 
 
 def prior_source(ba: BeliefArrays) -> _PriorSource:
@@ -596,7 +425,9 @@ def _ids(ids: np.ndarray | None, n: int) -> tuple[np.ndarray, bool]:
     return _check_ids(ids, n), ids is None
 
 
-def _beta_prior_arrays(ba: BeliefArrays, ids: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def prior_arrays(ba: BeliefArrays, ids: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(alpha, beta, p0) per prompt of `ids` (None: all): the posterior of an observed prompt and the
+    frozen p0 its prior was built from; a never-observed prompt's cold prior and its live p0 (NaN: none)."""
     ids, use_all = _ids(ids, ba.n)
     m = ba.n if use_all else ids.size
     out_a, out_b, out_p0 = np.empty(m), np.empty(m), np.empty(m)
@@ -638,7 +469,7 @@ def beta_scores(
         out = np.empty(ba.n)
     for lo in range(0, ba.n, SCORE_CHUNK):
         hi = min(lo + SCORE_CHUNK, ba.n)
-        a, b, _ = _beta_prior_arrays(ba, np.arange(lo, hi, dtype=np.int64))
+        a, b, _ = prior_arrays(ba, np.arange(lo, hi, dtype=np.int64))
         score_fn(a, b, None, out[lo:hi])
     return out
 
@@ -648,13 +479,13 @@ def _scores_around_the_prior(ba: BeliefArrays, score_fn: ScoreFn, out: np.ndarra
     observed): the prior's score computed once and written everywhere, then the others' scores. The same
     values as scoring every prompt (the score kernels are elementwise), for a pass of comparisons instead
     of N evaluations of the score: INSIGHT over 10^7 prompts, 256 observed, 0.024 s instead of 1.0 s."""
-    a0, b0 = ba.shared.rules.alpha0, ba.shared.rules.beta0
-    others = np.flatnonzero((ba.alpha != a0) | (ba.beta != b0))
+    alpha0, beta0 = ba.shared.rules.alpha0, ba.shared.rules.beta0
+    others = np.flatnonzero((ba.alpha != alpha0) | (ba.beta != beta0))
     if others.size > ba.n // 2:
         return score_fn(ba.alpha, ba.beta, None, out)
     if out is None:
         out = np.empty(ba.n)
-    out.fill(score_fn(np.array([a0]), np.array([b0]), None, None)[0])
+    out.fill(score_fn(np.array([alpha0]), np.array([beta0]), None, None)[0])
     if others.size:
         out[others] = score_fn(ba.alpha, ba.beta, others, None)
     return out
@@ -670,20 +501,14 @@ def beta_for(ba: BeliefArrays, ids: np.ndarray | None) -> tuple[np.ndarray, np.n
     """
     if not has_cold_priors(ba.shared):
         return ba.alpha, ba.beta, ids
-    a, b, _ = _beta_prior_arrays(ba, ids)
+    a, b, _ = prior_arrays(ba, ids)
     return a, b, None
-
-
-def prior_arrays(ba: BeliefArrays, ids: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(alpha, beta, p0) per prompt of `ids` (None: all): the posterior of an observed prompt and the
-    frozen p0 its prior was built from; a never-observed prompt's cold prior and its live p0 (NaN: none)."""
-    return _beta_prior_arrays(ba, ids)
 
 
 def prior_pass_rates(ba: BeliefArrays, ids: np.ndarray | None) -> np.ndarray:
     """The p0 each prompt's Beta prior is built from (float64, NaN = none): frozen at the first
     observation for observed prompts, the live p0 (pass rate, else group rate) for the others."""
-    return _beta_prior_arrays(ba, ids)[2]
+    return prior_arrays(ba, ids)[2]
 
 
 @numba.njit(nogil=True, cache=True)
@@ -692,8 +517,8 @@ def _live_kernel(
     rates: npt.NDArray[np.float64],
     ids: npt.NDArray[np.int64],
     use_all: bool,
-    a0: float,
-    b0: float,
+    alpha0: float,
+    beta0: float,
     to_score: bool,
     target: float,
     out: npt.NDArray[np.float64],
@@ -703,7 +528,7 @@ def _live_kernel(
         p = i if use_all else ids[i]
         p0 = _live_p0(pass_rate, group, rates, p)
         if np.isnan(p0):  # no metadata: the posterior mean (the cold prior's mean when never observed)
-            p0 = alpha[p] / (alpha[p] + beta[p]) if n_obs[p] > 0 else a0 / (a0 + b0)
+            p0 = alpha[p] / (alpha[p] + beta[p]) if n_obs[p] > 0 else alpha0 / (alpha0 + beta0)
         out[i] = -abs(100.0 * (1.0 - p0) - target) if to_score else p0
 
 

@@ -16,10 +16,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .coldstart import (
-    beta_scores,
-    live_pass_rates,
-)
+from .coldstart import live_pass_rates
 from .mi import _beta_params, _check_ids
 
 if TYPE_CHECKING:
@@ -55,11 +52,6 @@ def learnability_scores(
         return scores
     out[:] = scores
     return out
-
-
-def learnability_for(ba: BeliefArrays, ids: np.ndarray | None) -> np.ndarray:
-    """Learnability of `ids` (None: all) with cold priors for never-observed prompts."""
-    return beta_scores(ba, ids, learnability_scores)
 
 
 def adarft_scores(ba: BeliefArrays, ids: np.ndarray | None) -> np.ndarray:

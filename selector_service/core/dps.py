@@ -2,15 +2,16 @@
 
 Each prompt has its own 3x3 Dirichlet matrix D (stored at obs_d[s, 3*i + j] for its slot s),
 column-stochastic: P(i, j) = D(i, j) / sum_i D(i, j), the probability of moving from state j to state i.
-With prior D0 = d0 * ones and decay lam, closing a step does, for every prompt:
+With prior D0 = d0 * ones and the dataset's hmm_decay (shared.DatasetRules), closing a step does, for
+every prompt:
 
 - observed at the step in state o (obs_state != 0; several results already pooled):
       post = onehot(o)
       xi(i, j) = post(i) P(i, j) prev(j) / sum_{i,j} (...)      (P from D before this update)
-      D <- lam D + (1 - lam) D0 + xi
+      D <- hmm_decay D + (1 - hmm_decay) D0 + xi
       prior <- normalise(P' @ post)   (P' from the new D),   prev <- post
 - not observed:
-      D <- lam D + (1 - lam) D0
+      D <- hmm_decay D + (1 - hmm_decay) D0
       prior <- normalise(P' @ prior),  prev <- prior (the old prior)
 
 and resets the step state to 0. The arithmetic is float64; the stored arrays are float32 (memory
@@ -21,10 +22,10 @@ per observed one, instead of 12), which changes results only at the level of flo
 
 Only prompts that have ever been observed are walked (the observed set of beliefs.py, in slot order).
 A never-observed prompt does not change at a close, bit for bit: its D is D0 and its prior (1/3, 1/3,
-1/3); lam * d0 + (1 - lam) * d0 rounds to within one float64 ulp of d0, which rounds back to the stored
-float32 d0, and with all columns equal every row of P' @ prior is the same sum, so the normalised prior
-rounds back to float32(1/3) (tests/test_core_dps.py checks the whole dense state against the literal
-twin, which walks every prompt). So a close costs O(prompts ever observed), not O(N).
+1/3); hmm_decay * d0 + (1 - hmm_decay) * d0 rounds to within one float64 ulp of d0, which rounds back to
+the stored float32 d0, and with all columns equal every row of P' @ prior is the same sum, so the
+normalised prior rounds back to float32(1/3) (tests/core/test_dps.py checks the whole dense state
+against the literal twin, which walks every prompt). So a close costs O(prompts ever observed), not O(N).
 
 `CloseStats` (ours, for monitoring DPS): `correct` counts observed prompts whose predicted state (argmax
 of the prior before the update) equals the observed state; `predicted_*` count the argmax of the new
@@ -90,13 +91,14 @@ def _observed_d(
     prev: npt.NDArray[np.float32],
     p: int | np.integer[Any],
     oi: int | np.integer[Any],
-    lam: float,
+    hmm_decay: float,
     keep: float,
     e: npt.NDArray[np.float64],
 ) -> None:
-    """e <- D' of prompt p observed in state oi at the closing step: lam D + (1 - lam) D0 + xi (float64)."""
+    """e <- D' of prompt p observed in state oi at the closing step: hmm_decay D + (1 - hmm_decay) D0 + xi
+    (float64)."""
     for q in range(9):
-        e[q] = lam * d[q, p] + keep
+        e[q] = hmm_decay * d[q, p] + keep
     # xi has one non-zero row: xi(oi, j) = P(oi, j) prev(j) / z, with P from the old D
     x0 = d[3 * oi, p] / (np.float64(d[0, p]) + d[3, p] + d[6, p]) * prev[0, p]
     x1 = d[3 * oi + 1, p] / (np.float64(d[1, p]) + d[4, p] + d[7, p]) * prev[1, p]
@@ -118,7 +120,7 @@ def _close_range(
     prior: npt.NDArray[np.float32],
     prev: npt.NDArray[np.float32],
     step_state: npt.NDArray[np.int8],
-    lam: float,
+    hmm_decay: float,
     d0: float,
     lo: int,
     hi: int,
@@ -135,7 +137,7 @@ def _close_range(
     update, so results are identical bit for bit (tests/core/test_close_bitwise.py). error_model="numpy":
     no zero-division check (a branch that would stop the vectorizer; divisors are sums of positive
     counts and probabilities here, core/belief_domain.py)."""
-    keep = (1.0 - lam) * d0
+    keep = (1.0 - hmm_decay) * d0
     e = np.empty(9)  # D' of one observed prompt in float64, e[3*i + j] = D'(i, j)
     rows = np.empty(BLOCK, dtype=np.int64)
     buf = np.empty((15, BLOCK), dtype=np.float32)  # D' (9), prior (3), prev (3) of the observed rows
@@ -163,7 +165,7 @@ def _close_range(
                 partial += 1
             if _argmax3(np.float64(prior[0, p]), np.float64(prior[1, p]), np.float64(prior[2, p])) == oi:
                 correct += 1
-            _observed_d(d, prev, p, oi, lam, keep, e)
+            _observed_d(d, prev, p, oi, hmm_decay, keep, e)
             # normalise(P' @ onehot(o)) = column oi of P' = D'(., oi) / its sum
             n0 = e[oi]
             n1 = e[3 + oi]
@@ -186,15 +188,15 @@ def _close_range(
             r0 = np.float64(prior[0, p])
             r1 = np.float64(prior[1, p])
             r2 = np.float64(prior[2, p])
-            e0 = lam * d[0, p] + keep
-            e1 = lam * d[1, p] + keep
-            e2 = lam * d[2, p] + keep
-            e3 = lam * d[3, p] + keep
-            e4 = lam * d[4, p] + keep
-            e5 = lam * d[5, p] + keep
-            e6 = lam * d[6, p] + keep
-            e7 = lam * d[7, p] + keep
-            e8 = lam * d[8, p] + keep
+            e0 = hmm_decay * d[0, p] + keep
+            e1 = hmm_decay * d[1, p] + keep
+            e2 = hmm_decay * d[2, p] + keep
+            e3 = hmm_decay * d[3, p] + keep
+            e4 = hmm_decay * d[4, p] + keep
+            e5 = hmm_decay * d[5, p] + keep
+            e6 = hmm_decay * d[6, p] + keep
+            e7 = hmm_decay * d[7, p] + keep
+            e8 = hmm_decay * d[8, p] + keep
             w0 = r0 / (e0 + e3 + e6)
             w1 = r1 / (e1 + e4 + e7)
             w2 = r2 / (e2 + e5 + e8)
@@ -257,16 +259,16 @@ GAP_BLOCK = 512
 
 
 @numba.njit(nogil=True, cache=True)
-def _gap_start(lam: float, bound: float, k: int) -> int:
+def _gap_start(hmm_decay: float, bound: float, k: int) -> int:
     """Where a walk through ``k`` empty steps starts from the uniform belief, given `bound` >= every
-    prompt's A (_close_gap_range): the latest s with 2 prod_{i=s+1}^{k-1} min(1, lam^i A) <= GAP_EPS
-    (Dobrushin's coefficient of step i is at most lam^i A, and two beliefs differ by at most 2 in total
+    prompt's A (_close_gap_range): the latest s with 2 prod_{i=s+1}^{k-1} min(1, hmm_decay^i A) <= GAP_EPS
+    (Dobrushin's coefficient of step i is at most hmm_decay^i A, and two beliefs differ by at most 2 in total
     variation); 0: from the prompts' own beliefs. ``k`` when both the last two steps map every belief to
-    within GAP_EPS of uniform (P_i x - u = (P_i - U) x, at most lam^i A in total variation): the walk is
+    within GAP_EPS of uniform (P_i x - u = (P_i - U) x, at most hmm_decay^i A in total variation): the walk is
     not needed at all."""
-    if lam == 1.0:
+    if hmm_decay == 1.0:
         return 0
-    li = lam ** (k - 1)
+    li = hmm_decay ** (k - 1)
     if k >= 2 and li * bound <= GAP_EPS:
         return k
     prod = 2.0
@@ -274,7 +276,7 @@ def _gap_start(lam: float, bound: float, k: int) -> int:
         prod *= min(1.0, li * bound)
         if prod <= GAP_EPS:
             return i - 1
-        li /= lam
+        li /= hmm_decay
     return 0
 
 
@@ -284,7 +286,7 @@ def _close_gap_range(
     prior: npt.NDArray[np.float32],
     prev: npt.NDArray[np.float32],
     step_state: npt.NDArray[np.int8],
-    lam: float,
+    hmm_decay: float,
     d0: float,
     steps: int,
     lo: int,
@@ -296,23 +298,24 @@ def _close_gap_range(
     once; adds the statistics into counts[0..5] (the open step's observed, partial and correct, the
     predictions of the final prior).
 
-    An empty step does D <- lam D + (1 - lam) D0 and prior <- normalise(P' @ prior) (module docstring),
-    so i steps after the open one D = d0 + lam^i E, E = D' - d0 (D' after the open step): D in closed
-    form. The prior walks through k matrices that do not commute, but that approach the matrix of equal
-    columns (which maps every belief to uniform) as fast as lam^i: Dobrushin's coefficient of step i is at
-    most lam^i A, A = max_j sum_l |E(l, j) - s_j / 3| / min(3 d0, sum_l D'(l, j)), s_j the column sums
-    of E. Block by block, the walk starts at _gap_start for a bound on the block's A, from the uniform
-    belief: a few steps instead of k when lam < 1. With lam = 1, D does not move and the walk is
-    P^(k-1), by squaring, then P once more (the previous prior is kept). Each loop over the block is
+    An empty step does D <- hmm_decay D + (1 - hmm_decay) D0 and prior <- normalise(P' @ prior) (module
+    docstring), so i steps after the open one D = d0 + hmm_decay^i E, E = D' - d0 (D' after the open
+    step): D in closed form. The prior walks through k matrices that do not commute, but that approach the
+    matrix of equal columns (which maps every belief to uniform) as fast as hmm_decay^i: Dobrushin's
+    coefficient of step i is at most hmm_decay^i A, A = max_j sum_l |E(l, j) - s_j / 3| / min(3 d0,
+    sum_l D'(l, j)), s_j the column sums of E. Block by block, the walk starts at _gap_start for a bound
+    on the block's A, from the uniform belief: a few steps instead of k when hmm_decay < 1. With
+    hmm_decay = 1, D does not move and the walk is P^(k-1), by squaring, then P once more (the previous
+    prior is kept). Each loop over the block is
     branch-free over prompts, so LLVM vectorizes it."""
-    keep = (1.0 - lam) * d0
+    keep = (1.0 - hmm_decay) * d0
     third = 1.0 / 3.0
     k = steps - 1
     e = np.empty((9, GAP_BLOCK))  # E = D' - d0, D' after the open step
     x = np.empty((3, GAP_BLOCK))  # the prior through the walk
     v = np.empty((3, GAP_BLOCK))  # the previous prior
-    t = np.empty((9, GAP_BLOCK))  # powers of P (lam = 1)
-    mp = np.empty((9, GAP_BLOCK))  # P^(k-1) (lam = 1)
+    t = np.empty((9, GAP_BLOCK))  # powers of P (hmm_decay = 1)
+    mp = np.empty((9, GAP_BLOCK))  # P^(k-1) (hmm_decay = 1)
     one = np.empty(9)
     obs = np.empty((12, GAP_BLOCK))  # E (9) and prior (3) of the rows observed at the open step
     spreads = np.empty(GAP_BLOCK)
@@ -330,15 +333,15 @@ def _close_gap_range(
         # over the block: the largest spread over the smallest min(3 d0, column sum).
         for i in range(nb):
             p = np.uint64(b_lo + i)
-            e0 = lam * d[0, p] + keep
-            e1 = lam * d[1, p] + keep
-            e2 = lam * d[2, p] + keep
-            e3 = lam * d[3, p] + keep
-            e4 = lam * d[4, p] + keep
-            e5 = lam * d[5, p] + keep
-            e6 = lam * d[6, p] + keep
-            e7 = lam * d[7, p] + keep
-            e8 = lam * d[8, p] + keep
+            e0 = hmm_decay * d[0, p] + keep
+            e1 = hmm_decay * d[1, p] + keep
+            e2 = hmm_decay * d[2, p] + keep
+            e3 = hmm_decay * d[3, p] + keep
+            e4 = hmm_decay * d[4, p] + keep
+            e5 = hmm_decay * d[5, p] + keep
+            e6 = hmm_decay * d[6, p] + keep
+            e7 = hmm_decay * d[7, p] + keep
+            e8 = hmm_decay * d[8, p] + keep
             s0 = e0 + e3 + e6
             s1 = e1 + e4 + e7
             s2 = e2 + e5 + e8
@@ -380,7 +383,7 @@ def _close_gap_range(
                 partial += 1
             if _argmax3(np.float64(prior[0, p]), np.float64(prior[1, p]), np.float64(prior[2, p])) == oi:
                 correct += 1
-            _observed_d(d, prev, p, oi, lam, keep, one)
+            _observed_d(d, prev, p, oi, hmm_decay, keep, one)
             inv_total = 1.0 / (one[oi] + one[3 + oi] + one[6 + oi])
             for q in range(9):
                 obs[q, j] = one[q] - d0
@@ -390,7 +393,7 @@ def _close_gap_range(
                 total = one[c] + one[3 + c] + one[6 + c]
                 spread = max(spread, _column_spread(one[c], one[3 + c], one[6 + c], total))
                 low = min(low, total)
-        start = _gap_start(lam, spread / low, k)
+        start = _gap_start(hmm_decay, spread / low, k)
         if start == 0:  # the walk starts from the open step's prior (_close_range's update)
             for r in range(3):
                 for i in range(nb):
@@ -403,7 +406,7 @@ def _close_gap_range(
             for r in range(3):
                 x[r, i] = obs[9 + r, j]
         # 2. The walk through the k empty steps.
-        if lam == 1.0:
+        if hmm_decay == 1.0:
             for i in range(nb):  # t <- P, mp <- identity
                 for c in range(3):
                     inv = 1.0 / ((e[c, i] + d0) + (e[3 + c, i] + d0) + (e[6 + c, i] + d0))
@@ -433,15 +436,15 @@ def _close_gap_range(
         else:
             if start > 0:
                 x[:, :nb] = third
-            li = lam ** (start + 1)
+            li = hmm_decay ** (start + 1)
             for _ in range(start + 1, k):
                 _decayed_step(e, li, d0, x, v, nb)
                 x, v = v, x
-                li *= lam
+                li *= hmm_decay
             _decayed_step(e, li, d0, x, v, nb)  # the last step: v holds the prior, x the previous one
             x, v = v, x
-        # 3. Stored once, as float32 (D = d0 + lam^k E).
-        lk = lam**k
+        # 3. Stored once, as float32 (D = d0 + hmm_decay^k E).
+        lk = hmm_decay**k
         c1: int | np.int64 = 0
         c2: int | np.int64 = 0
         for i in range(nb):
@@ -549,13 +552,13 @@ def _close_gap_serial(
     prior: npt.NDArray[np.float32],
     prev: npt.NDArray[np.float32],
     step_state: npt.NDArray[np.int8],
-    lam: float,
+    hmm_decay: float,
     d0: float,
     m: int,
     counts: npt.NDArray[np.int64],
     steps: int,
 ) -> None:
-    _close_gap_range(d, prior, prev, step_state, lam, d0, steps, 0, m, counts[0])
+    _close_gap_range(d, prior, prev, step_state, hmm_decay, d0, steps, 0, m, counts[0])
 
 
 @numba.njit(nogil=True, cache=True, parallel=True)
@@ -564,7 +567,7 @@ def _close_gap_parallel(
     prior: npt.NDArray[np.float32],
     prev: npt.NDArray[np.float32],
     step_state: npt.NDArray[np.int8],
-    lam: float,
+    hmm_decay: float,
     d0: float,
     m: int,
     counts: npt.NDArray[np.int64],
@@ -572,7 +575,7 @@ def _close_gap_parallel(
 ) -> None:
     for c in prange(counts.shape[0]):
         lo = c * CHUNK
-        _close_gap_range(d, prior, prev, step_state, lam, d0, steps, lo, min(m, lo + CHUNK), counts[c])
+        _close_gap_range(d, prior, prev, step_state, hmm_decay, d0, steps, lo, min(m, lo + CHUNK), counts[c])
 
 
 @numba.njit(nogil=True, cache=True)
@@ -581,12 +584,12 @@ def _close_serial(
     prior: npt.NDArray[np.float32],
     prev: npt.NDArray[np.float32],
     step_state: npt.NDArray[np.int8],
-    lam: float,
+    hmm_decay: float,
     d0: float,
     m: int,
     counts: npt.NDArray[np.int64],
 ) -> None:
-    _close_range(d, prior, prev, step_state, lam, d0, 0, m, counts[0])
+    _close_range(d, prior, prev, step_state, hmm_decay, d0, 0, m, counts[0])
 
 
 @numba.njit(nogil=True, cache=True, parallel=True)
@@ -595,27 +598,30 @@ def _close_parallel(
     prior: npt.NDArray[np.float32],
     prev: npt.NDArray[np.float32],
     step_state: npt.NDArray[np.int8],
-    lam: float,
+    hmm_decay: float,
     d0: float,
     m: int,
     counts: npt.NDArray[np.int64],
 ) -> None:
     for c in prange(counts.shape[0]):
         lo = c * CHUNK
-        _close_range(d, prior, prev, step_state, lam, d0, lo, min(m, lo + CHUNK), counts[c])
+        _close_range(d, prior, prev, step_state, hmm_decay, d0, lo, min(m, lo + CHUNK), counts[c])
 
 
-def close_step(ba: BeliefArrays, lam: float, d0: float | None = None, steps: int = 1) -> CloseStats:
+def close_step(
+    ba: BeliefArrays, hmm_decay: float | None = None, d0: float | None = None, steps: int = 1
+) -> CloseStats:
     """Closes the open step for every prompt of `ba` (a BeliefArrays) in place, walking only its observed
-    set; see the module docstring. `d0` defaults to the beliefs' own (ba.d0) and must equal it.
+    set; see the module docstring. The decay is the dataset's (ba.shared.rules.hmm_decay): `hmm_decay`
+    names it where the rules leave it open, and may repeat the dataset's (DatasetRules.decay). `d0`
+    defaults to the beliefs' own (ba.d0) and must equal it.
 
     ``steps > 1`` closes the open step and the ``steps - 1`` steps after it, which hold no evidence, in
     one pass over the observed set (_close_gap_range): each prompt's update through all of them is
     computed in float64 and rounded to float32 once, at a cost that does not grow with the gap where
-    lam < 1 (and with log2 of it where lam = 1). The statistics are those of the open step, but for the predictions, which
-    count the final prior."""
-    if not (math.isfinite(lam) and 0.0 <= lam <= 1.0):
-        raise ValueError(f"hmm_decay (lam) must lie in [0, 1], got {lam!r}")
+    hmm_decay < 1 (and with log2 of it where hmm_decay = 1). The statistics are those of the open step,
+    but for the predictions, which count the final prior."""
+    hmm_decay = ba.shared.rules.decay("hmm_decay", hmm_decay)
     if d0 is None:
         d0 = ba.d0
     if not (math.isfinite(d0) and d0 > 0):
@@ -627,7 +633,7 @@ def close_step(ba: BeliefArrays, lam: float, d0: float | None = None, steps: int
     m = ba.observed
     # The columns of the observed set at its capacity (C-contiguous f32[9 or 3, capacity]); rows < m live.
     cols = ba.observed_columns()
-    args = (*cols, ba.obs_state, float(lam), float(d0), m)
+    args = (*cols, ba.obs_state, hmm_decay, float(d0), m)
     serial, parallel = (
         (_close_serial, _close_parallel) if steps == 1 else (_close_gap_serial, _close_gap_parallel)
     )

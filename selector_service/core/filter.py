@@ -28,7 +28,8 @@ DRAWS_MIN draws (fewer when the class is that rare).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numba
@@ -36,6 +37,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .coldstart import _PriorSource, cold_beta, group_rates, prior_source, profile_beta
+from .domain import K_MAX
 from .mi import _check_ids
 from .rng import Stream, bounded
 
@@ -45,23 +47,57 @@ if TYPE_CHECKING:
 __all__ = [
     "DROP_SOLVED",
     "DROP_UNSOLVED",
-    "FILTER_DEFAULTS",
+    "FILTER_SETTINGS",
     "KEEP",
     "Filter",
+    "FilterSetting",
     "all_probability",
     "draw",
     "judge",
     "zero_advantage_probabilities",
 ]
 
-#: The settings of a select's `filter` object and of strategy `filter`'s parameters, and their defaults
-#: (docs/methods.md §9 says how they were chosen). k None: the dataset's rollouts per prompt.
-FILTER_DEFAULTS: dict[str, Any] = {
-    "solved": 0.5,
-    "unsolved": 0.5,
-    "k": None,
-    "recheck": 0.0,
-    "reprofile": True,
+
+@dataclass(frozen=True)
+class FilterSetting:
+    """One setting of the filter: its type, default, bounds (pydantic's names: gt, ge, lt, le) and what it
+    does."""
+
+    type: Any
+    default: Any
+    help: str
+    bounds: Mapping[str, float] = field(default_factory=dict)
+
+
+#: The settings of a select's `filter` object and of strategy `filter`'s parameters, declared once
+#: (docs/methods.md §9 says how the defaults were chosen): the select body's `filter` (schemas.SelectFilter),
+#: strategy filter's parameters and their checks (strategies.FILTER_PARAMS) and the filter /strategies
+#: lists follow from them.
+FILTER_SETTINGS: dict[str, FilterSetting] = {
+    "solved": FilterSetting(
+        float, 0.5, "drop a prompt when P(a group of k all succeeds) >= solved", {"gt": 0, "le": 1}
+    ),
+    "unsolved": FilterSetting(
+        float, 0.5, "drop a prompt when P(a group of k all fails) >= unsolved", {"gt": 0, "le": 1}
+    ),
+    "k": FilterSetting(
+        int | None,
+        None,
+        "group size of those probabilities; null = the dataset's rollouts_per_prompt",
+        {"ge": 1, "le": K_MAX},
+    ),
+    "recheck": FilterSetting(
+        float,
+        0.0,
+        "share of the batch given to dropped prompts drawn at random, so that their beliefs can move",
+        {"ge": 0, "lt": 1},
+    ),
+    "reprofile": FilterSetting(
+        bool,
+        True,
+        "true: judge each prompt by its belief as the run's outcomes move it; false: by its uploaded pass "
+        "rate and count alone (a static filter on the profile)",
+    ),
 }
 
 #: What `judge` says of a prompt.
@@ -86,7 +122,7 @@ class Filter:
 
     @classmethod
     def of(cls, settings: dict[str, Any], dataset_k: int) -> Filter:
-        """From checked settings (every name of FILTER_DEFAULTS); k None means `dataset_k`."""
+        """From checked settings (every name of FILTER_SETTINGS); k None means `dataset_k`."""
         k = settings["k"] if settings["k"] is not None else dataset_k
         return cls(
             float(settings["solved"]),
@@ -127,9 +163,9 @@ def _code(
     src: _PriorSource,
     rates: npt.NDArray[np.float64],
     p: int | np.integer[Any],
-    a0: float,
-    b0: float,
-    s: float,
+    alpha0: float,
+    beta0: float,
+    prior_strength: float,
     k: int,
     solved: float,
     unsolved: float,
@@ -137,9 +173,9 @@ def _code(
 ) -> int:
     """KEEP, DROP_SOLVED or DROP_UNSOLVED for prompt p (module docstring)."""
     if reprofile:
-        a, b, _ = cold_beta(src, rates, p, a0, b0, s)
+        a, b, _ = cold_beta(src, rates, p, alpha0, beta0, prior_strength)
     else:
-        a, b = profile_beta(src[4], src[6], p, a0, b0, s)
+        a, b = profile_beta(src[4], src[6], p, alpha0, beta0, prior_strength)
     n = a + b
     if _at_least(a, n, k, solved):
         return DROP_SOLVED
@@ -153,9 +189,9 @@ def _judge_kernel(
     src: _PriorSource,
     rates: npt.NDArray[np.float64],
     ids: npt.NDArray[np.int64],
-    a0: float,
-    b0: float,
-    s: float,
+    alpha0: float,
+    beta0: float,
+    prior_strength: float,
     k: int,
     solved: float,
     unsolved: float,
@@ -163,7 +199,7 @@ def _judge_kernel(
     out: npt.NDArray[np.int8],
 ) -> None:
     for i in range(ids.size):
-        out[i] = _code(src, rates, ids[i], a0, b0, s, k, solved, unsolved, reprofile)
+        out[i] = _code(src, rates, ids[i], alpha0, beta0, prior_strength, k, solved, unsolved, reprofile)
 
 
 def judge(ba: BeliefArrays, ids: np.ndarray, f: Filter) -> np.ndarray:
@@ -220,9 +256,9 @@ def zero_advantage_probabilities(
 def _draw_kernel(
     src: _PriorSource,
     rates: npt.NDArray[np.float64],
-    a0: float,
-    b0: float,
-    s: float,
+    alpha0: float,
+    beta0: float,
+    prior_strength: float,
     k: int,
     solved: float,
     unsolved: float,
@@ -257,7 +293,9 @@ def _draw_kernel(
             h = (h + np.uint64(1)) & mask
         if table[h] == p:
             continue
-        if (_code(src, rates, p, a0, b0, s, k, solved, unsolved, reprofile) == KEEP) != kept:
+        if (
+            _code(src, rates, p, alpha0, beta0, prior_strength, k, solved, unsolved, reprofile) == KEEP
+        ) != kept:
             continue
         table[h] = p
         out[got] = p

@@ -32,7 +32,7 @@ ratio is formed before it multiplies P, so a or b up to ~1e307 cannot overflow i
 1/(a+j), 1/(b+j), 1/(n+j) serve the ratios, the G sums and the series: 3K divisions, no logarithm for
 arguments >= 10, one log1p per step below.
 
-Accuracy (tests/test_numeric_domain.py, against mpmath at 40 + 2 log10(n) digits): relative error
+Accuracy (tests/core/test_numeric_domain.py, against mpmath at 40 + 2 log10(n) digits): relative error
 below 5e-14 K (1 + 1 / min(a, b)) over the whole accepted domain (a, b from 1e-3 up to 1e300 and beyond,
 as long as a + b is finite; the 1 / min(a, b) comes from G(b, K) - G(a + b, K) when a is tiny),
 including large n, where I_K ~ K / (2n) would be lost entirely by the textbook regrouping

@@ -4,7 +4,7 @@ Batches must be a function of the project's code and the log alone: two replicas
 versions (a rolling upgrade) must hand two ranks of one trainer the same batch. numpy does not promise
 that `Generator.beta`, `choice` or `permutation` draw the same values across versions, so selection uses
 none of them. Everything here is integer arithmetic we define, plus log, log1p, exp and sqrt (IEEE sqrt
-is exact; the others come from the platform's C math library, which the Python twin in tests/naive.py
+is exact; the others come from the platform's C math library, which the Python twin in tests/core/naive.py
 calls too).
 
 How to use it (the API)
@@ -63,7 +63,7 @@ SplitMix64 passes BigCrush; two streams with random ids overlap within L outputs
   consecutive outputs, rejected unless 0 < q = u1^2 + u2^2 < 1; x = u1 sqrt(-2 ln q / q); u2's twin is
   not used). 1 - v + ln v is evaluated as 3 (log1p(y) - y) - 3 y^2 - y^3 with y = c x and a series for
   log1p(y) - y at |y| < 1/64, so that d (1 - v + ln v) keeps its digits when d is huge.
-  tests/test_core_rng.py checks the draws against scipy's Beta CDF (Kolmogorov-Smirnov) at a fixed seed.
+  tests/core/test_rng.py checks the draws against scipy's Beta CDF (Kolmogorov-Smirnov) at a fixed seed.
 """
 
 from __future__ import annotations

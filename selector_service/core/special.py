@@ -15,7 +15,7 @@ threshold 10 trades a few divisions for full double accuracy; at 6 the remainder
 rebuilt from logarithms of ratios without cancelling two ~ln(1e6) terms (ours). For x < 10 it uses
 psi(x) - ln x = [psi(x+j) - ln(x+j)] + ln((x+j)/x) - sum_{i<j} 1/(x+i): one logarithm either way.
 
-Accuracy (tests/test_core_special.py, against scipy.special.digamma): ~1e-15 relative away from the
+Accuracy (tests/core/test_special.py, against scipy.special.digamma): ~1e-15 relative away from the
 positive root of psi (x0 ~ 1.4616, where only the absolute error ~1e-16 is meaningful).
 """
 
@@ -34,7 +34,6 @@ __all__ = [
     "digamma_array",
     "log_binomial_table",
     "psi_minus_log",
-    "psi_minus_log_shifted",
 ]
 
 #: psi(x) - ln x comes from the asymptotic series for x >= SERIES_FROM, from the recurrence below it.
@@ -75,16 +74,6 @@ def psi_minus_log(x: float) -> float:
         shift += 1.0 / y
         y += 1.0
     return _asymptotic_tail(y) + math.log(y / x) - shift
-
-
-@numba.njit(nogil=True, cache=True)
-def psi_minus_log_shifted(x: float, j: int, shift_sum: float) -> float:
-    """psi(x) - ln(x) for x > 0 when the caller already holds shift_sum = sum_{i<j} 1/(x+i):
-    psi(x) - ln x = [psi(x+j) - ln(x+j)] + ln((x+j)/x) - shift_sum (saves the recurrence's divisions)."""
-    if x >= _SERIES_FROM:
-        return _asymptotic_tail(x)
-    y = x + j
-    return psi_minus_log(y) + math.log(y / x) - shift_sum
 
 
 @numba.njit(nogil=True, cache=True)

@@ -12,8 +12,8 @@ At each step close (`close_shared`, before the DPS close, which resets the step 
              Q_g <- (1 - lr) Q_g + lr r_g for every category.
     groups   S_g, T_g multiplied by group_decay (docs/methods.md §6).
 
-then the open step's statistics are reset. The rules (lr, eta, alpha, beta, group_decay) are the
-dataset's (DatasetRules): they shape state that every replica derives from the log.
+then the open step's statistics are reset. The rules (sec_lr, adarft_eta / _alpha / _beta, group_decay)
+are the dataset's (shared.DatasetRules): they shape state that every replica derives from the log.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .coldstart import STEP_EASY, STEP_HARD, STEP_RESULTS, STEP_SUCCESSES, STEP_TRIALS
 from .curricula import GRESO_EASY_TARGET, GRESO_HARD_TARGET, GRESO_P_MAX, GRESO_P_MIN, GRESO_STEP
 from .dps import CloseStats, close_step
+from .shared import STEP_EASY, STEP_HARD, STEP_RESULTS, STEP_SUCCESSES, STEP_TRIALS
 from .walks import advance_walks
 
 if TYPE_CHECKING:
@@ -84,15 +84,16 @@ def close_shared_empty(ba: BeliefArrays, steps: int) -> None:
 
 
 def close_open_step(
-    ba: BeliefArrays, *, hmm_decay: float, key: str, d0: float | None = None, steps: int = 1
+    ba: BeliefArrays, *, key: str, hmm_decay: float | None = None, d0: float | None = None, steps: int = 1
 ) -> CloseStats:
     """Closes the open step of `ba` completely, in the order that matters: the walks' positions (they
     read the step states), the shared state (group decay, GRESO / AdaRFT / SEC adaptations), then DPS
-    (which resets the step states). `key` names the dataset's random streams (the walks'); `d0` as in
-    dps.close_step (default: the beliefs' own). ``steps > 1`` also closes the ``steps - 1`` steps after
+    (which resets the step states). `key` names the dataset's random streams (the walks'); the constants
+    are the dataset's (ba.shared.rules), `hmm_decay` and `d0` as in dps.close_step. ``steps > 1`` also closes the ``steps - 1`` steps after
     the open one, which hold no evidence, at the cost of one close: the walks do not move at a step
     without results, the shared state's empty steps have a closed form (close_shared_empty), and DPS
     walks each prompt through them in one pass (dps.close_step)."""
+    hmm_decay = ba.shared.rules.decay("hmm_decay", hmm_decay)  # checked before anything moves
     advance_walks(ba, key)
     close_shared(ba)
     close_shared_empty(ba, steps - 1)

@@ -31,7 +31,7 @@ DatasetRules its beliefs are created with.
 project's counter-based generator (rng.py), `stream(key, step, seed, purpose)` with purposes
 "candidates" (the pool), "thompson" (MoPPS draws) and "ties" (top-k tie-breaking), so the same
 (beliefs, strategy, params, batch, step, seed, key) gives the same batch in every process and with every
-numpy version (tests/test_golden_batches.py pins a few).
+numpy version (tests/core/test_golden_batches.py pins a few).
 
 MoPPS draws are keyed by prompt id, so `score` for mopps returns exactly the draws a `select` at the
 same (step, seed) made for those prompts. With mode "threshold" the batch is chosen by the band
@@ -50,7 +50,7 @@ import numpy as np
 from .coldstart import beta_for, beta_scores
 from .curricula import adarft_scores, learnability_scores
 from .domain import ENTROPY_WEIGHT_MAX, K_MAX
-from .filter import FILTER_DEFAULTS, KEEP, Filter, draw, judge
+from .filter import FILTER_SETTINGS, KEEP, Filter, FilterSetting, draw, judge
 from .mi import _check_ids, wmi_scores
 from .rng import Stream, stream
 from .scores import dps_scores, expected_difficulty_scores, inverse_evidence_scores, thompson_scores
@@ -179,17 +179,6 @@ def _within(name: str, low: float, high: float, *, low_open: bool = False) -> Ca
         return v
 
     return check
-
-
-def _bound(name: str) -> Callable[[Any], float]:
-    return _within(name, 0.0, 1.0, low_open=True)
-
-
-def _recheck(v: Any) -> float:
-    v = _number("recheck", v)
-    if not 0.0 <= v < 1.0:
-        raise ParamError(f"recheck (share of the batch given to dropped prompts) must lie in [0, 1), got {v}")
-    return v
 
 
 def _flag(name: str) -> Callable[[Any], bool]:
@@ -337,33 +326,31 @@ class StrategySpec:
         return None if self.requires is None else self.requires(self.name, ba, batch_size, dataset)
 
 
-#: The filter's settings (docs/methods.md §9): a select's `filter` object and strategy `filter`'s parameters.
+def _declared(name: str, setting: FilterSetting) -> Callable[[Any], Any]:
+    """The check of a declared setting (filter.FilterSetting): its type and its bounds."""
+    if setting.type is bool:
+        return _flag(name)
+    b = setting.bounds
+    low, high = b.get("gt", b.get("ge", -math.inf)), b.get("lt", b.get("le", math.inf))
+    low_open, high_open = "gt" in b, "lt" in b
+    whole = setting.type in (int, int | None)
+
+    def check(v: Any) -> Any:
+        if v is None and setting.type == int | None:
+            return None
+        v = _integer(name, v) if whole else _number(name, v)
+        if not ((v > low if low_open else v >= low) and (v < high if high_open else v <= high)):
+            span = f"{'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+            raise ParamError(f"{name} must lie in {span}, got {v}")
+        return v
+
+    return check
+
+
+#: The filter's settings (docs/methods.md §9), from their declaration (filter.FILTER_SETTINGS): a select's
+#: `filter` object and strategy `filter`'s parameters.
 FILTER_PARAMS: dict[str, Param] = {
-    "solved": Param(
-        FILTER_DEFAULTS["solved"],
-        _bound("solved"),
-        "drop a prompt when P(a group of k all succeeds) >= solved",
-    ),
-    "unsolved": Param(
-        FILTER_DEFAULTS["unsolved"],
-        _bound("unsolved"),
-        "drop a prompt when P(a group of k all fails) >= unsolved",
-    ),
-    "k": Param(
-        FILTER_DEFAULTS["k"],
-        _k,
-        "group size of those probabilities; null = the dataset's rollouts_per_prompt",
-    ),
-    "recheck": Param(
-        FILTER_DEFAULTS["recheck"],
-        _recheck,
-        "share of the batch given to dropped prompts drawn at random, so that their beliefs can move",
-    ),
-    "reprofile": Param(
-        FILTER_DEFAULTS["reprofile"],
-        _flag("reprofile"),
-        "true: judge by the belief the run's outcomes move; false: by the uploaded pass rate and count alone",
-    ),
+    name: Param(s.default, _declared(name, s), s.help) for name, s in FILTER_SETTINGS.items()
 }
 
 

@@ -55,7 +55,7 @@ from typing import Any
 import numba
 import numpy as np
 
-from selector_service.core.domain import PASS_SAMPLES_MAX
+from rlvr_selector_client.contract import MAX_GROUPS, PASS_SAMPLES_MAX
 
 #: Rows served: the newest closed steps.
 HISTORY_STEPS = 100_000
@@ -116,7 +116,6 @@ OPEN_COLUMNS: dict[str, np.dtype] = {
     "open_group_successes": np.dtype(np.float64),
     "open_group_trials": np.dtype(np.float64),
 }
-_MAX_GROUPS = 65_536
 _UNIFORM = float(np.float32(1.0 / 3.0))  # the DPS prior of a never-observed prompt, as stored
 
 
@@ -283,7 +282,7 @@ class StepHistory:
         total_rollouts: float = 0.0,
     ) -> None:
         """Writes the row of `step` from the open step's figures, the shared state's step counts taken
-        before the close reset them (coldstart.STEP_*: results, all-solved, all-failed, successes,
+        before the close reset them (shared.STEP_*: results, all-solved, all-failed, successes,
         trials), the close's CloseStats and the running totals of rollouts (the dataset's profiling
         rollouts, and every rollout applied so far plus those); then starts the next step's figures."""
         if self.n == self.cols["step"].shape[0]:
@@ -464,7 +463,7 @@ class StepHistory:
         open_g = layout["open_group_results"][1][0] if layout["open_group_results"][1] else -1
         if not 0 <= rows <= HISTORY_STEPS + SLACK:
             raise ValueError(f"history holds {rows} rows; at most {HISTORY_STEPS + SLACK} are kept")
-        if not 0 <= entries <= rows * ROW_GROUPS or not 0 <= open_g <= _MAX_GROUPS:
+        if not 0 <= entries <= rows * ROW_GROUPS or not 0 <= open_g <= MAX_GROUPS:
             raise ValueError("history group arrays are larger than a history can hold")
         strat = layout[STRATEGY_COLUMN][1]
         shapes = {name: (rows, *shape) for name, (_, shape) in ROW_COLUMNS.items()}
@@ -541,7 +540,7 @@ class StepHistory:
             raise ValueError("history group entries do not line up with its rows")
         if (
             np.any(e["group"] < 0)
-            or np.any(e["group"] >= _MAX_GROUPS)
+            or np.any(e["group"] >= MAX_GROUPS)
             or np.any(e["group_results"] < 1)
             or not all(
                 np.isfinite(e[k]).all() and (e[k] >= 0).all() for k in ("group_successes", "group_trials")

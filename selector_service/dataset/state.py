@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import struct
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from enum import StrEnum
 from typing import Any
 
@@ -29,11 +29,12 @@ import numpy as np
 from selector_service.contract import dataset_settings
 from selector_service.core import strategies
 from selector_service.core.beliefs import BeliefArrays, apply_results
-from selector_service.core.coldstart import DatasetRules, Metadata, apply_metadata, prior_arrays
+from selector_service.core.coldstart import Metadata, apply_metadata, prior_arrays
 from selector_service.core.dps import CloseStats
 from selector_service.core.rng import stream
 from selector_service.core.rollouts import RolloutRequest
 from selector_service.core.select import TiedScores, retie, tie_index
+from selector_service.core.shared import DatasetRules
 from selector_service.core.step_close import close_open_step
 from selector_service.dataset.history import LAG_LABELS, StepHistory
 
@@ -61,28 +62,12 @@ class LogGap(Exception):
     them (reload from the snapshot that covers them), or the log is not the one this state came from."""
 
 
-_DEFAULT = dataset_settings.DEFAULTS
-
-
 @dataclass(frozen=True)
-class DatasetSpec:
-    """What a client fixed at creation: every setting of dataset_settings.SETTINGS, as a field of that
-    name and in its order, then the incarnation's `uid`. The decays live here: they shape how beliefs
-    evolve. The fields are written out for the type checker; their defaults are the declaration's
-    (tests/service/test_dataset_settings.py holds names, order and defaults to it)."""
+class DatasetSpec(dataset_settings.DatasetSettings):
+    """What a client fixed at creation: every setting, as the declaration's fields (DatasetSettings, in its
+    order, with its types and defaults), then the incarnation's `uid`. The numbers the beliefs evolve by
+    reach them as `rules()`, which the beliefs hold."""
 
-    name: str
-    size: int
-    rollouts_per_prompt: int = _DEFAULT["rollouts_per_prompt"]
-    success_threshold: float = _DEFAULT["success_threshold"]
-    beta_prior: tuple[float, float] = _DEFAULT["beta_prior"]
-    beta_decay: float = _DEFAULT["beta_decay"]
-    hmm_decay: float = _DEFAULT["hmm_decay"]
-    reward_mode: str = _DEFAULT["reward_mode"]
-    defaults: dict[str, Any] = field(default_factory=dict)
-    max_lag: int = _DEFAULT["max_lag"]
-    prior_strength: float = _DEFAULT["prior_strength"]
-    group_decay: float = _DEFAULT["group_decay"]
     uid: str = ""
 
     def public(self) -> dict[str, Any]:
@@ -114,7 +99,9 @@ class DatasetSpec:
         return cls(**dataset_settings.from_request(request))
 
     def rules(self) -> DatasetRules:
-        """The constants the dataset's shared state evolves by (docs/methods.md §6 and 7's dataset-level params)."""
+        """The constants the dataset's beliefs and shared state evolve by: its Beta prior, its decays, its
+        cold start's (docs/methods.md §6) and the dataset-level parameters of §7, each under its
+        setting's name."""
         return DatasetRules(
             alpha0=self.beta_prior[0],
             beta0=self.beta_prior[1],
@@ -154,11 +141,6 @@ def pack_metadata(meta: Metadata) -> bytes:
         if arr is not None:
             parts.append(np.ascontiguousarray(arr, dtype=dtype).tobytes())
     return b"".join(parts)
-
-
-def metadata_payload_size(count: int, *, pass_rate: bool, group: bool, pass_samples: bool) -> int:
-    """Bytes of the payload `pack_metadata` makes of `count` prompts with the arrays named."""
-    return _METADATA_HEAD.size + 4 * count * (int(pass_rate) + int(group) + int(pass_samples))
 
 
 def metadata_head(offset: int, count: int, field: str, profile: bool) -> bytes:
@@ -317,9 +299,8 @@ class DatasetState:
     def apply_outcomes(
         self, ids: np.ndarray, succ: np.ndarray, trials: np.ndarray, states: np.ndarray, lag: int = 0
     ) -> None:
-        s = self.spec
         self.history.observe(self.arrays, ids, succ, trials, lag)  # before the beliefs move
-        apply_results(self.arrays, ids, succ, trials, states, s.beta_decay, s.beta_prior[0], s.beta_prior[1])
+        apply_results(self.arrays, ids, succ, trials, states)  # by the spec's rules, which the beliefs hold
         self.results += len(ids)
         self.rollouts += float(trials.sum())
         for cache in self._caches.values():
@@ -334,9 +315,7 @@ class DatasetState:
         if gap < 1:
             return
         counts = self.arrays.shared.step_counts.copy()  # the close resets them
-        self.last_close = close_open_step(
-            self.arrays, hmm_decay=self.spec.hmm_decay, key=self.spec.name, steps=gap
-        )
+        self.last_close = close_open_step(self.arrays, key=self.spec.name, steps=gap)
         totals = (self.profile_rollouts(), self.rollouts + self.profile_rollouts())
         self.history.close(self.open_step, counts, self.last_close, self.arrays.observed, *totals)
         for empty in range(self.open_step + 1, step):

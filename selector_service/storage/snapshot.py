@@ -25,12 +25,12 @@ from typing import Any
 import numpy as np
 import zstandard
 
-from rlvr_selector_client.contract import MAX_STEP
+from rlvr_selector_client.contract import MAX_GROUPS, MAX_STEP
 from selector_service.core.belief_domain import check_beliefs
 from selector_service.core.beliefs import COLUMN_FIELDS, FIELDS, METADATA_FIELDS, BeliefArrays
-from selector_service.core.coldstart import MAX_GROUPS, SharedState
 from selector_service.core.domain import BELIEF_MAX
 from selector_service.core.dps import CloseStats
+from selector_service.core.shared import SharedState
 from selector_service.core.strategies import ParamError
 from selector_service.dataset.history import HISTORY_PREFIX, LAG_LABELS, ROW_COLUMNS, Bounds, StepHistory
 from selector_service.dataset.state import SHARED_PREFIX, DatasetSpec, DatasetState

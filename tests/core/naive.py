@@ -108,11 +108,13 @@ def inverse_evidence(alpha, beta, ids):
     return 1.0 / (alpha[ids] + beta[ids])
 
 
-def apply_results(alpha, beta, step_state, last_state, n_obs, ids, successes, trials, states, lam, a0, b0):
+def apply_results(
+    alpha, beta, step_state, last_state, n_obs, ids, successes, trials, states, beta_decay, alpha0, beta0
+):
     """docs/methods.md §1 update, one result after another, plus state pooling and counters (in place)."""
     for p, s, t, st in zip(ids, successes, trials, states, strict=True):
-        alpha[p] = lam * alpha[p] + (1 - lam) * a0 + s
-        beta[p] = lam * beta[p] + (1 - lam) * b0 + (t - s)
+        alpha[p] = beta_decay * alpha[p] + (1 - beta_decay) * alpha0 + s
+        beta[p] = beta_decay * beta[p] + (1 - beta_decay) * beta0 + (t - s)
         step_state[p] = combine_state(int(step_state[p]), int(st))
         last_state[p] = st
         n_obs[p] = min(int(n_obs[p]) + 1, 2**31 - 1)
@@ -121,7 +123,7 @@ def apply_results(alpha, beta, step_state, last_state, n_obs, ids, successes, tr
 # ---------------------------------------------------------------- DPS (docs/methods.md §2)
 
 
-def close_step(d, prior, prev, step_state, lam: float, d0: float = 1.0) -> tuple[int, ...]:
+def close_step(d, prior, prev, step_state, hmm_decay: float, d0: float = 1.0) -> tuple[int, ...]:
     """docs/methods.md §2 for every prompt, a literal per-prompt loop with 3x3 matrices (in place).
 
     d: f32[N, 9] with D(i, j) at [p, 3i + j]; prior, prev: f32[N, 3]; step_state: i8[N].
@@ -144,12 +146,12 @@ def close_step(d, prior, prev, step_state, lam: float, d0: float = 1.0) -> tuple
             post[o - 1] = 1.0
             xi = np.outer(post, prev[p].astype(np.float64)) * transition
             xi /= xi.sum()
-            big_d = lam * big_d + (1 - lam) * d0_matrix + xi
+            big_d = hmm_decay * big_d + (1 - hmm_decay) * d0_matrix + xi
             new_transition = big_d / big_d.sum(axis=0, keepdims=True)
             new_prior = new_transition @ post
             new_prev = post
         else:
-            big_d = lam * big_d + (1 - lam) * d0_matrix
+            big_d = hmm_decay * big_d + (1 - hmm_decay) * d0_matrix
             new_transition = big_d / big_d.sum(axis=0, keepdims=True)
             new_prior = new_transition @ belief
             new_prev = belief
@@ -180,34 +182,34 @@ def log_comb(k: int, s: int) -> float:
 # ---------------------------------------------------------------- cold start (docs/methods.md §6)
 
 
-def group_rate(a0: float, b0: float, s_g: float, t_g: float) -> float:
+def group_rate(alpha0: float, beta0: float, s_g: float, t_g: float) -> float:
     """m_g = (alpha0 + S_g) / (alpha0 + beta0 + T_g)."""
-    return (a0 + s_g) / (a0 + b0 + t_g)
+    return (alpha0 + s_g) / (alpha0 + beta0 + t_g)
 
 
-def live_p0(pass_rate, group, sums, trials, p: int, a0: float, b0: float) -> float:
+def live_p0(pass_rate, group, sums, trials, p: int, alpha0: float, beta0: float) -> float:
     """p0_i: the pass rate if known, else the group's rate if it has a group, else NaN."""
     rate = float(pass_rate[p])
     if not math.isnan(rate):
         return rate
     g = int(group[p])
     if g >= 0:
-        return group_rate(a0, b0, float(sums[g]), float(trials[g]))
+        return group_rate(alpha0, beta0, float(sums[g]), float(trials[g]))
     return math.nan
 
 
-def live_strength(pass_rate, pass_samples, p, strength):
+def live_strength(pass_rate, pass_samples, p, prior_strength):
     """s_i of docs/methods.md §6: a known pass rate's own sample count when it has one, else the dataset's
     prior_strength."""
     if pass_samples is not None and not math.isnan(float(pass_rate[p])) and int(pass_samples[p]) >= 1:
         return float(pass_samples[p])
-    return strength
+    return prior_strength
 
 
-def cold_beta(n_obs, alpha, beta, prior_p0, pass_rate, group, sums, trials, ids, a0, b0, strength,
+def cold_beta(n_obs, alpha, beta, prior_p0, pass_rate, group, sums, trials, ids, alpha0, beta0, prior_strength,
               pass_samples=None):  # fmt: skip
     """The Beta every score uses, prompt by prompt: the posterior once observed, else the cold prior
-    Beta(a0 + s_i p0, b0 + s_i (1 - p0)) (Beta(a0, b0) without p0), s_i the rate's sample count or the
+    Beta(alpha0 + s_i p0, beta0 + s_i (1 - p0)) (Beta(alpha0, beta0) without p0), s_i the rate's sample count or the
     dataset's prior_strength. Returns (alpha, beta, p0) lists."""
     out_a, out_b, out_p0 = [], [], []
     for p in ids:
@@ -216,30 +218,30 @@ def cold_beta(n_obs, alpha, beta, prior_p0, pass_rate, group, sums, trials, ids,
             out_b.append(float(beta[p]))
             out_p0.append(float(prior_p0[p]))
             continue
-        p0 = live_p0(pass_rate, group, sums, trials, p, a0, b0)
+        p0 = live_p0(pass_rate, group, sums, trials, p, alpha0, beta0)
         out_p0.append(p0)
-        s = live_strength(pass_rate, pass_samples, p, strength)
+        s = live_strength(pass_rate, pass_samples, p, prior_strength)
         if math.isnan(p0):
-            out_a.append(a0)
-            out_b.append(b0)
+            out_a.append(alpha0)
+            out_b.append(beta0)
         else:
-            out_a.append(a0 + s * p0)
-            out_b.append(b0 + s * (1 - p0))
+            out_a.append(alpha0 + s * p0)
+            out_b.append(beta0 + s * (1 - p0))
     return np.array(out_a), np.array(out_b), np.array(out_p0)
 
 
-def profile_beta(pass_rate, pass_samples, ids, a0, b0, strength):
+def profile_beta(pass_rate, pass_samples, ids, alpha0, beta0, prior_strength):
     """The Beta of the uploaded profile alone (docs/methods.md §9, reprofile false), prompt by prompt."""
     out_a, out_b = [], []
     for p in ids:
         r = float(pass_rate[p])
         if math.isnan(r):
-            out_a.append(a0)
-            out_b.append(b0)
+            out_a.append(alpha0)
+            out_b.append(beta0)
             continue
-        s = live_strength(pass_rate, pass_samples, p, strength)
-        out_a.append(a0 + s * r)
-        out_b.append(b0 + s * (1 - r))
+        s = live_strength(pass_rate, pass_samples, p, prior_strength)
+        out_a.append(alpha0 + s * r)
+        out_b.append(beta0 + s * (1 - r))
     return np.array(out_a), np.array(out_b)
 
 
@@ -276,7 +278,9 @@ def mean_abs_advantage(successes: float, trials: float) -> float:
     return float(np.mean(np.abs(rewards - rewards.mean())) / (np.std(rewards, ddof=1) + 1e-6))
 
 
-def apply_results_cold(arr: dict, sh: dict, ids, successes, trials, states, lam, a0, b0, strength):
+def apply_results_cold(
+    arr: dict, sh: dict, ids, successes, trials, states, beta_decay, alpha0, beta0, prior_strength
+):
     """docs/methods.md §1 + 6 + the step statistics of docs/methods.md §7, one result after another (in place).
 
     arr: per-prompt arrays (alpha, beta, step_state, last_state, n_obs, pass_rate, group, prior_p0,
@@ -287,20 +291,22 @@ def apply_results_cold(arr: dict, sh: dict, ids, successes, trials, states, lam,
         s, t, st = float(s), float(t), int(st)
         g = int(arr["group"][p])
         if arr["n_obs"][p] == 0:
-            p0 = live_p0(arr["pass_rate"], arr["group"], sh["group_successes"], sh["group_trials"], p, a0, b0)
+            p0 = live_p0(
+                arr["pass_rate"], arr["group"], sh["group_successes"], sh["group_trials"], p, alpha0, beta0
+            )
             arr["prior_p0"][p] = p0
             if samples is not None:  # a count freezes only beside the pass rate it weighs
                 known = not math.isnan(float(arr["pass_rate"][p])) and int(samples[p]) >= 1
                 arr["prior_n"][p] = int(samples[p]) if known else -1
         p0 = float(arr["prior_p0"][p])
-        weight = strength if samples is None or arr["prior_n"][p] < 1 else float(arr["prior_n"][p])
-        a_i = a0 if math.isnan(p0) else a0 + weight * p0
-        b_i = b0 if math.isnan(p0) else b0 + weight * (1 - p0)
+        weight = prior_strength if samples is None or arr["prior_n"][p] < 1 else float(arr["prior_n"][p])
+        a_i = alpha0 if math.isnan(p0) else alpha0 + weight * p0
+        b_i = beta0 if math.isnan(p0) else beta0 + weight * (1 - p0)
         if arr["n_obs"][p] == 0:
             arr["alpha"][p] = a_i
             arr["beta"][p] = b_i
-        arr["alpha"][p] = lam * arr["alpha"][p] + (1 - lam) * a_i + s
-        arr["beta"][p] = lam * arr["beta"][p] + (1 - lam) * b_i + (t - s)
+        arr["alpha"][p] = beta_decay * arr["alpha"][p] + (1 - beta_decay) * a_i + s
+        arr["beta"][p] = beta_decay * arr["beta"][p] + (1 - beta_decay) * b_i + (t - s)
         arr["step_state"][p] = combine_state(int(arr["step_state"][p]), st)
         arr["last_state"][p] = st
         arr["n_obs"][p] = min(int(arr["n_obs"][p]) + 1, 2**31 - 1)

@@ -181,6 +181,38 @@ def test_apply_results_rejects_a_bad_decay():
         )
 
 
+def test_a_dataset_that_fixes_its_decays_is_applied_by_them_alone():
+    """The decays reach the kernels one way: a dataset's rules that fix them (as a spec's do) are what
+    apply_results and close_step use, bit for bit what a call naming them gives beliefs that leave them
+    open; a call may repeat the dataset's decay but not name another, and open decays must be named."""
+    rng = np.random.default_rng(11)
+    fixed = BeliefArrays.new(40, 0.5, 1.5, beta_decay=0.8, hmm_decay=0.6)
+    named = BeliefArrays.new(40, 0.5, 1.5)
+    for _ in range(3):
+        results = random_results(rng, 40, 30)
+        apply_results(fixed, *results)
+        apply_results(named, *results, 0.8, 0.5, 1.5)
+        assert close_step(fixed) == close_step(named, 0.6)
+    results = random_results(rng, 40, 5)
+    apply_results(fixed, *results, 0.8)  # the dataset's own decay, repeated
+    apply_results(named, *results, 0.8)
+    for name, arr in named.arrays().items():
+        np.testing.assert_array_equal(fixed.arrays()[name], arr, err_msg=name)
+    before = fixed.copy()
+    with pytest.raises(ValueError, match=r"beta_decay 0\.5 differs from the dataset's 0\.8"):
+        apply_results(fixed, *random_results(rng, 40, 5), 0.5)
+    with pytest.raises(ValueError, match=r"hmm_decay 0\.7 differs from the dataset's 0\.6"):
+        close_step(fixed, 0.7)
+    for name, arr in before.arrays().items():
+        np.testing.assert_array_equal(fixed.arrays()[name], arr, err_msg=name)
+    with pytest.raises(ValueError, match="beta_decay is not fixed"):
+        apply_results(BeliefArrays.new(3), *random_results(rng, 3, 2))
+    with pytest.raises(ValueError, match="hmm_decay is not fixed"):
+        close_step(BeliefArrays.new(3))
+    with pytest.raises(ValueError, match="hmm_decay"):
+        BeliefArrays.new(3, hmm_decay=0.0)  # a dataset's decays lie in (0, 1], as its spec's
+
+
 def test_canonical_arrays_do_not_depend_on_the_order_within_a_step():
     """Two beliefs fed the same results of a step in different orders (as a replica and a model that
     replays acknowledged requests sorted differently) hold the observed set in different slot orders but

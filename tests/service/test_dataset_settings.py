@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from selector_service.contract import dataset_settings
 from selector_service.contract.schemas import DatasetCreate, DatasetInfo, decode_observe
-from selector_service.core.coldstart import DatasetRules
+from selector_service.core.shared import DatasetRules
 from selector_service.dataset.state import DatasetSpec
 from selector_service.storage.store import Keys
 
@@ -40,12 +40,25 @@ def test_a_stored_document_holds_every_setting_and_the_fingerprint_all_of_them()
 
 
 def test_the_rule_settings_default_to_the_kernels_own_defaults() -> None:
+    """The settings the kernels read reach them under their own names, as the spec's rules; the rules
+    the core builds without a spec have the declaration's defaults, but for the decays, which a call
+    names when no dataset fixes them."""
     rules = DatasetRules()
-    assert dataset_settings.RULES == ("prior_strength", "group_decay")
-    assert {name: getattr(rules, name) for name in dataset_settings.RULES} == {
-        name: dataset_settings.DEFAULTS[name] for name in dataset_settings.RULES
+    assert dataset_settings.RULES == ("beta_decay", "hmm_decay", "prior_strength", "group_decay")
+    fixed = [name for name in dataset_settings.RULES if name not in ("beta_decay", "hmm_decay")]
+    assert {name: getattr(rules, name) for name in fixed} == {
+        name: dataset_settings.DEFAULTS[name] for name in fixed
     }
-    assert DatasetSpec(name="d", size=3, group_decay=0.5).rules().group_decay == 0.5
+    assert (rules.beta_decay, rules.hmm_decay) == (None, None)
+    spec = DatasetSpec(
+        name="d", size=3, beta_prior=(2.0, 3.0), beta_decay=0.9, hmm_decay=0.6, group_decay=0.5
+    )
+    assert {name: getattr(spec.rules(), name) for name in dataset_settings.RULES} == {
+        name: getattr(spec, name) for name in dataset_settings.RULES
+    }
+    assert (spec.rules().alpha0, spec.rules().beta0) == spec.beta_prior
+    with pytest.raises(ValueError, match=r"prior_strength 2000000\.0 not in \[0, 1e\+06\]"):
+        DatasetRules(prior_strength=2e6)  # the spec's domain, from the same declaration
 
 
 def test_a_stored_spec_out_of_range_is_named_setting_by_setting() -> None:

@@ -136,3 +136,42 @@ def test_a_raw_body_is_read_as_it_comes_and_bounded(http, dsname):
     big = http.put(f"/datasets/{dsname}/metadata/pass_samples", content=b"\1\0\0\0" * 1_000_001)
     assert big.status_code == 413, big.text
     assert http.get(f"/datasets/{dsname}").json()["summary"] == beliefs
+
+
+@pytest.mark.parametrize(
+    ("name", "values"),
+    [
+        ("solved", [0, 1e-9, 1, 1.0000001, -1]),
+        ("unsolved", [0, 0.5, 1, 2]),
+        ("k", [None, 0, 1, 1024, 1025, 2.5]),
+        ("recheck", [-0.1, 0, 0.999, 1]),
+        ("reprofile", [True, False]),
+    ],
+)
+def test_the_filter_object_and_strategy_filter_take_one_domain(name, values):
+    """Both shapes of the filter's settings follow their one declaration (core/filter.py): the select
+    body's `filter` and strategy filter's parameters have its defaults and accept the same values at the
+    edges of its bounds."""
+    from pydantic import ValidationError
+
+    from selector_service.contract.schemas import SelectFilter
+    from selector_service.core.filter import FILTER_SETTINGS
+    from selector_service.core.strategies import ParamError, validate_params
+
+    assert (
+        SelectFilter().model_dump()
+        == validate_params("filter", {})
+        == {n: s.default for n, s in FILTER_SETTINGS.items()}
+    )
+    for value in values:
+        try:
+            SelectFilter(**{name: value})
+            body = True
+        except ValidationError:
+            body = False
+        try:
+            validate_params("filter", {name: value})
+            param = True
+        except ParamError:
+            param = False
+        assert body == param, (name, value, body, param)

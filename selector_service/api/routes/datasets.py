@@ -18,7 +18,7 @@ from selector_service.contract.schemas import (
     MetadataRequest,
     MetadataResponse,
 )
-from selector_service.core.coldstart import NO_SAMPLES
+from selector_service.core.beliefs import NO_SAMPLES
 from selector_service.dataset.state import METADATA_HEAD_BYTES
 from selector_service.errors import InvalidRequest, PayloadTooLarge
 

@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import OUT_DIR, ROOT, add_out, emit, redis_answers
 from selector_service.dataset.history import select_note
 from selector_service.dataset.state import DatasetSpec, DatasetState, pack_results
-from selector_service.server.launcher import ServiceProcess
+from selector_service.launcher import ServiceProcess
 
 TARGET = 1.05
 

@@ -41,7 +41,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import OUT_DIR, ROOT, add_out, argpartition_seconds, emit, percentile, timed
 from selector_service.core import ROLLOUT_POLICIES, allocate_rollouts, stream
-from selector_service.server.launcher import ServiceProcess
+from selector_service.launcher import ServiceProcess
 
 TARGETS = {"observe": 1.0, "select_insight": 1.5, "select_dps_close": 2.0}
 WARMUP_STEPS = 2  # the first steps compile kernels and fill caches

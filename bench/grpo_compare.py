@@ -58,7 +58,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import OUT_DIR, ROOT, emit
-from selector_service.server.launcher import ServiceProcess
+from selector_service.launcher import ServiceProcess
 
 DEFAULT_OUT = OUT_DIR / "grpo_compare"
 STRATEGIES = ("uniform", "insight", "dps", "dynamic_sampling")

@@ -196,7 +196,7 @@ def run_comparison(
     time); with ``reuse``, runs whose JSON is already under ``out`` are read instead of run again."""
     from tqdm import tqdm
 
-    from selector_service.server.launcher import ServiceProcess
+    from selector_service.launcher import ServiceProcess
 
     runs: list[dict[str, Any]] = []
     todo = []

@@ -22,7 +22,7 @@ import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from selector_service.server.launcher import ServiceProcess  # noqa: E402
+from selector_service.launcher import ServiceProcess  # noqa: E402
 
 
 def run(url: str, name: str, steps: int = 40, size: int = 2000, batch: int = 64) -> None:

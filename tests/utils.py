@@ -15,8 +15,8 @@ import time
 import uuid
 from pathlib import Path
 
-from selector_service.server import launcher
-from selector_service.server.launcher import free_port
+from selector_service import launcher
+from selector_service.launcher import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 

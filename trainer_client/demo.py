@@ -8,7 +8,7 @@ and where the metrics and the plot are, keeps the service up for a minute after 
 the page can be looked at (``--linger SECONDS``; 0 stops at once, and so does Ctrl-C), and stops it,
 also on an error.
 
-The service is started with ``selector_service.server.launcher.ServiceProcess``, the launcher the tests and
+The service is started with ``selector_service.launcher.ServiceProcess``, the launcher the tests and
 benchmarks use too.
 """
 
@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from selector_service.server.launcher import ServiceProcess, ServiceStartError
+from selector_service.launcher import ServiceProcess, ServiceStartError
 
 __all__ = ["main"]
 

@@ -31,8 +31,8 @@ from typing import Any
 import numpy as np
 
 from rlvr_selector_client.client import InvalidRequest, Result, SelectorClient
+from selector_service.launcher import ServiceProcess, ServiceStartError
 from selector_service.replay.protocol import ArmSkipped, EpochTable
-from selector_service.server.launcher import ServiceProcess, ServiceStartError
 
 __all__ = ["OBSERVE_CHUNK", "ServiceArm", "dataset_name", "embedded_service", "profile_upload"]
 

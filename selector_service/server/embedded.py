@@ -30,7 +30,7 @@ from pathlib import Path
 
 import redis
 
-from selector_service.server.launcher import free_port
+from selector_service.launcher import free_port
 from selector_service.server.lifetime import die_with_parent
 
 

@@ -1,11 +1,11 @@
-"""The service launcher (selector_service.server.launcher) that the demo, the benchmarks and the tests share."""
+"""The service launcher (selector_service.launcher) that the demo, the benchmarks and the tests share."""
 
 from __future__ import annotations
 
 import httpx
 import pytest
 
-from selector_service.server.launcher import ServiceProcess, ServiceStartError
+from selector_service.launcher import ServiceProcess, ServiceStartError
 from tests.utils import ROOT, RedisServer, shared_redis_url
 
 

@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import OUT_DIR, emit
 from bench.learner import report
 from bench.learner.policy import ModelSpec
-from bench.learner.regimes import ALL, REGIMES, STRATEGIES, Regime
+from bench.learner.regimes import ALL, REGIMES, Arm, Regime, arm_of
 
 DEFAULT_OUT = OUT_DIR / "learning"
 
@@ -60,6 +60,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=JSON",
                         help="override a regime field, e.g. --set lr=3e-4 --set 'composition={\"hopeless\": 0.35}'")  # fmt: skip
+    parser.add_argument("--arm", action="append", default=[], metavar="NAME=JSON",
+                        help="an arm of your own to run under NAME (then name it in --strategies), e.g. "
+                             "--arm 'ins-f={\"strategy\": \"insight\", \"filter\": {}, \"profile\": true}'")  # fmt: skip
     parser.add_argument("--parallel", type=int, default=2, help="runs at once (default 2)")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads per run and for pre-training (default 1: a model this small gains "
@@ -77,10 +80,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         return args
     if args.regime not in REGIMES:
         parser.error(f"unknown --regime {args.regime!r}; known: {', '.join(REGIMES)}")
+    every = tuple(n for n in ALL if n != "recommended" or REGIMES[args.regime].recommended is not None)
     names = (
-        ALL if args.strategies == "all" else tuple(s.strip() for s in args.strategies.split(",") if s.strip())
+        every
+        if args.strategies == "all"
+        else tuple(s.strip() for s in args.strategies.split(",") if s.strip())
     )
-    unknown = [s for s in names if s not in STRATEGIES]
+    args.arms = {}
+    for item in args.arm:
+        name, _, text = item.partition("=")
+        if not name or name in ALL:
+            parser.error(f"--arm: give a new NAME=JSON, got {item!r}")
+        try:
+            args.arms[name] = Arm.parse(text)
+        except (ValueError, TypeError) as exc:
+            parser.error(f"--arm {name}: {exc}")
+    unknown = [s for s in names if s not in ALL and s not in args.arms]
     if unknown or not names:
         parser.error(
             f"--strategies: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(ALL)}"
@@ -119,6 +134,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         regime = regime.with_(name=f"{regime.name}[{label}]", **changes)
     if regime.steps < 1 or regime.batch_size < 1 or regime.rollouts < 2:
         parser.error("the regime needs steps >= 1, batch_size >= 1 and rollouts >= 2")
+    if "recommended" in names and regime.recommended is None:
+        parser.error(f"--strategies: regime {regime.name} recommends nothing; name the arms to run")
     args.regime_obj = regime
     return args
 
@@ -138,10 +155,12 @@ def _die_with_parent() -> None:
             ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
-def _worker(regime: Regime, strategy: str, seed: int, url: str, out: str, threads: int) -> dict[str, Any]:
+def _worker(
+    regime: Regime, strategy: str, seed: int, url: str, out: str, threads: int, arm: Arm
+) -> dict[str, Any]:
     from bench.learner.run import run_one
 
-    return run_one(regime, strategy, seed, url, out=Path(out), threads=threads)
+    return run_one(regime, strategy, seed, url, out=Path(out), threads=threads, arm=arm)
 
 
 def pass_rate_histogram(regime: Regime, seed: int = 0) -> dict[str, Any]:
@@ -191,6 +210,7 @@ def run_comparison(
     threads: int = 1,
     reuse: bool = False,
     redis_url: str | None = None,
+    arms: dict[str, Arm] | None = None,
 ) -> list[dict[str, Any]]:
     """Every strategy x seed run of ``regime`` against one service on a fresh store (``parallel`` at a
     time); with ``reuse``, runs whose JSON is already under ``out`` are read instead of run again."""
@@ -223,7 +243,16 @@ def run_comparison(
         ):
             try:
                 futures = {
-                    pool.submit(_worker, regime, strategy, seed, service.url, str(path), threads): (
+                    pool.submit(
+                        _worker,
+                        regime,
+                        strategy,
+                        seed,
+                        service.url,
+                        str(path),
+                        threads,
+                        arm_of(regime, strategy, arms),
+                    ): (
                         strategy,
                         seed,
                     )
@@ -285,6 +314,7 @@ def main(argv: list[str] | None = None) -> int:
         threads=args.threads,
         reuse=args.reuse,
         redis_url=args.redis_url,
+        arms=args.arms,
     )
     summary = report.summarize(runs, args.strategy_list)
     table = report.markdown(summary, regime)
@@ -296,12 +326,24 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "learning",
         "regime": regime.name,
         "about": regime.about,
-        "settings": {k: v for k, v in regime.__dict__.items() if k not in ("name", "about", "model")},
+        "settings": {
+            k: v for k, v in regime.__dict__.items() if k not in ("name", "about", "model", "recommended")
+        },
         "model": {**regime.model.__dict__, "parameters": parameter_count(model)},
         "seeds": args.seed_list,
         "histogram": histogram,
         "results": summary["strategies"],
         "ratio_vs_uniform": summary["ratio_vs_uniform"],
+        "ratio_vs_filter": summary["ratio_vs_filter"],
+        "profiling_rollouts": summary["profiling_rollouts"],
+        "recommended": None
+        if regime.recommended is None
+        else regime.recommended.describe(regime.profile_samples),
+        "arms": {
+            name: arm_of(regime, name, args.arms).describe(regime.profile_samples)
+            for name in args.strategy_list
+        },
+        "dynamics": summary["dynamics"],
         "plot": str(out / f"{stem}.png"),
         "seconds": time.perf_counter() - started,
     }

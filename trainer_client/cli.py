@@ -195,7 +195,7 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     selection = train.add_argument_group("selection")
-    for name in ("strategy", "strategy_params", "seed", "ds_oversample", "ds_max_rounds"):
+    for name in ("strategy", "strategy_params", "select_filter", "seed", "ds_oversample", "ds_max_rounds"):
         _option(selection, TrainConfig, name)
 
     loop = train.add_argument_group("loop")
@@ -488,6 +488,7 @@ def _train(args: argparse.Namespace) -> int:
                 config.strategy_params,
                 config.seed,
                 rollouts=rollout_budget(config),
+                filter=config.select_filter,
             )
 
         trainer = _build_trainer(args, config, client, info, task)

@@ -312,6 +312,15 @@ class TrainConfig:
         default_factory=dict,
         metadata={"help": "strategy params as JSON, e.g. '{\"eta\": 2}'", "flag": "--params"},
     )
+    select_filter: dict[str, Any] | None = field(
+        default=None,
+        metadata={
+            "help": "keep the prompts almost surely solved or hopeless out of every batch: the select's filter "
+            "as JSON, '{}' for the service's defaults, e.g. '{\"recheck\": 0.02}' (docs/api.md, \"Select with "
+            'a filter"; default: none; strategy filter takes these as --params)',
+            "flag": "--filter",
+        },
+    )
     run_id: str | None = field(
         default=None, metadata={"help": "prefix of observe request ids (default: strategy-seed-random)"}
     )
@@ -378,6 +387,8 @@ class TrainConfig:
             )
         if not isinstance(self.strategy_params, dict):
             problems.append(f"{name('strategy_params')} must be a JSON object, e.g. '{{\"eta\": 2.0}}'")
+        if self.select_filter is not None and not isinstance(self.select_filter, dict):
+            problems.append(f"{name('select_filter')} must be a JSON object, e.g. '{{\"recheck\": 0.02}}'")
         for count in ("ds_oversample", "ds_max_rounds", "eval_size"):
             if getattr(self, count) < 1:
                 problems.append(f"{name(count)} must be >= 1 (got {getattr(self, count)})")

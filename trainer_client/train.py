@@ -283,6 +283,7 @@ class Trainer:
             params=self.config.strategy_params or None,
             seed=self.config.seed,
             rollouts=rollout_budget(self.config),
+            filter=self.config.select_filter,
         )
         timings["select_ms"] += (time.perf_counter() - started) * 1000.0
         counts = selection.rollouts

@@ -16,6 +16,37 @@ from bench.learner.policy import ModelSpec
 
 
 @dataclass(frozen=True)
+class Arm:
+    """One configuration a comparison runs: the trainer's ``--strategy`` with its parameters, a select
+    ``filter`` object (docs/api.md, "Select with a filter"; None: none), a profile of the regime's
+    ``profile_samples`` per prompt first (counted), and a rollout budget per step or not."""
+
+    strategy: str
+    params: dict[str, Any] = field(default_factory=dict)
+    select_filter: dict[str, Any] | None = None
+    profile: bool = False
+    budgeted: bool = False
+
+    @classmethod
+    def parse(cls, text: str) -> Arm:
+        """An arm from JSON: ``{"strategy": "insight", "params": {...}, "filter": {...}, "profile": true}``."""
+        import json
+
+        spec = json.loads(text)
+        if not isinstance(spec, dict) or "strategy" not in spec:
+            raise ValueError(f"an arm is a JSON object with a 'strategy', got {text!r}")
+        unknown = set(spec) - {"strategy", "params", "filter", "profile", "budgeted"}
+        if unknown:
+            raise ValueError(f"an arm has no field {sorted(unknown)[0]!r}")
+        return cls(spec["strategy"], dict(spec.get("params") or {}), spec.get("filter"),
+                   bool(spec.get("profile", False)), bool(spec.get("budgeted", False)))  # fmt: skip
+
+    def describe(self, profile_samples: int) -> dict[str, Any]:
+        return {"strategy": self.strategy, "params": self.params, "filter": self.select_filter,
+                "profile": profile_samples if self.profile else 0}  # fmt: skip
+
+
+@dataclass(frozen=True)
 class Regime:
     name: str
     about: str
@@ -27,6 +58,9 @@ class Regime:
     #: rate p0: ``{"hopeless": s0, "solved": s1}`` (p0 < 0.01, p0 > 0.99; the rest in between), drawn from
     #: a larger set of candidates. The held-out set has the same composition.
     composition: dict[str, float] | None = None
+    #: None, or the pool's shares by the pre-trained policy's pass rate p0 in the bins of round(8 p0)
+    #: (nine shares, 0/8 to 8/8), drawn like a composition: a pool whose histogram is a real run's.
+    histogram: tuple[float, ...] | None = None
     batch_size: int = 32
     rollouts: int = 8
     steps: int = 300
@@ -56,6 +90,18 @@ class Regime:
     oracle_candidates: int | None = 16
     ds_oversample: int = 3
     ds_max_rounds: int = 4
+    #: The oracle's rule. "top": the B best of its candidates by the probability of a mixed group (it
+    #: returns to the same prompts and can memorise them). "filter": uniform without repeats over the
+    #: prompts whose exact current pass rate makes a mixed group at least `oracle_mixed` likely, the
+    #: rates refreshed over the whole pool every `eval_every` steps: the filter with free, exact, fresh
+    #: rates, the ceiling of the filter family.
+    oracle_rule: str = "top"
+    oracle_mixed: float = 0.5
+    #: Samples per prompt of the profile an arm with ``profile=True`` takes of the starting policy before
+    #: its first step, counted in its rollouts (bench/learner/run.py).
+    profile_samples: int = 8
+    #: What the regime's decision table recommends (the ``recommended`` arm); None: no recommendation.
+    recommended: Arm | None = None
 
     def with_(self, **changes: Any) -> Regime:
         return replace(self, **changes)
@@ -106,15 +152,73 @@ REGIMES: dict[str, Regime] = {
     )
 }  # fmt: skip
 
-#: The strategies a comparison can run: name -> (the trainer's --strategy, uses a rollout budget).
-STRATEGIES: dict[str, tuple[str, bool]] = {
-    "uniform": ("uniform", False),
-    "insight": ("insight", False),
-    "dps": ("dps", False),
-    "mopps": ("mopps", False),
-    "expected_difficulty": ("expected_difficulty", False),
-    "dynamic_sampling": ("dynamic_sampling", False),
-    "insight_budget": ("insight", True),
-    "oracle": ("oracle", False),
+#: Epoch 0 of the One-Shot-RLVR trace (../shared/data/one-shot-rlvr: Qwen2.5-Math-1.5B on 1,209 DSR-sub
+#: prompts, K = 8): the share of prompts at each accuracy 0/8 .. 8/8, and the class transitions between
+#: consecutive epochs over its 44 epochs (rows: unsolved, mixed, solved at K = 8).
+TRACE_HISTOGRAM = (0.363, 0.125, 0.085, 0.075, 0.060, 0.063, 0.073, 0.079, 0.076)
+TRACE_TRANSITIONS = ((0.787, 0.213, 0.0), (0.127, 0.779, 0.094), (0.0, 0.270, 0.730))
+TRACE_POOL_PASS_RATE = (0.335, 0.470)
+
+#: A run that goes over its pool many times while the pass rates move as in a real run: the pool drawn
+#: to the trace's starting histogram, twelve epochs of 2,000 prompts, a learning rate low enough that
+#: the policy learns the task rather than memorising the pool (docs/strategies.md, "When pass rates
+#: move"). Arms that profile take 8 samples per prompt (16,000 rollouts, counted).
+EPOCHS = BASE.with_(
+    name="epochs",
+    about="2,000 prompts drawn to a real run's pass-rate histogram, visited 12 times (B = 32, K = 8, "
+    "lr 5e-5); profiles of 8 samples counted",
+    histogram=TRACE_HISTOGRAM,
+    steps=750,
+    lr=5e-5,
+    eval_every=25,
+    oracle_rule="filter",
+    profile_samples=8,
+)
+
+REGIMES["epochs"] = EPOCHS
+REGIMES["epochs-smoke"] = EPOCHS.with_(
+    name="epochs-smoke", about="the epochs regime's pipeline at a toy size (seconds)", pool_size=64,
+    heldout_size=32, batch_size=8, rollouts=4, steps=24, eval_every=8, profile_samples=2, histogram=None,
+    model=ModelSpec(hidden=32, layers=1, heads=2, ffn=64, pretrain_steps=20, pretrain_batch=16),
+)  # fmt: skip
+
+
+def _static_filter(samples: int) -> dict[str, Any]:
+    from rlvr_selector_client.recommend import static_filter_params
+
+    return static_filter_params(samples)
+
+
+#: The arms a comparison can run by name. ``filter``: the offline filter teams run (a profile, then
+#: uniform over the prompts profiled strictly between 0 and 1, judged by the profile alone);
+#: ``filter_reprofile``: the same profile, the service's filter judging each prompt by the run's
+#: outcomes as they come (strategy ``filter`` at its defaults); ``recommended``: the regime's.
+ARMS: dict[str, Arm] = {
+    "uniform": Arm("uniform"),
+    "insight": Arm("insight"),
+    "dps": Arm("dps"),
+    "mopps": Arm("mopps"),
+    "expected_difficulty": Arm("expected_difficulty"),
+    "dynamic_sampling": Arm("dynamic_sampling"),
+    "insight_budget": Arm("insight", budgeted=True),
+    "oracle": Arm("oracle"),
+    "filter": Arm("filter", profile=True),  # params: static_filter_params(profile samples), at run time
+    "filter_reprofile": Arm("filter", profile=True),
+    "filter_cold": Arm("filter"),
 }
-ALL = tuple(STRATEGIES)
+STATIC_FILTER_ARMS = frozenset({"filter"})
+ALL = (*ARMS, "recommended")
+
+
+def arm_of(regime: Regime, name: str, extra: dict[str, Arm] | None = None) -> Arm:
+    """The arm a comparison runs under `name` in `regime` (``--arm NAME=JSON`` arms in `extra`)."""
+    if extra and name in extra:
+        return extra[name]
+    if name == "recommended":
+        if regime.recommended is None:
+            raise ValueError(f"regime {regime.name} recommends nothing: run it with named arms")
+        return regime.recommended
+    arm = ARMS[name]
+    if name in STATIC_FILTER_ARMS:
+        return replace(arm, params=_static_filter(regime.profile_samples))
+    return arm

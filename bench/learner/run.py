@@ -42,7 +42,7 @@ from bench.learner.policy import (
     mixed_probability,
     pretrained_model,
 )
-from bench.learner.regimes import STRATEGIES, Regime
+from bench.learner.regimes import ALL, Arm, Regime, arm_of
 from bench.learner.task import MAX_NEW_TOKENS, PAD, ArithmeticTask, CharTokenizer, Problem, draw_problem
 
 HOPELESS, SOLVED = 0.01, 0.99  # pass-rate bands of a regime's composition
@@ -51,6 +51,11 @@ POOL_PROBE = 500  # pool prompts whose accuracy is tracked
 
 def band(p0: float) -> str:
     return "hopeless" if p0 < HOPELESS else "solved" if p0 > SOLVED else "middle"
+
+
+def eighth(p0: float) -> str:
+    """The bin of a histogram composition: round(8 p0), as a name."""
+    return str(round(8 * p0))
 
 
 def reference_rates(p0: np.ndarray, samples: int, seed: int) -> list[float]:
@@ -72,6 +77,9 @@ def draw_sets(
     chosen: list[Problem] = []
     rates: list[float] = []
     shares = regime.composition
+    binned = band
+    if regime.histogram is not None:
+        shares, binned = {str(i): float(x) for i, x in enumerate(regime.histogram)}, eighth
     if shares is None:
         while len(chosen) < need:
             problem = draw_problem(rng)
@@ -80,11 +88,16 @@ def draw_sets(
                 chosen.append(problem)
         rates = list(exact_pass_rates(model, tokenizer, chosen))
     else:
-        quota = {
-            "hopeless": round(shares.get("hopeless", 0.0) * need),
-            "solved": round(shares.get("solved", 0.0) * need),
-        }
-        quota["middle"] = need - quota["hopeless"] - quota["solved"]
+        if regime.histogram is not None:
+            total = sum(shares.values())
+            quota = {k: round(v / total * need) for k, v in shares.items()}
+            quota["4"] += need - sum(quota.values())
+        else:
+            quota = {
+                "hopeless": round(shares.get("hopeless", 0.0) * need),
+                "solved": round(shares.get("solved", 0.0) * need),
+            }
+            quota["middle"] = need - quota["hopeless"] - quota["solved"]
         filled = dict.fromkeys(quota, 0)
         for _ in range(200):
             batch = []
@@ -94,7 +107,7 @@ def draw_sets(
                     seen.add(problem.prompt)
                     batch.append(problem)
             for problem, p0 in zip(batch, exact_pass_rates(model, tokenizer, batch), strict=True):
-                name = band(float(p0))
+                name = binned(float(p0))
                 if filled[name] < quota[name]:
                     filled[name] += 1
                     chosen.append(problem)
@@ -132,15 +145,55 @@ def _trainer_class() -> type:
             self.regime, self.pool, self.heldout = regime, pool, heldout
             self.oracle_rng = np.random.default_rng([seed, 0x0AC1E])
             self.rolled: list[int] = []
+            #: (prompt, successes, group size) of every group trained on, in order (not the profile's).
+            self.visits: list[tuple[int, int, int]] = []
+            self.profiling = False
             self.probe = pool[:POOL_PROBE]
+            self.oracle_queue: list[int] = []
+            self.oracle_round: set[int] = set()
+            self.oracle_value: np.ndarray | None = None
 
         def rollout(self, prompt_ids: Sequence[int], n: Any = None) -> Any:
-            self.rolled.extend(int(i) for i in prompt_ids)  # every prompt rolled out, in order
-            return super().rollout(prompt_ids, n)
+            groups, gen_s, reward_s = super().rollout(prompt_ids, n)
+            if not self.profiling:
+                self.rolled.extend(int(i) for i in prompt_ids)  # every prompt rolled out, in order
+                for group in groups:
+                    wins = sum(r >= self.threshold for r in group.rewards)
+                    self.visits.append((int(group.prompt_id), int(wins), len(group.rewards)))
+            return groups, gen_s, reward_s
 
-        def _collect_selected(self, step: int, timings: dict[str, float]) -> Any:
-            if self.config.strategy != "oracle":
-                return super()._collect_selected(step, timings)
+        def _oracle_filter(self, step: int) -> list[int]:
+            """The filter with exact, fresh rates: uniform without repeats over the prompts whose current
+            pass rate makes a mixed group at least ``oracle_mixed`` likely (Regime.oracle_rule)."""
+            batch, refresh = self.config.batch_size, self.regime.eval_every
+            if self.oracle_value is None or step % refresh == 0:
+                rates = exact_pass_rates(self.learner.model, self.tokenizer, self.pool,
+                                         temperature=self.regime.temperature)  # fmt: skip
+                self.oracle_value = mixed_probability(rates, self.config.rollouts)
+                eligible = set(np.flatnonzero(self.oracle_value >= self.regime.oracle_mixed).tolist())
+                self.oracle_queue = [i for i in self.oracle_queue if i in eligible]
+                fresh = sorted(eligible - self.oracle_round - set(self.oracle_queue))
+                self.oracle_queue += [fresh[i] for i in self.oracle_rng.permutation(len(fresh))]
+            chosen: list[int] = []
+            eligible_all = np.flatnonzero(self.oracle_value >= self.regime.oracle_mixed)
+            while len(chosen) < batch:
+                if not self.oracle_queue:  # a round over every eligible prompt ends: the next begins
+                    if len(eligible_all) <= len(chosen):
+                        break
+                    self.oracle_round = set()
+                    self.oracle_queue = [int(i) for i in self.oracle_rng.permutation(eligible_all)]
+                prompt = self.oracle_queue.pop(0)
+                if prompt not in chosen:
+                    chosen.append(prompt)
+                    self.oracle_round.add(prompt)
+            if len(chosen) < batch:  # too few eligible: the most likely mixed of the rest
+                rest = np.setdiff1d(np.arange(len(self.pool)), chosen)
+                order = np.lexsort((self.oracle_rng.random(len(rest)), self.oracle_value[rest]))[::-1]
+                chosen += [int(rest[i]) for i in order[: batch - len(chosen)]]
+            return chosen
+
+        def _oracle_top(self) -> list[int]:
+            """The B most likely mixed of ``oracle_candidates x B`` prompts drawn at random."""
             size, batch = len(self.pool), self.config.batch_size
             ratio = self.regime.oracle_candidates
             if ratio is not None and ratio * batch < size:
@@ -156,7 +209,12 @@ def _trainer_class() -> type:
             value = mixed_probability(rates, self.config.rollouts)
             # Top B of the candidates by value, ties at random: sort by (value, random key), descending.
             order = np.lexsort((self.oracle_rng.random(len(candidates)), value))[::-1]
-            chosen = [int(candidates[i]) for i in order[:batch]]
+            return [int(candidates[i]) for i in order[:batch]]
+
+        def _collect_selected(self, step: int, timings: dict[str, float]) -> Any:
+            if self.config.strategy != "oracle":
+                return super()._collect_selected(step, timings)
+            chosen = self._oracle_filter(step) if self.regime.oracle_rule == "filter" else self._oracle_top()
             groups, gen_s, reward_s = self.rollout(chosen)
             timings["gen_s"] += gen_s
             timings["reward_s"] += reward_s
@@ -188,17 +246,26 @@ def run_one(
     out: Path | None = None,
     threads: int = 1,
     progress: bool = False,
+    arm: Arm | None = None,
 ) -> dict[str, Any]:
-    """Run one strategy x seed to the regime's rollout budget; returns its evaluations and step records
-    (and writes them as JSON to ``out`` when given)."""
+    """Run one arm x seed to the regime's rollout budget, its profile included; returns its evaluations
+    and step records (and writes them as JSON to ``out`` when given). `strategy` names the arm (one of
+    ``regimes.ALL``), or labels `arm` when given."""
     import torch
 
     from rlvr_selector_client.client import NotFound, SelectorClient
     from trainer_client.config import GRPOConfig, TrainConfig
     from trainer_client.grpo import GRPOLearner
 
-    if strategy not in STRATEGIES:
-        raise ValueError(f"unknown strategy {strategy!r}; choose from {', '.join(STRATEGIES)}")
+    if arm is None:
+        if strategy not in ALL:
+            raise ValueError(f"unknown strategy {strategy!r}; choose from {', '.join(ALL)}")
+        arm = arm_of(regime, strategy)
+    if arm.profile and regime.profile_samples * regime.pool_size >= regime.rollout_budget:
+        raise ValueError(
+            f"regime {regime.name}: a profile of {regime.profile_samples} x {regime.pool_size} prompts leaves no "
+            f"rollout of its budget of {regime.rollout_budget:,} for training"
+        )
     torch.set_num_threads(threads)
     torch.manual_seed(seed)
     started = time.perf_counter()
@@ -206,7 +273,7 @@ def run_one(
     model, pretrain_record = pretrained_model(regime.model, quiet=True)
     pool, heldout, p0_pool, _ = draw_sets(regime, seed, model, tokenizer)
     task = ArithmeticTask(pool)
-    trainer_strategy, budgeted = STRATEGIES[strategy]
+    trainer_strategy, budgeted = arm.strategy, arm.budgeted
     B, K = regime.batch_size, regime.rollouts
     config = TrainConfig(
         dataset=dataset_name(regime, strategy, seed),
@@ -220,7 +287,8 @@ def run_one(
         rollout_policy=regime.budget_policy if budgeted else "posterior",
         seed=seed,
         max_new_tokens=MAX_NEW_TOKENS,
-        strategy_params=dict(regime.params.get(trainer_strategy, {})),
+        strategy_params={**regime.params.get(trainer_strategy, {}), **arm.params},
+        select_filter=arm.select_filter,
         ds_oversample=regime.ds_oversample,
         ds_max_rounds=regime.ds_max_rounds,
         grpo=GRPOConfig(
@@ -256,23 +324,37 @@ def run_one(
         )
         trainer.setup(regime, pool, heldout, seed)
         evals = [{"step": 0, "rollouts": 0, **trainer.measure()}]
+        profile = None
+        if arm.profile:  # a counted phase: its rollouts are part of the run's budget
+            from trainer_client.profile import profile_prompts, upload_profile
+
+            trainer.profiling = True
+            profile = profile_prompts(trainer, regime.profile_samples, progress=False)
+            trainer.profiling = False
+            upload_profile(client, config.dataset, profile)
+            trainer.profile_rollouts = profile.rollouts
+            evals.append({**evals[0], "rollouts": profile.rollouts})
+        spent = trainer.profile_rollouts
         records: list[dict[str, Any]] = []
-        mark = regime.eval_every * B * K
+        mark = spent + regime.eval_every * B * K
         step = trainer.start_step
         bar = None
         if progress:
             from tqdm import tqdm
 
-            bar = tqdm(total=regime.rollout_budget, desc=f"{strategy} seed {seed}", unit="rollout")
-        while trainer.total_rollouts < regime.rollout_budget:
+            bar = tqdm(
+                total=regime.rollout_budget, initial=spent, desc=f"{strategy} seed {seed}", unit="rollout"
+            )
+        while spent + trainer.total_rollouts < regime.rollout_budget:
             before = trainer.total_rollouts
             record = trainer.run_step(step)
             records.append(record)
             if bar is not None:
                 bar.update(trainer.total_rollouts - before)
-            if trainer.total_rollouts >= mark or trainer.total_rollouts >= regime.rollout_budget:
-                evals.append({"step": step + 1, "rollouts": trainer.total_rollouts, **trainer.measure()})
-                while mark <= trainer.total_rollouts:
+            total = spent + trainer.total_rollouts
+            if total >= mark or total >= regime.rollout_budget:
+                evals.append({"step": step + 1, "rollouts": total, **trainer.measure()})
+                while mark <= total:
                     mark += regime.eval_every * B * K
             step += 1
         if bar is not None:
@@ -283,8 +365,13 @@ def run_one(
         "strategy": strategy,
         "seed": seed,
         "regime": regime.name,
-        "rollouts": trainer.total_rollouts,
+        "arm": arm.describe(regime.profile_samples),
+        # Every rollout the run spent: its profile's and its steps'.
+        "rollouts": spent + trainer.total_rollouts,
+        "profiling_rollouts": spent,
+        "profile_kept": None if profile is None else sum(0.0 < r < 1.0 for r in profile.pass_rate),
         "service_rollouts": served.rollouts,
+        "visits": trainer.visits,
         "pool_p0": p0_pool.tolist(),
         # How the run spread its rollouts over the pool: distinct prompts, and the most visits of one.
         "distinct_prompts": len(set(trainer.rolled)),
@@ -306,7 +393,7 @@ def run_one(
 _KEEP = (
     "step", "rollouts", "total_rollouts", "effective_ratio", "all_solved_share", "none_solved_share",
     "trained_groups", "mean_reward", "updated", "grad_norm", "entropy", "mismatch_mean", "group_size_mean",
-    "ds_rounds", "step_s",
+    "ds_rounds", "step_s", "profile_rollouts",
 )  # fmt: skip
 
 

@@ -1,6 +1,6 @@
 """bench/learning.py's pieces, never its results: the verifier and the exactness of the pass rates it rests
 on, the sampler against the trainer's own log-probs, the pre-training cache, and the accounting of rollouts
-through a real service (a toy-sized policy)."""
+through a real service (a toy-sized policy), profiles included, and the measures of how pass rates move."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from bench import learning
 from bench.learner import policy, report
-from bench.learner.regimes import REGIMES, STRATEGIES
+from bench.learner.regimes import ALL, ARMS, REGIMES, TRACE_TRANSITIONS, Arm, arm_of
 from bench.learner.run import reference_rates, rollouts_to_reach, run_one
 from bench.learner.task import (
     BOS,
@@ -220,31 +220,60 @@ def test_every_strategy_spends_the_regimes_rollouts_and_reports_each_one(
     (Dynamic Sampling's discarded groups too) is counted and reported to /observe, and the oracle's exact
     pass rates cost none."""
     monkeypatch.setenv("RLVR_LEARNING_CACHE", str(tmp_path))
-    regime = REGIMES["smoke"].with_(model=TINY, steps=4, eval_every=2)
-    budget = regime.rollout_budget
-    for strategy in STRATEGIES:
+    regime = REGIMES["smoke"].with_(model=TINY, steps=12, eval_every=2, profile_samples=2)
+    budget = regime.rollout_budget  # 192 rollouts: a profile of 2 x 64 prompts, then 4 steps of 4 x 4
+    for strategy in ARMS:
         result = run_one(regime, strategy, 0, service.url, out=tmp_path / f"{strategy}.json")
         records = result["records"]
-        assert result["rollouts"] == sum(r["rollouts"] for r in records) == result["service_rollouts"]
+        profiled = result["profiling_rollouts"]
+        assert profiled == (regime.profile_samples * regime.pool_size if ARMS[strategy].profile else 0)
+        assert (
+            result["rollouts"] - profiled == sum(r["rollouts"] for r in records) == result["service_rollouts"]
+        )
+        assert len(result["visits"]) == sum(r["rollouts"] for r in records) // regime.rollouts or (
+            strategy in ("dynamic_sampling", "insight_budget")
+        )
         assert result["rollouts"] >= budget
-        # stops at the first step that reaches the budget
-        assert sum(r["rollouts"] for r in records[:-1]) < budget
+        # stops at the first step that reaches the budget, the profile counted in it
+        assert profiled + sum(r["rollouts"] for r in records[:-1]) < budget
         if strategy != "dynamic_sampling":
-            assert result["rollouts"] == budget and len(records) == regime.steps
+            assert result["rollouts"] == budget
+            assert len(records) == (budget - profiled) // (regime.batch_size * regime.rollouts)
             assert all(r["rollouts"] == regime.batch_size * regime.rollouts for r in records)
         evals = result["evals"]
         assert evals[0]["rollouts"] == 0 and evals[-1]["rollouts"] == result["rollouts"]
+        if profiled:  # the profile's cost is on the curve: flat from 0 to its rollouts
+            assert (
+                evals[1]["rollouts"] == profiled
+                and evals[1]["heldout_sampled"] == evals[0]["heldout_sampled"]
+            )
         assert json.loads((tmp_path / f"{strategy}.json").read_text())["strategy"] == strategy
-        if strategy in ("uniform", "dynamic_sampling", "oracle"):  # the same run again: the same numbers
+        if strategy in (
+            "uniform",
+            "dynamic_sampling",
+            "oracle",
+            "filter",
+        ):  # the same run again: the same numbers
             again = run_one(regime, strategy, 0, service.url)
             assert again["rolled_digest"] == result["rolled_digest"] and again["evals"] == result["evals"]
         if (
             strategy != "oracle"
         ):  # the service seeds batches by dataset name, step and seed: another seed differs
             assert run_one(regime, strategy, 1, service.url)["rolled_digest"] != result["rolled_digest"]
+    # The oracle of the filter family: too few prompts likely mixed under a toy policy, so the batch is
+    # completed with the likeliest, B distinct prompts a step, and the run spends the same budget.
+    result = run_one(regime.with_(oracle_rule="filter"), "oracle", 0, service.url)
+    assert result["rollouts"] == budget
+    steps = [
+        result["visits"][i : i + regime.batch_size]
+        for i in range(0, len(result["visits"]), regime.batch_size)
+    ]
+    assert all(len({v[0] for v in step}) == regime.batch_size for step in steps)
 
 
 def test_the_command_line_refuses_what_it_cannot_run(capsys) -> None:
+    with pytest.raises(ValueError, match="leaves no rollout"):
+        run_one(REGIMES["smoke"].with_(model=TINY), "filter", 0, "http://127.0.0.1:9")
     for argv, message in (
         (["--regime", "nope"], "unknown --regime"),
         (["--strategies", "insight,nope"], "unknown nope"),
@@ -252,6 +281,10 @@ def test_the_command_line_refuses_what_it_cannot_run(capsys) -> None:
         (["--set", "colour=1"], "no field 'colour'"),
         (["--set", "lr=abc"], "must be JSON"),
         (["--steps", "0"], "steps >= 1"),
+        (["--strategies", "recommended"], "recommends nothing"),
+        (["--arm", "uniform={}"], "give a new NAME=JSON"),
+        (["--arm", 'mine={"params": {}}'], "with a 'strategy'"),
+        (["--arm", 'mine={"strategy": "insight", "colour": 1}'], "no field 'colour'"),
     ):
         with pytest.raises(SystemExit):
             learning.parse_args(["--regime", "base", *argv] if argv[0] != "--regime" else argv)
@@ -259,7 +292,7 @@ def test_the_command_line_refuses_what_it_cannot_run(capsys) -> None:
     args = learning.parse_args(
         ["--regime", "base", "--strategies", "all", "--set", "lr=3e-4", "--steps", "10"]
     )
-    assert args.strategy_list == list(STRATEGIES)
+    assert args.strategy_list == [a for a in ALL if a != "recommended"]  # base recommends nothing
     assert args.regime_obj.lr == 3e-4 and args.regime_obj.steps == 10
     assert args.regime_obj.name.startswith("base[")
 
@@ -290,3 +323,84 @@ def test_reference_rates_are_a_binomial_estimate_of_the_starting_pass_rates() ->
     assert abs(middle.var() - 0.3 * 0.7 / 16) < 0.002  # the noise of 16 samples, not an exact rate
     assert reference_rates(p0, 16, seed=3) == rates.tolist()
     assert reference_rates(p0, 16, seed=4) != rates.tolist()
+
+
+def test_a_named_arm_runs_what_it_says_and_the_static_filter_keeps_the_profiled_mixed_prompts() -> None:
+    """``filter`` is the offline filter on the regime's profile: the service's filter judging by the
+    profile alone, with bounds that keep exactly the prompts profiled strictly between 0 and 1."""
+    from rlvr_selector_client.recommend import static_filter_params
+
+    regime = REGIMES["epochs"]
+    static = arm_of(regime, "filter")
+    assert static.strategy == "filter" and static.profile and static.params["reprofile"] is False
+    assert static.params == static_filter_params(regime.profile_samples)
+    assert arm_of(regime.with_(profile_samples=16), "filter").params == static_filter_params(16)
+    assert arm_of(regime, "filter_reprofile") == Arm("filter", profile=True)
+    assert arm_of(regime, "filter_cold") == Arm("filter")
+    mine = Arm.parse('{"strategy": "insight", "filter": {"recheck": 0.1}, "profile": true}')
+    assert arm_of(regime, "mine", {"mine": mine}) is mine
+    assert mine.describe(8) == {"strategy": "insight", "params": {}, "filter": {"recheck": 0.1}, "profile": 8}
+    with pytest.raises(ValueError, match="recommends nothing"):
+        arm_of(REGIMES["base"], "recommended")
+
+
+def test_ratio_vs_filter_is_the_filters_rollouts_to_its_own_final_over_the_arms(monkeypatch) -> None:
+    monkeypatch.setattr(report, "FINAL_POINTS", 1)
+    runs = [
+        _run("filter", 0, [0.1, 0.2, 0.3, 0.4]),  # its final 0.4 at 300
+        _run("online", 0, [0.1, 0.3, 0.4, 0.4]),  # 0.4 at 200: 1.5x
+        _run("filter", 1, [0.1, 0.2, 0.2, 0.2]),  # 0.2 at 100
+        _run("online", 1, [0.1, 0.1, 0.1, 0.1]),  # never: 0
+    ]
+    for run in runs:
+        run["profiling_rollouts"] = 50 if run["strategy"] == "filter" else 0
+    summary = report.summarize(runs, ["filter", "online"])
+    assert summary["ratio_vs_filter"] == {"filter": 1.0, "online": pytest.approx(0.75)}
+    assert summary["profiling_rollouts"] == {"filter": 50, "online": 0}
+    assert summary["strategies"]["online"]["vs_filter_heldout_sampled"] == pytest.approx(-0.05)
+    assert summary["dynamics"] is None  # no uniform run
+
+
+def test_transitions_count_a_prompts_class_from_one_visit_to_the_next() -> None:
+    """Rows from unsolved, mixed, solved (K = 4): prompt 0 goes 0/4 -> 2/4 -> 4/4, prompt 1 stays 0/4,
+    prompt 2 is visited once (no transition), prompt 3 goes 4/4 -> 1/4, and the runs are pooled."""
+    first = {"visits": [(0, 0, 4), (1, 0, 4), (2, 3, 4), (3, 4, 4), (0, 2, 4), (1, 0, 4), (0, 4, 4)]}
+    second = {"visits": [(3, 1, 4)]}
+    assert report.transitions([first]) == [[0.5, 0.5, 0.0], [0.0, 0.0, 1.0], [0.0, 0.0, 0.0]]
+    assert report.transitions([first, {"visits": [(3, 4, 4), (3, 1, 4)]}, second]) == [
+        [0.5, 0.5, 0.0], [0.0, 0.0, 1.0], [0.0, 1.0, 0.0]]  # fmt: skip
+    assert report.transitions([{"visits": []}]) is None
+    runs = [{**_run("uniform", s, [0.1, 0.2, 0.3, 0.4]), **first} for s in (0, 1)]
+    for run in runs:
+        for point in run["evals"]:
+            point["pool_sampled"] = point["heldout_sampled"] + 0.1
+    moves = report.dynamics(runs)
+    assert moves["transitions"] == report.transitions(runs[:1])
+    assert moves["largest_gap_to_trace"] == pytest.approx(
+        max(
+            abs(a - b)
+            for r, t in zip(moves["transitions"], TRACE_TRANSITIONS, strict=True)
+            for a, b in zip(r, t, strict=True)
+        )
+    )
+    assert moves["pool_pass_rate_first"] == pytest.approx(0.2)
+    assert moves["uniform_heldout_gain"] == pytest.approx(report.final(runs[0]) - 0.1)
+
+
+def test_a_histogram_composition_draws_the_pool_to_its_shares(tmp_path, monkeypatch) -> None:
+    """Each prompt falls in the bin round(8 p0) of its starting pass rate; the pool and the held-out set
+    together hold each bin's share of the prompts."""
+    from bench.learner.run import draw_sets, eighth
+
+    monkeypatch.setenv("RLVR_LEARNING_CACHE", str(tmp_path))
+    model, _ = policy.pretrained_model(TINY, quiet=True)
+    shares = (0.5, 0.0, 0.0, 0.0, 0.5, 0.0, 0.0, 0.0, 0.0)
+    rates = iter(np.tile([0.0, 0.5, 0.3, 0.02], 10_000))
+    monkeypatch.setattr("bench.learner.run.exact_pass_rates",
+                        lambda _m, _t, problems, **_: np.array([next(rates) for _ in problems]))  # fmt: skip
+    regime = REGIMES["smoke"].with_(histogram=shares, pool_size=30, heldout_size=10)
+    pool, heldout, p_pool, p_held = draw_sets(regime, 0, model, TOKENIZER)
+    assert len(pool) == 30 and len(heldout) == 10
+    bins = [eighth(p) for p in np.concatenate([p_pool, p_held])]
+    assert bins.count("0") == 20 and bins.count("4") == 20
+    assert eighth(0.0624) == "0" and eighth(0.0626) == "1" and eighth(1.0) == "8"

@@ -69,6 +69,20 @@ def test_params_reach_the_service(service, tmp_path) -> None:
     assert "422" in result.stderr and "eta" in result.stderr
 
 
+def test_a_select_filter_reaches_the_service(service, tmp_path) -> None:
+    """--filter is the select's filter object: the service names the bound it refuses, and an arm the
+    filter cannot go with (greso) is refused with its reason; without --filter there is none."""
+    assert _parsed("--filter", '{"recheck": 0.1}').select_filter == {"recheck": 0.1}
+    assert _parsed("--filter", "{}").select_filter == {} and _parsed().select_filter is None
+    for strategy, value, says in (("insight", '{"solved": 2}', "solved"), ("greso", "{}", "greso")):
+        result = _run("train", "--service-url", service.url, "--dataset", f"f-{uuid.uuid4().hex[:10]}",
+                      "--task", "arithmetic", "--num-prompts", "4", "--batch-size", "2", "--rollouts", "2",
+                      "--no-metadata", "--metrics-out", str(tmp_path / "m.jsonl"), "--strategy", strategy,
+                      "--filter", value)  # fmt: skip
+        assert result.returncode == cli.EXIT_SERVICE, result.stderr
+        assert "422" in result.stderr and says in result.stderr and "Traceback" not in result.stderr
+
+
 @pytest.mark.parametrize(
     ("extra", "says"),
     [

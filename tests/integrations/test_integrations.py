@@ -241,6 +241,26 @@ def test_verl_v1_sampler_steps_are_training_batches_and_tag_each_row(service: An
     assert sampler.take_issued(1)[0].step == 2
 
 
+def test_a_select_filter_in_the_options_reaches_every_select(service: Any, dsname: str) -> None:
+    """``filter`` goes with each select the adapter makes: the service's filter keeps the prompts an
+    upload says are solved out of the batch, names a bound it refuses, and refuses it with greso."""
+    with SelectorClient(service.url) as c:
+        c.create_dataset(dsname, 8, rollouts_per_prompt=4)
+        c.upload_metadata(dsname, pass_rate=[1.0] * 4 + [0.5] * 4, pass_samples=[16] * 8)
+    from rlvr_selector_client.client import InvalidRequest
+    from rlvr_selector_client.integrations import SelectorOptions
+
+    config = verl_config(service.url, dsname, 4, filter={})
+    rows = iter(verl_adapter.SelectorCurriculumSampler(verl_rows(list(range(8))), config))
+    assert sorted(next(rows) for _ in range(4)) == [4, 5, 6, 7]
+    for strategy, value, says in (("insight", {"solved": 2}, "solved"), ("greso", {}, "greso")):
+        config = verl_config(service.url, dsname, 4, filter=value, strategy=strategy)
+        with pytest.raises(InvalidRequest, match=says):
+            next(iter(verl_adapter.SelectorCurriculumSampler(verl_rows(list(range(8))), config)))
+    with pytest.raises(ValueError, match="a mapping of the filter's settings"):
+        SelectorOptions(url="u", dataset="d", filter=[0.5])
+
+
 def test_verl_rollout_budget_is_refused_where_group_sizes_are_fixed(service: Any, dsname: str) -> None:
     config = verl_config(service.url, dsname, 2, rollout_budget=8, rollout_min=2)
     with pytest.raises(ValueError, match=r"rollout_budget=8 is not supported here: .*trainer.use_v1=True"):

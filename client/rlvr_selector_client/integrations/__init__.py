@@ -104,6 +104,9 @@ class SelectorOptions:
     ``strategy`` defaults to insight and ``seed`` to 0. ``url`` and ``dataset`` are required (or
     ``client`` instead of ``url``).
 
+    ``filter`` is a select's filter object (``{}`` for the service's defaults; docs/api.md, "Select with a
+    filter"): every batch leaves out the prompts almost surely solved or hopeless. None: no filter.
+
     ``client`` is an already built `SelectorClient` (then ``url``/``token``/``timeout``/``retries`` are
     not used). ``rollouts_per_prompt`` and ``max_lag`` are None to take them from the trainer's own
     config where the adapter can (group size; staleness of asynchronous rollout). ``reward_key`` names
@@ -121,6 +124,7 @@ class SelectorOptions:
     dataset: str = ""
     strategy: str | None = None
     params: dict[str, Any] = field(default_factory=dict)
+    filter: dict[str, Any] | None = None
     seed: int | None = None
     token: str | None = None
     timeout: float = 30.0
@@ -161,6 +165,11 @@ class SelectorOptions:
             if self.max_lag < 0:
                 raise ValueError(f"max_lag={self.max_lag}: it counts steps, 0 or more")
         self.params = dict(self.params or {})
+        if self.filter is not None and not isinstance(self.filter, Mapping):
+            raise ValueError(
+                f"filter={self.filter!r}: a mapping of the filter's settings, {{}} for the defaults"
+            )
+        self.filter = None if self.filter is None else dict(self.filter)
         if self.rollout_budget is not None:
             self.rollout_budget = int(self.rollout_budget)
             self.rollout_min = int(self.rollout_min)
@@ -569,7 +578,7 @@ class StepSampler:
         step = self.next_step
         o = self.options
         selection = self.client.select(
-            o.dataset, step, count, o.strategy, o.params or None, o.seed, rollouts=rollouts
+            o.dataset, step, count, o.strategy, o.params or None, o.seed, rollouts=rollouts, filter=o.filter
         )
         self.next_step = step + 1
         return step, selection

@@ -319,6 +319,7 @@ class SelectorRLDataset(RLDataset):
             o.params or None,
             o.seed,
             rollouts=o.rollouts(),
+            filter=o.filter,
         )
         self.selections.append((step.step, step.index, list(selection.prompt_ids), selection.rollouts))
         logger.info(

@@ -352,7 +352,13 @@ class SelectorGRPOTrainer(GRPOTrainer):
             o = self.selector
             step = self._selector_next
             selection = self.selector_client.select(
-                o.dataset, step, self.selector_group_size, str(o.strategy), o.params or None, int(o.seed or 0)
+                o.dataset,
+                step,
+                self.selector_group_size,
+                str(o.strategy),
+                o.params or None,
+                int(o.seed or 0),
+                filter=o.filter,
             )
             chosen = [(step, [int(p) for p in selection.prompt_ids])]
         step, ids = broadcast_object_list(chosen)[0]

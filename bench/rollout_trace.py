@@ -1,6 +1,6 @@
 """Replay a real GRPO run's per-epoch outcomes offline: how many mixed groups does each rollout policy buy?
 
-    python bench/rollout_trace.py PATH [--k 4] [--min 2] [--seeds 10]
+    python bench/rollout_trace.py PATH [--k 4] [--min 2] [--seeds 10] [--no-filter-arms]
 
 PATH is a JSON object {prompt id: [accuracy at epoch 0, epoch 1, ...]} with accuracies in multiples of
 1/R (R rollouts per prompt per epoch, `--trace-rollouts`, default 8). The trace this benchmark was built
@@ -33,6 +33,20 @@ command reads an accuracy file) and the mixed-group test, and a smaller batch is
 key the command gives the strategy's arm, so with `--k` equal to the trace's rollouts and `--seeds 1` the
 fixed-K row is the command's arm `--strategy`, mixed groups identical at every epoch.
 
+Beside the rollout-count rows, two rows ask what a pass-rate filter buys with its profile paid for: the
+command's arms `filter` (the static offline filter: epoch 0 is the profile, then uniform picks among the
+prompts whose epoch-0 accuracy is strictly between 0 and 1) and `filter_reprofile` (the service's strategy
+`filter` at its defaults, epoch 0 uploaded as the profile, beliefs moved by the run's outcomes), run
+through the real service exactly as the command runs them (selector_service/replay/arms.py BASELINES, on
+an embedded service, as bench/filter_trace.py does; a few seconds, `--no-filter-arms` skips them). They
+pick B prompts at each of epochs 1..E-1 and see each pick's whole epoch group (R real outcomes); the
+profile is epoch 0, N x R rollouts (1,209 x 8 = 9,672 on the One-Shot-RLVR trace), counted. A filter
+needs B below the pool to choose anything, so their B is `--batch-size` when given, else 128 (as in
+bench/filter_trace.py; the output says which). Every row reports `effective_per_rollout`: mixed groups
+over (the rollouts of the epochs it replayed + its profiling rollouts), which is mixed groups per rollout
+for the rollout-count rows (no profile). The command's own figure (docs/replay.md) charges the profile as
+a share of a run's budget instead; at B = N the two agree.
+
 Writes bench/out/rollout_trace.json and bench/out/rollout_trace.png; ends stdout with one JSON line.
 """
 
@@ -53,6 +67,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import OUT_DIR, emit
+from rlvr_selector_client.client import SelectorClient
 from selector_service.core import (
     BeliefArrays,
     allocate_gains,
@@ -64,9 +79,11 @@ from selector_service.core import (
 from selector_service.core.coldstart import prior_arrays
 from selector_service.core.rng import stream
 from selector_service.core.strategies import select, validate_params
+from selector_service.replay.arms import build_arm
 from selector_service.replay.logs import LogError, read_log
-from selector_service.replay.protocol import is_mixed
-from selector_service.replay.service import dataset_name
+from selector_service.replay.protocol import ArmResult, Epoch, EpochTable, is_mixed
+from selector_service.replay.protocol import replay as replay_arm
+from selector_service.replay.service import dataset_name, embedded_service
 
 SOURCE = (
     "data/acc_step_500.json of github.com/ypwang61/One-Shot-RLVR (Apache-2.0): per-epoch training accuracy "
@@ -76,6 +93,9 @@ FIXED = "fixed"
 POLICIES = ("uniform", "knapsack", "variance", "posterior")
 ORACLE = "oracle"
 ROWS = (FIXED, *POLICIES, ORACLE)
+#: The replay's arms with the profile counted (module docstring), and their B when --batch-size is not given.
+FILTER_ROWS = ("filter", "filter_reprofile")
+FILTER_BATCH = 128
 
 
 @dataclass(frozen=True)
@@ -115,6 +135,39 @@ def load_trace(path: Path, rollouts: int = 8, epochs: int | None = None) -> Trac
             )
         successes = successes[:, :epochs]
     return Trace([str(k) for k in log.keys.tolist()], np.ascontiguousarray(successes), rollouts)
+
+
+def epoch_table(trace: Trace) -> EpochTable:
+    """The trace as the replay's epochs (one per trace column, every prompt observed with R outcomes): the
+    epochs the other rows replay, `--epochs` included."""
+    ids, trials = np.arange(trace.n_prompts, dtype=np.int64), np.full(trace.n_prompts, trace.rollouts)
+    epochs = [Epoch(ids, trace.successes[:, e].copy(), trials, e, e) for e in range(trace.n_epochs)]
+    return EpochTable(trace.n_prompts, epochs, trace.n_prompts)
+
+
+def filter_runs(table: EpochTable, batch_size: int, seeds: int) -> dict[str, list[dict[str, Any]]]:
+    """The `FILTER_ROWS` arms of the replay (arms.py), seeds 0..seeds-1, on an embedded service, B =
+    `batch_size`; each run as `replay` returns it, over the epochs the arm picked in (1.. after its
+    profile), with `profile`: the profiling rollouts the service counted."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    with embedded_service() as url, SelectorClient(url, timeout=120.0) as client:
+        for name in FILTER_ROWS:
+            for seed in range(seeds):
+                (result,) = replay_arm(table, [build_arm(name, client, seed)], batch_size)
+                if result.skipped is not None:
+                    raise SystemExit(f"rollout_trace: arm {name}: {result.skipped}")
+                out.setdefault(name, []).append(_as_run(result))
+    return out
+
+
+def _as_run(result: ArmResult) -> dict[str, Any]:
+    picked = slice(1 if result.profile else 0, None)
+    return {
+        "mixed": result.mixed[picked],
+        "spent": result.rollouts[picked],
+        "groups": int(result.groups[picked].sum()),
+        "profile": result.profile_rollouts,
+    }
 
 
 def mixed_probability_without_replacement(successes: np.ndarray, total: int, n: np.ndarray) -> np.ndarray:
@@ -207,43 +260,52 @@ def _mean_se(values: Sequence[float]) -> dict[str, float]:
 
 
 def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
-    """Per row: mean ± standard error over seeds, and mixed groups against fixed K and against Knapsack
-    RL's policy, paired by seed."""
+    """Per row: mean ± standard error over seeds, effective groups per rollout with the profile counted
+    (mixed / (rollouts + profiling rollouts)), and, for the rollout-count rows, mixed groups against fixed
+    K and against Knapsack RL's policy, paired by seed."""
     fixed, knapsack = runs[FIXED], runs["knapsack"]
     out: dict[str, Any] = {}
     for row, seeds in runs.items():
         per_seed = []
-        for run, base, other in zip(seeds, fixed, knapsack, strict=True):
-            m = int(run["mixed"].sum())
-            per_seed.append(
-                {
-                    "mixed_per_epoch": m / run["mixed"].size,
-                    "mixed_per_rollout": m / int(run["spent"].sum()),
-                    "effective_ratio": m / run["groups"],
-                    "mixed_vs_fixed": m / max(int(base["mixed"].sum()), 1),
-                    "mixed_vs_knapsack": m / max(int(other["mixed"].sum()), 1),
-                    "rollouts": int(run["spent"].sum()),
-                }
-            )
+        for i, run in enumerate(seeds):
+            m, spent, profile = int(run["mixed"].sum()), int(run["spent"].sum()), run.get("profile", 0)
+            s = {
+                "mixed_per_epoch": m / run["mixed"].size,
+                "mixed_per_rollout": m / spent,
+                "effective_per_rollout": m / (spent + profile),
+                "effective_ratio": m / run["groups"],
+                "rollouts": spent,
+                "profiling_rollouts": profile,
+            }
+            if row in ROWS:
+                s["mixed_vs_fixed"] = m / max(int(fixed[i]["mixed"].sum()), 1)
+                s["mixed_vs_knapsack"] = m / max(int(knapsack[i]["mixed"].sum()), 1)
+            per_seed.append(s)
         out[row] = {name: _mean_se([s[name] for s in per_seed]) for name in per_seed[0]}
-        out[row]["count_hist"] = np.sum([r["hist"] for r in seeds], axis=0).tolist()
+        if "hist" in seeds[0]:
+            out[row]["count_hist"] = np.sum([r["hist"] for r in seeds], axis=0).tolist()
         out[row]["mixed_curve"] = np.mean([r["mixed"] for r in seeds], axis=0).round(3).tolist()
     return out
 
 
 def format_table(summary: dict[str, Any]) -> str:
     lines = [
-        "| policy | mixed groups / epoch | mixed groups / rollout | effective-sample ratio | mixed vs fixed K "
-        "| mixed vs knapsack |",
-        "|---|---|---|---|---|---|",
+        "| policy | mixed groups / epoch | mixed groups / rollout | effective / rollout, profile counted "
+        "| effective-sample ratio | mixed vs fixed K | mixed vs knapsack |",
+        "|---|---|---|---|---|---|---|",
     ]
+
+    def cell(s: dict[str, Any], name: str, digits: int) -> str:
+        return f"{s[name]['mean']:.{digits}f} ± {s[name]['se']:.{digits}f}" if name in s else "-"
+
     for row, s in summary.items():
         cells = [
-            f"{s['mixed_per_epoch']['mean']:.1f} ± {s['mixed_per_epoch']['se']:.1f}",
-            f"{s['mixed_per_rollout']['mean']:.4f} ± {s['mixed_per_rollout']['se']:.4f}",
-            f"{s['effective_ratio']['mean']:.3f} ± {s['effective_ratio']['se']:.3f}",
-            f"{s['mixed_vs_fixed']['mean']:.3f} ± {s['mixed_vs_fixed']['se']:.3f}",
-            f"{s['mixed_vs_knapsack']['mean']:.4f} ± {s['mixed_vs_knapsack']['se']:.4f}",
+            cell(s, "mixed_per_epoch", 1),
+            cell(s, "mixed_per_rollout", 4),
+            cell(s, "effective_per_rollout", 4),
+            cell(s, "effective_ratio", 3),
+            cell(s, "mixed_vs_fixed", 3),
+            cell(s, "mixed_vs_knapsack", 4),
         ]
         lines.append(f"| {row} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -263,6 +325,8 @@ def plot(results: dict[str, Any], path: Path, title: str) -> None:
     for (curve_ax, hist_ax), name in zip(axes, settings, strict=True):
         summary = results[name]["summary"]
         for row, s in summary.items():
+            if row not in colors:  # the filter rows: another batch, whole groups
+                continue
             style = "--" if row in (FIXED, ORACLE) else "-"
             curve_ax.plot(s["mixed_curve"], style, color=colors[row], label=row, lw=1.5)
             hist = np.asarray(s["count_hist"], dtype=np.float64)
@@ -291,16 +355,29 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         raise SystemExit(f"rollout_trace: --batch-size must lie in 1..{trace.n_prompts}")
     hi = min(args.max, trace.rollouts)
     started = time.perf_counter()
+    filter_batch = min(args.batch_size or FILTER_BATCH, trace.n_prompts)
+    filter_note = None
+    filtered: dict[str, list[dict[str, Any]]] = {}
+    if not args.no_filter_arms and trace.n_epochs >= 2:
+        filtered = filter_runs(epoch_table(trace), filter_batch, args.seeds)
+        rule = "--batch-size" if args.batch_size else "no --batch-size: bench/filter_trace.py's"
+        filter_note = (
+            f"rows {', '.join(FILTER_ROWS)}: B = {filter_batch} ({rule}), each pick's {trace.rollouts} real "
+            f"outcomes, epochs 1..{trace.n_epochs - 1} after the epoch-0 profile "
+            f"({trace.n_prompts} x {trace.rollouts} = {trace.n_prompts * trace.rollouts} rollouts, counted)"
+        )
     results: dict[str, Any] = {}
     for k in args.k:
         if not 1 <= args.min <= k <= hi:
             raise SystemExit(f"rollout_trace: need 1 <= --min <= K <= min(--max, {trace.rollouts}); K = {k}")
         setting = Setting(k, args.min, hi, batch, args.strategy, args.beta_decay, args.hmm_decay)
         runs = {row: [replay(trace, row, setting, seed) for seed in range(args.seeds)] for row in ROWS}
-        summary = summarize(runs)
+        summary = summarize(runs | filtered)
         name = f"K={k}"
         results[name] = {"setting": setting.__dict__, "summary": summary}
         print(f"\n{name}: budget {batch} x {k} per epoch, counts in [{args.min}, {hi}], {args.seeds} seeds")
+        if filter_note:
+            print(filter_note)
         print(format_table(summary))
     seconds = time.perf_counter() - started
     args.out.mkdir(parents=True, exist_ok=True)
@@ -314,6 +391,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "trace_rollouts": trace.rollouts,
         "seeds": args.seeds,
         "seconds": round(seconds, 2),
+        "filter_batch_size": filter_batch if filtered else None,
+        "filter_note": filter_note,
         "results": results,
     }
     json_path.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
@@ -324,17 +403,24 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         )
         plot(results, png_path, title)
     print(f"\n{seconds:.1f} s; wrote {json_path}")
+    metrics = (
+        "mixed_per_rollout",
+        "effective_per_rollout",
+        "effective_ratio",
+        "mixed_vs_fixed",
+        "mixed_vs_knapsack",
+    )
     headline = {
-        name: {row: {m: s[m]["mean"] for m in ("mixed_per_rollout", "effective_ratio", "mixed_vs_fixed", "mixed_vs_knapsack")}
-               for row, s in r["summary"].items()}
+        name: {row: {m: s[m]["mean"] for m in metrics if m in s} for row, s in r["summary"].items()}
         for name, r in results.items()
-    }  # fmt: skip
+    }
     line = {
         "benchmark": "rollout_trace",
         "prompts": trace.n_prompts,
         "epochs": trace.n_epochs,
         "seeds": args.seeds,
         "seconds": round(seconds, 2),
+        "filter_batch_size": filter_batch if filtered else None,
         "json": str(json_path),
         "png": None if args.no_plot else str(png_path),
         "results": headline,
@@ -366,6 +452,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--out", type=Path, default=OUT_DIR, help="output folder")
     parser.add_argument("--no-plot", action="store_true", help="skip the PNG")
+    parser.add_argument(
+        "--no-filter-arms", action="store_true", help="skip the filter rows (they start a service)"
+    )
     args = parser.parse_args(argv)
     if args.seeds < 1:
         parser.error("--seeds must be >= 1")

@@ -133,11 +133,16 @@ def test_rollout_trace_replays_a_tiny_trace(tmp_path, capsys):
     line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert line["benchmark"] == "rollout_trace" and line["epochs"] == 6 and line["prompts"] == 12
     assert set(line["results"]) == {"K=3", "K=4"}
+    assert line["filter_batch_size"] == 12  # no --batch-size: 128, at most the pool
     for name, k in (("K=3", 3), ("K=4", 4)):
         summary = report["results"][name]["summary"]
-        assert set(summary) == set(rollout_trace.ROWS)
-        for row in summary.values():  # every row spends exactly the budget, all prompts every epoch
-            assert row["rollouts"]["mean"] == 12 * k * 6
+        assert set(summary) == {*rollout_trace.ROWS, *rollout_trace.FILTER_ROWS}
+        for row in rollout_trace.ROWS:  # every row spends exactly the budget, all prompts every epoch
+            assert summary[row]["rollouts"]["mean"] == 12 * k * 6
+            assert summary[row]["profiling_rollouts"]["mean"] == 0  # no profile: the same quantity
+            assert summary[row]["effective_per_rollout"] == summary[row]["mixed_per_rollout"]
+        for row in (*rollout_trace.ROWS, *rollout_trace.FILTER_ROWS):
+            assert "effective_per_rollout" in line["results"][name][row]
         # the even split is K each, and the draws are paired across rows: the same groups
         assert summary["uniform"]["mixed_per_epoch"] == summary["fixed"]["mixed_per_epoch"]
         assert summary["oracle"]["mixed_per_epoch"]["mean"] >= summary["fixed"]["mixed_per_epoch"]["mean"]
@@ -156,13 +161,43 @@ def test_rollout_trace_picks_a_smaller_batch_with_a_strategy(tmp_path):
             "--seeds",
             "1",
             "--no-plot",
+            "--no-filter-arms",
             "--out",
             str(tmp_path),
         ]
     )
     summary = report["results"]["K=4"]["summary"]
+    assert set(summary) == set(rollout_trace.ROWS) and report["filter_batch_size"] is None
     assert summary["posterior"]["rollouts"]["mean"] == 5 * 4 * 6
     assert sum(summary["posterior"]["count_hist"]) == 5 * 6
+
+
+def test_rollout_trace_filter_rows_count_the_profile_and_the_static_filter_keeps_epoch_0s_mixed(
+    tmp_path, capsys
+):
+    """Prompts 0-5 are mixed at every epoch, 6-11 never (all solved or all failed): a static-filter group
+    is mixed exactly when it picked a prompt mixed at epoch 0."""
+    n, epochs, batch = 12, 5, 3
+    data = {str(i): [0.5] * epochs if i < 6 else [float(i % 2)] * epochs for i in range(n)}
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps(data))
+    report = rollout_trace.main(
+        [str(path), "--batch-size", str(batch), "--seeds", "2", "--no-plot", "--out", str(tmp_path)]
+    )
+    stdout = capsys.readouterr().out
+    assert f"B = {batch} (--batch-size)" in stdout and "| filter_reprofile |" in stdout
+    summary = report["results"]["K=4"]["summary"]
+    replayed, profile = batch * 8 * (epochs - 1), n * 8  # epochs 1..4, B groups of 8; epoch 0 whole
+    for row in rollout_trace.FILTER_ROWS:
+        s = summary[row]
+        assert s["rollouts"]["mean"] == replayed and s["profiling_rollouts"]["mean"] == profile
+        mixed = s["mixed_per_epoch"]["mean"] * (epochs - 1)
+        assert math.isclose(s["effective_per_rollout"]["mean"], mixed / (replayed + profile))
+    # The static filter picks only prompts 0-5, so every group it picks is mixed: B per epoch.
+    static = summary["filter"]
+    assert static["effective_ratio"]["mean"] == 1 and static["mixed_per_epoch"]["mean"] == batch
+    assert math.isclose(static["effective_per_rollout"]["mean"], batch * (epochs - 1) / (replayed + profile))
+    assert math.isclose(static["mixed_per_rollout"]["mean"], 1 / 8)  # without the profile
 
 
 def test_rollout_trace_says_where_the_trace_comes_from(tmp_path):

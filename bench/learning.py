@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import OUT_DIR, emit
 from bench.learner import report
 from bench.learner.policy import ModelSpec
-from bench.learner.regimes import ALL, REGIMES, Arm, Regime, arm_of
+from bench.learner.regimes import ALL, REGIMES, Arm, Regime, arm_of, recommended
 
 DEFAULT_OUT = OUT_DIR / "learning"
 
@@ -80,9 +80,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         return args
     if args.regime not in REGIMES:
         parser.error(f"unknown --regime {args.regime!r}; known: {', '.join(REGIMES)}")
-    every = tuple(n for n in ALL if n != "recommended" or REGIMES[args.regime].recommended is not None)
     names = (
-        every
+        ALL
         if args.strategies == "all"
         else tuple(s.strip() for s in args.strategies.split(",") if s.strip())
     )
@@ -134,8 +133,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         regime = regime.with_(name=f"{regime.name}[{label}]", **changes)
     if regime.steps < 1 or regime.batch_size < 1 or regime.rollouts < 2:
         parser.error("the regime needs steps >= 1, batch_size >= 1 and rollouts >= 2")
-    if "recommended" in names and regime.recommended is None:
-        parser.error(f"--strategies: regime {regime.name} recommends nothing; name the arms to run")
     args.regime_obj = regime
     return args
 
@@ -326,9 +323,7 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "learning",
         "regime": regime.name,
         "about": regime.about,
-        "settings": {
-            k: v for k, v in regime.__dict__.items() if k not in ("name", "about", "model", "recommended")
-        },
+        "settings": {k: v for k, v in regime.__dict__.items() if k not in ("name", "about", "model")},
         "model": {**regime.model.__dict__, "parameters": parameter_count(model)},
         "seeds": args.seed_list,
         "histogram": histogram,
@@ -336,9 +331,7 @@ def main(argv: list[str] | None = None) -> int:
         "ratio_vs_uniform": summary["ratio_vs_uniform"],
         "ratio_vs_filter": summary["ratio_vs_filter"],
         "profiling_rollouts": summary["profiling_rollouts"],
-        "recommended": None
-        if regime.recommended is None
-        else regime.recommended.describe(regime.profile_samples),
+        "recommended": recommended(regime).describe(regime.profile_samples),
         "arms": {
             name: arm_of(regime, name, args.arms).describe(regime.profile_samples)
             for name in args.strategy_list

@@ -357,6 +357,42 @@ def prior_strength(
     return None
 
 
+def recommended_config(config: TrainConfig, num_prompts: int, metadata: TaskMetadata | None) -> TrainConfig:
+    """``--strategy recommended`` (the default) made concrete: the decision table's row for this run
+    (rlvr_selector_client.recommend: its pool, how many times its steps go over it, its batch, and the
+    pass rates it uploads, profiled or shipped), printed with the reason; --params and --filter given
+    win over the row's. Any other strategy is left as given."""
+    from trainer_client.config import RECOMMENDED
+
+    if config.strategy != RECOMMENDED:
+        return config
+    from rlvr_selector_client.recommend import Known, recommend
+
+    if config.profile_samples:
+        known = Known.profile(config.profile_samples)
+    elif metadata is not None and metadata.pass_rate is not None:
+        counts = [n for n in metadata.pass_samples or () if n]
+        known = Known.rate(max(counts) if counts else None)
+    else:
+        known = Known.nothing()
+    epochs = config.steps * config.batch_size / num_prompts
+    rec = recommend(num_prompts, epochs, config.batch_size, known)
+    print(
+        f"--strategy recommended: {rec.strategy}"
+        + (f" with {rec.params}" if rec.params else "")
+        + (f" and the filter {rec.select_filter}" if rec.select_filter is not None else "")
+        + f" for {num_prompts:,} prompts visited {epochs:.2g} times, {known.kind} known per prompt "
+        f"(docs/strategies.md, 'What to run': {rec.why})",
+        file=sys.stderr,
+    )
+    return replace(
+        config,
+        strategy=rec.strategy,
+        strategy_params={**rec.params, **config.strategy_params},
+        select_filter=config.select_filter if config.select_filter is not None else rec.select_filter,
+    )
+
+
 def strategy_params(
     config: TrainConfig, metadata: TaskMetadata | None, profile_samples: int | None = None
 ) -> dict[str, Any]:
@@ -465,9 +501,10 @@ def _train(args: argparse.Namespace) -> int:
             config.validate(len(task.problems))
         except ValueError as exc:
             raise _CliError(str(exc), EXIT_CONFIG) from None
+        metadata = _task_metadata(args, task)
+        config = recommended_config(config, len(task.problems), metadata)
         if config.strategy not in TRAINER_STRATEGIES:
             _check_strategy(client, config.strategy, config.strategy_params)
-        metadata = _task_metadata(args, task)
         config = replace(config, strategy_params=strategy_params(config, metadata, config.profile_samples))
         info = _ensure_dataset(client, args, len(task.problems), metadata)
         if metadata is not None:

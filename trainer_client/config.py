@@ -43,6 +43,8 @@ LOSS_NORMS = ("token", "active_token", "sequence")
 # The strategies the trainer runs itself (trainer_client.train.TRAINER_STRATEGIES): they screen prompts with
 # fixed group sizes of their own and never ask the service for a selection.
 _SELF_SCREENING = ("dynamic_sampling", "speed_rl")
+#: --strategy's default: the decision table's choice for the run (trainer_client.cli.recommended_config).
+RECOMMENDED = "recommended"
 #: The samples per prompt a profile may take (--profile-samples): fewer than 2 cannot tell a prompt that
 #: is sometimes solved from one that always or never is; more than 16 costs more than teams spend.
 PROFILE_SAMPLES = (2, 16)
@@ -260,11 +262,12 @@ class TrainConfig:
 
     dataset: str = field(metadata={"help": "dataset name in the service (created if missing)"})
     strategy: str = field(
-        default="insight",
+        default=RECOMMENDED,
         metadata={
             "help": "a service strategy (uniform, insight, dps, mopps, expected_difficulty, inverse_evidence, "
-            "history_resampling, learnability, adarft, greso, sec, ...) or dynamic_sampling / speed_rl (done "
-            "by the trainer)"
+            "history_resampling, learnability, filter, adarft, greso, sec, ...), dynamic_sampling / speed_rl "
+            "(done by the trainer), or recommended: what docs/strategies.md's decision table says for the run's "
+            "pool, epochs and pass rates (rlvr_selector_client.recommend; the trainer prints its choice)"
         },
     )
     steps: int = field(default=20, metadata={"help": "training steps"})

@@ -190,6 +190,13 @@ class Trainer:
         learner: GRPOLearner,
         rank: int = 0,
     ) -> None:
+        from trainer_client.config import RECOMMENDED
+
+        if config.strategy == RECOMMENDED:
+            raise ValueError(
+                "strategy 'recommended' is chosen once the run's pool and pass rates are known: pass "
+                "trainer_client.cli.recommended_config(config, num_prompts, metadata) or name a strategy"
+            )
         self.config = config.validate(len(task.problems))
         if dataset_info.size != len(task.problems):
             raise ValueError(

@@ -100,8 +100,6 @@ class Regime:
     #: Samples per prompt of the profile an arm with ``profile=True`` takes of the starting policy before
     #: its first step, counted in its rollouts (bench/learner/run.py).
     profile_samples: int = 8
-    #: What the regime's decision table recommends (the ``recommended`` arm); None: no recommendation.
-    recommended: Arm | None = None
 
     def with_(self, **changes: Any) -> Regime:
         return replace(self, **changes)
@@ -192,7 +190,8 @@ def _static_filter(samples: int) -> dict[str, Any]:
 #: The arms a comparison can run by name. ``filter``: the offline filter teams run (a profile, then
 #: uniform over the prompts profiled strictly between 0 and 1, judged by the profile alone);
 #: ``filter_reprofile``: the same profile, the service's filter judging each prompt by the run's
-#: outcomes as they come (strategy ``filter`` at its defaults); ``recommended``: the regime's.
+#: outcomes as they come (strategy ``filter`` at its defaults); ``filter_cold``: that filter without a
+#: profile; ``recommended``: what the decision table says for the regime (`recommended`).
 ARMS: dict[str, Arm] = {
     "uniform": Arm("uniform"),
     "insight": Arm("insight"),
@@ -210,14 +209,23 @@ STATIC_FILTER_ARMS = frozenset({"filter"})
 ALL = (*ARMS, "recommended")
 
 
+def recommended(regime: Regime) -> Arm:
+    """What the decision table (rlvr_selector_client.recommend) says to run for the regime's shape: its
+    pool, how many times its budget goes over it, its batch, and what it uploads per prompt."""
+    from rlvr_selector_client.recommend import Known, recommend
+
+    epochs = regime.rollout_budget / (regime.rollouts * regime.pool_size)
+    known = Known.rate(regime.reference_samples) if regime.reference_samples else Known.nothing()
+    rec = recommend(regime.pool_size, epochs, regime.batch_size, known)
+    return Arm(rec.strategy, dict(rec.params), rec.select_filter)
+
+
 def arm_of(regime: Regime, name: str, extra: dict[str, Arm] | None = None) -> Arm:
     """The arm a comparison runs under `name` in `regime` (``--arm NAME=JSON`` arms in `extra`)."""
     if extra and name in extra:
         return extra[name]
     if name == "recommended":
-        if regime.recommended is None:
-            raise ValueError(f"regime {regime.name} recommends nothing: run it with named arms")
-        return regime.recommended
+        return recommended(regime)
     arm = ARMS[name]
     if name in STATIC_FILTER_ARMS:
         return replace(arm, params=_static_filter(regime.profile_samples))

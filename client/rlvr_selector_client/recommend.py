@@ -2,7 +2,7 @@
 the adapters, so that they recommend the same thing.
 
     from rlvr_selector_client.recommend import Known, recommend
-    rec = recommend(pool_size=20_000, epochs=3.8, batch_size=256, known=Known.profile(16))
+    rec = recommend(pool_size=200_000, epochs=0.5, batch_size=256, known=Known.profile(16))
     rec.arm          # "insight+profile": the name `selector-service replay` gives that configuration
     rec.strategy, rec.params, rec.prior_strength, rec.upload_pass_rates, rec.why
 
@@ -10,9 +10,9 @@ The inputs are the run's shape (prompts in its pool, how many times it goes over
 and what is known per prompt before it is tried: nothing, a pass rate the dataset ships (from another
 model, free), or a profile of n samples per prompt with the starting policy (paid for in rollouts).
 
-The rule is data: `RULES`, the first row that matches wins, each row carrying the measurement behind it
-(docs/strategies.md). It is provisional: the decision table of docs/strategies.md replaces its rows as
-the comparison against a pass-rate filter at equal total rollouts is measured.
+The rule is data: `RULES`, the first row that matches wins, each row carrying what it bought at equal
+total rollouts (profiling counted) and the benchmark that measured it; `decision_table()` renders it as
+the table docs/strategies.md and README show.
 
 `static_filter_params` gives the settings of the service's filter that make it the offline filter teams
 run on a profile: keep exactly the prompts whose profiled rate is strictly between 0 and 1. Standard
@@ -26,7 +26,16 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-__all__ = ["RATE_PARAMS", "RULES", "Known", "Recommendation", "Rule", "recommend", "static_filter_params"]
+__all__ = [
+    "RATE_PARAMS",
+    "RULES",
+    "Known",
+    "Recommendation",
+    "Rule",
+    "decision_table",
+    "recommend",
+    "static_filter_params",
+]
 
 KnownKind = Literal["nothing", "rate", "profile"]
 
@@ -72,61 +81,99 @@ class Known:
 
 @dataclass(frozen=True)
 class Rule:
-    """A row of the decision table: when it applies, what to run, and the measurement behind it."""
+    """A row of the decision table: when it applies, what to run, what it bought and where that was
+    measured (every figure at equal total rollouts, profiling counted)."""
 
     known: tuple[KnownKind, ...]
     strategy: str
-    #: The run goes over its pool at least this many times (None: any).
+    #: The run goes over its pool at least / fewer than this many times (None: any).
     min_epochs: float | None
+    max_epochs: float | None
+    #: The run's shape in words, what is known per prompt in words, and what the row runs in words.
+    when: str
+    knowing: str
+    runs: str
+    #: What it bought, measured, and the command that measured it.
+    buys: str
     evidence: str
     #: Upload the known rates (PUT /datasets/{name}/metadata) with prior_strength = their samples.
     rates: bool = False
+    #: A select's filter object to send with every select (None: none).
+    select_filter: dict[str, Any] | None = None
 
 
-#: The provisional decision table, most specific first.
+#: The decision table (docs/strategies.md, "What to run"), the first row that matches wins.
 RULES: tuple[Rule, ...] = (
     Rule(
         known=("rate", "profile"),
         strategy="insight",
         min_epochs=None,
+        max_epochs=2.0,
         rates=True,
-        evidence="with each prompt's pass rate from 16 samples uploaded at prior_strength 16 and mu 0.5, "
-        "INSIGHT gained 0.9 +- 0.1 points held-out over uniform in 10 of 10 seeds with 1.97x fewer rollouts "
-        "(bench/learning.py --regime best; docs/strategies.md)",
+        when="a pool larger than the run visits (each prompt seen about once or less)",
+        knowing="a pass rate per prompt",
+        runs="`insight`, the rates uploaded with their sample counts (`mu` 0.5)",
+        buys="+0.9 ± 0.1 held-out points over uniform in 10 of 10 seeds, 1.97x fewer rollouts to uniform's "
+        "final; an offline filter on the same rates did as well (+1.0 ± 0.2, 1.44x). The rates were the "
+        "starting policy's own and free there: profiling 20,000 prompts x 16 would cost 4.2x the run",
+        evidence="bench/learning.py --regime best (20,000 prompts, 76,800 rollouts)",
     ),
     Rule(
-        known=("nothing",),
-        strategy="insight",
+        known=("nothing", "rate", "profile"),
+        strategy="uniform",
         min_epochs=2.0,
-        evidence="prompts seen again and again: INSIGHT learns each one's pass rate from the run's own "
-        "outcomes (1.6x fewer steps than uniform in the small toy world; docs/strategies.md)",
+        max_epochs=None,
+        when="a pool the run goes over again and again while pass rates move",
+        knowing="anything",
+        runs="`uniform` (skip the profile)",
+        buys="@EPOCHS@",
+        evidence="bench/learning.py --regime epochs (2,000 prompts x 12 visits, 192,000 rollouts, 5 seeds)",
     ),
     Rule(
         known=("nothing",),
         strategy="uniform",
         min_epochs=None,
-        evidence="a pool the run visits about once, nothing known per prompt: no strategy has anything to "
-        "go on (INSIGHT never reached uniform's accuracy at 200k prompts without metadata; "
-        "docs/strategies.md)",
+        max_epochs=None,
+        when="a pool larger than the run visits",
+        knowing="nothing",
+        runs="`uniform`",
+        buys="no strategy has anything to go on: none gained held-out accuracy over uniform with only each "
+        "prompt's coarse kind known, and INSIGHT never reached uniform's accuracy at 200,000 prompts without "
+        "metadata",
+        evidence="bench/learning.py --regime kinds; bench/toy_world.py",
     ),
 )
 
 
+def decision_table() -> str:
+    """`RULES` as the Markdown table docs/strategies.md and README show."""
+    lines = [
+        "| your run | known per prompt | run | what it bought (equal total rollouts, profiling counted) | measured by |",
+        "|---|---|---|---|---|",
+    ]
+    for rule in RULES:
+        lines.append(f"| {rule.when} | {rule.knowing} | {rule.runs} | {rule.buys} | `{rule.evidence}` |")
+    return "\n".join(lines) + "\n"
+
+
 @dataclass(frozen=True)
 class Recommendation:
-    """What to run: `strategy` with `params`; with `upload_pass_rates`, the dataset is created with
-    `prior_strength` and the rates uploaded. `arm` is the name `selector-service replay` reports it
-    under (``NAME+profile`` when the rates come from a profile or a shipped file)."""
+    """What to run: `strategy` with `params` (and a select's `select_filter` when not None); with
+    `upload_pass_rates`, the dataset is created with `prior_strength` and the rates uploaded. `arm` is
+    the name `selector-service replay` reports it under (``NAME+profile`` when the rates come from a
+    profile or a shipped file, ``+filter`` with a filter)."""
 
     strategy: str
     params: dict[str, Any] = field(default_factory=dict)
     upload_pass_rates: bool = False
     prior_strength: float | None = None
     why: str = ""
+    select_filter: dict[str, Any] | None = None
 
     @property
     def arm(self) -> str:
-        return f"{self.strategy}+profile" if self.upload_pass_rates else self.strategy
+        name = f"{self.strategy}+profile" if self.upload_pass_rates else self.strategy
+        return name + ("+filter" if self.select_filter is not None else "")
 
 
 def _check_shape(pool_size: int, epochs: float, batch_size: int) -> None:
@@ -149,9 +196,13 @@ def recommend(pool_size: int, epochs: float, batch_size: int, known: Known | Non
             continue
         if rule.min_epochs is not None and epochs < rule.min_epochs:
             continue
+        if rule.max_epochs is not None and epochs >= rule.max_epochs:
+            continue
         params = dict(RATE_PARAMS.get(rule.strategy, {})) if rule.rates else {}
         strength = (known.samples or DEFAULT_RATE_SAMPLES) if rule.rates else None
-        return Recommendation(rule.strategy, params, rule.rates, strength, rule.evidence)
+        why = f"{rule.when}, {rule.knowing} known: {rule.buys} ({rule.evidence})"
+        chosen = None if rule.select_filter is None else dict(rule.select_filter)
+        return Recommendation(rule.strategy, params, rule.rates, strength, why, chosen)
     raise AssertionError(f"no rule matches {known}")  # the table ends with a row for every kind
 
 

@@ -281,7 +281,6 @@ def test_the_command_line_refuses_what_it_cannot_run(capsys) -> None:
         (["--set", "colour=1"], "no field 'colour'"),
         (["--set", "lr=abc"], "must be JSON"),
         (["--steps", "0"], "steps >= 1"),
-        (["--strategies", "recommended"], "recommends nothing"),
         (["--arm", "uniform={}"], "give a new NAME=JSON"),
         (["--arm", 'mine={"params": {}}'], "with a 'strategy'"),
         (["--arm", 'mine={"strategy": "insight", "colour": 1}'], "no field 'colour'"),
@@ -292,7 +291,7 @@ def test_the_command_line_refuses_what_it_cannot_run(capsys) -> None:
     args = learning.parse_args(
         ["--regime", "base", "--strategies", "all", "--set", "lr=3e-4", "--steps", "10"]
     )
-    assert args.strategy_list == [a for a in ALL if a != "recommended"]  # base recommends nothing
+    assert args.strategy_list == list(ALL)
     assert args.regime_obj.lr == 3e-4 and args.regime_obj.steps == 10
     assert args.regime_obj.name.startswith("base[")
 
@@ -340,8 +339,10 @@ def test_a_named_arm_runs_what_it_says_and_the_static_filter_keeps_the_profiled_
     mine = Arm.parse('{"strategy": "insight", "filter": {"recheck": 0.1}, "profile": true}')
     assert arm_of(regime, "mine", {"mine": mine}) is mine
     assert mine.describe(8) == {"strategy": "insight", "params": {}, "filter": {"recheck": 0.1}, "profile": 8}
-    with pytest.raises(ValueError, match="recommends nothing"):
-        arm_of(REGIMES["base"], "recommended")
+    # recommended: the decision table's row for the regime's shape and what it uploads
+    assert arm_of(regime, "recommended") == Arm("uniform")  # 12 visits of its pool
+    assert arm_of(REGIMES["best"], "recommended") == Arm("insight", {"mu": 0.5})  # rates, 0.5 visits
+    assert arm_of(REGIMES["kinds"], "recommended") == Arm("uniform")
 
 
 def test_ratio_vs_filter_is_the_filters_rollouts_to_its_own_final_over_the_arms(monkeypatch) -> None:

@@ -784,7 +784,15 @@ def test_selector_options_read_the_environment_however_they_are_built(
     assert SelectorOptions(**explicit).seed == 0
     monkeypatch.delenv("SELECTOR_STRATEGY")
     monkeypatch.delenv("SELECTOR_SEED")
-    assert (SelectorOptions().strategy, SelectorOptions().seed) == ("insight", 0)
+    assert (SelectorOptions().strategy, SelectorOptions().seed) == ("uniform", 0)
+
+
+def test_the_adapters_default_strategy_is_the_decision_tables_when_nothing_is_known() -> None:
+    from rlvr_selector_client.integrations import DEFAULT_STRATEGY
+    from rlvr_selector_client.recommend import Known, recommend
+
+    for pool, epochs, batch in ((1_000, 0.1, 8), (2_000, 12, 32), (200_000, 0.5, 256), (50, 100, 50)):
+        assert recommend(pool, epochs, batch, Known.nothing()).strategy == DEFAULT_STRATEGY
 
 
 def test_trl_trainer_refuses_datasets_without_prompt_ids(

@@ -10,34 +10,47 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rlvr_selector_client.recommend import RULES, Known, recommend, static_filter_params
+from rlvr_selector_client.recommend import RULES, Known, decision_table, recommend, static_filter_params
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_a_known_rate_recommends_insight_on_the_rates_weighed_as_their_samples():
-    rec = recommend(20_000, 3.8, 256, Known.profile(8))
+def test_a_known_rate_on_a_pool_larger_than_the_run_recommends_insight_on_the_rates():
+    rec = recommend(200_000, 0.5, 256, Known.profile(8))
     assert (rec.strategy, rec.arm, rec.upload_pass_rates, rec.prior_strength) == (
         "insight",
         "insight+profile",
         True,
         8,
     )
-    assert rec.params == {"mu": 0.5} and "learning.py" in rec.why
-    shipped = recommend(200_000, 0.3, 256, Known.rate())
+    assert rec.params == {"mu": 0.5} and "--regime best" in rec.why and rec.select_filter is None
+    shipped = recommend(20_000, 1.9, 256, Known.rate())
     assert shipped.arm == "insight+profile" and shipped.prior_strength == 16  # a rate without a count
 
 
-def test_without_a_rate_it_depends_on_how_often_the_run_sees_a_prompt():
-    assert recommend(2_000, 10, 64).arm == "insight"
-    assert recommend(200_000, 0.5, 64, Known.nothing()).arm == "uniform"
-    assert recommend(1_000, 2.0, 64).arm == "insight" and recommend(1_000, 1.99, 64).arm == "uniform"
+def test_a_pool_visited_again_and_again_recommends_uniform_whatever_is_known():
+    """The epochs regime: neither a profile, the filter nor INSIGHT beat uniform held-out there."""
+    for known in (Known.nothing(), Known.rate(), Known.profile(8)):
+        rec = recommend(2_000, 12, 32, known)
+        assert (rec.arm, rec.params, rec.upload_pass_rates) == ("uniform", {}, False)
+        assert "--regime epochs" in rec.why
+    assert recommend(20_000, 2.0, 256, Known.profile(16)).arm == "uniform"  # the boundary: 2 visits
+    assert recommend(200_000, 0.5, 64).arm == "uniform"  # nothing to go on
 
 
-def test_every_rule_names_its_evidence_and_every_kind_is_covered():
-    assert all(rule.evidence for rule in RULES)
+def test_every_rule_names_its_evidence_and_every_kind_and_shape_is_covered():
+    assert all(rule.evidence and rule.buys and "@" not in rule.buys for rule in RULES)
     for kind in ("nothing", "rate", "profile"):
-        assert any(kind in rule.known and rule.min_epochs is None for rule in RULES), kind
+        for epochs in (0.01, 1.99, 2.0, 100.0):
+            assert recommend(1_000, epochs, 8, Known(kind, 4.0)).strategy  # a row for every run
+
+
+def test_the_decision_table_is_the_rules():
+    table = decision_table()
+    rows = table.strip().splitlines()[2:]
+    assert len(rows) == len(RULES)
+    for row, rule in zip(rows, RULES, strict=True):
+        assert rule.when in row and rule.runs in row and rule.evidence in row
 
 
 @pytest.mark.parametrize(
@@ -65,7 +78,7 @@ def test_it_imports_only_the_standard_library():
     )
     path = ROOT / "client" / "rlvr_selector_client" / "recommend.py"
     out = subprocess.run([sys.executable, "-S", "-c", code, str(path)], capture_output=True, text=True)
-    assert out.returncode == 0 and out.stdout.strip() == "insight", out.stderr
+    assert out.returncode == 0 and out.stdout.strip() == "uniform", out.stderr
 
 
 @pytest.mark.parametrize("seed", range(12))

@@ -62,11 +62,33 @@ def test_params_reach_the_service(service, tmp_path) -> None:
     """The service names the value it refuses: the object went through to /select."""
     result = _run("train", "--service-url", service.url, "--dataset", f"p-{uuid.uuid4().hex[:10]}",
                   "--task", "arithmetic", "--num-prompts", "4", "--batch-size", "2", "--rollouts", "2",
-                  "--no-metadata", "--metrics-out", str(tmp_path / "m.jsonl"),
+                  "--no-metadata", "--metrics-out", str(tmp_path / "m.jsonl"), "--strategy", "insight",
                   "--params", '{"eta": -1, "candidate_ratio": null}')  # fmt: skip
     assert result.returncode == cli.EXIT_SERVICE, result.stderr
     assert "Traceback" not in result.stderr
     assert "422" in result.stderr and "eta" in result.stderr
+
+
+def test_the_default_strategy_is_the_decision_tables_row_for_the_run() -> None:
+    """--strategy recommended (the default): uniform for a pool the run goes over again and again or
+    knows nothing of; INSIGHT on uploaded rates for a pool larger than the run visits; what the user
+    gives (--params, --filter, another strategy) wins."""
+    from trainer_client.config import RECOMMENDED
+    from trainer_client.metadata import TaskMetadata
+
+    config = _parsed("--steps", "20", "--batch-size", "8")
+    assert config.strategy == RECOMMENDED
+    many = cli.recommended_config(config, 40, None)  # 4 visits
+    assert (many.strategy, many.strategy_params, many.select_filter) == ("uniform", {}, None)
+    rates = TaskMetadata(pass_rate=[0.5] * 1000, group=None, pass_samples=[8] * 1000)
+    few = cli.recommended_config(config, 1000, rates)  # 0.16 visits, rates of 8 samples
+    assert (few.strategy, few.strategy_params) == ("insight", {"mu": 0.5})
+    assert cli.recommended_config(config, 1000, TaskMetadata(pass_rate=None, group=[0] * 1000)).strategy == "uniform"
+    mine = _parsed("--steps", "20", "--batch-size", "8", "--params", '{"mu": 0.3}', "--filter", "{}")
+    chosen = cli.recommended_config(mine, 1000, rates)
+    assert chosen.strategy_params == {"mu": 0.3} and chosen.select_filter == {}
+    named = _parsed("--strategy", "dps")
+    assert cli.recommended_config(named, 1000, rates) is named
 
 
 def test_a_select_filter_reaches_the_service(service, tmp_path) -> None:
@@ -87,7 +109,8 @@ def test_a_select_filter_reaches_the_service(service, tmp_path) -> None:
     ("extra", "says"),
     [
         (["--strategy", "insigth"], "the service has no strategy 'insigth'; choose one of adarft, dps,"),
-        (["--params", '{"etta": 2}'], "strategy 'insight' has no parameter(s) etta (--params); allowed: eta, mu,"),
+        (["--strategy", "insight", "--params", '{"etta": 2}'],
+         "strategy 'insight' has no parameter(s) etta (--params); allowed: eta, mu,"),
     ],
 )  # fmt: skip
 def test_a_strategy_or_parameter_the_service_lacks_is_refused_before_anything_is_created(

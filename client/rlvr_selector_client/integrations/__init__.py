@@ -91,7 +91,10 @@ ENV = {
     "max_lag": "SELECTOR_MAX_LAG",
 }
 
-DEFAULT_STRATEGY = "insight"
+#: The strategy an adapter runs when none is given: the decision table's row for a run that knows
+#: nothing per prompt, whatever its shape (rlvr_selector_client.recommend.RULES; docs/strategies.md,
+#: "What to run"). An adapter uploads no pass rates; with rates, name the strategy the table gives.
+DEFAULT_STRATEGY = "uniform"
 
 
 @dataclass
@@ -101,7 +104,8 @@ class SelectorOptions:
     A setting left out (None, or ``""`` for ``dataset``) is read from its environment variable (`ENV`:
     ``SELECTOR_URL``, ``SELECTOR_DATASET``, ``SELECTOR_STRATEGY``, ``SELECTOR_SEED``,
     ``SELECTOR_API_TOKEN``, ``SELECTOR_MAX_LAG``), from ``os.environ`` or the ``environ`` given; then
-    ``strategy`` defaults to insight and ``seed`` to 0. ``url`` and ``dataset`` are required (or
+    ``strategy`` defaults to `DEFAULT_STRATEGY` (uniform, the decision table's choice when nothing is
+    known per prompt) and ``seed`` to 0. ``url`` and ``dataset`` are required (or
     ``client`` instead of ``url``).
 
     ``filter`` is a select's filter object (``{}`` for the service's defaults; docs/api.md, "Select with a

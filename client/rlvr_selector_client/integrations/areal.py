@@ -68,6 +68,7 @@ from torch.utils.data import Dataset, Sampler
 
 from rlvr_selector_client.client import AsyncSelectorClient, Conflict, SelectorClient
 from rlvr_selector_client.integrations import (
+    DEFAULT_STRATEGY,
     SelectedStep,
     SelectorOptions,
     StepIterator,
@@ -114,7 +115,7 @@ class SelectorSampler(StepSampler, Sampler[int]):
         *,
         client: SelectorClient,
         dataset: str,
-        strategy: str = "insight",
+        strategy: str = DEFAULT_STRATEGY,
         params: Mapping[str, Any] | None = None,
         seed: int = 0,
         start_step: int = 0,

@@ -81,9 +81,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.regime not in REGIMES:
         parser.error(f"unknown --regime {args.regime!r}; known: {', '.join(REGIMES)}")
     names = (
-        ALL
-        if args.strategies == "all"
-        else tuple(s.strip() for s in args.strategies.split(",") if s.strip())
+        ALL if args.strategies == "all" else tuple(s.strip() for s in args.strategies.split(",") if s.strip())
     )
     args.arms = {}
     for item in args.arm:

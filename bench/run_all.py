@@ -151,6 +151,15 @@ BENCHMARKS = (
         headline=("ratio_vs_uniform.insight", "ratio_vs_uniform.oracle", "results.uniform.final_heldout_sampled"),
     ),
     Benchmark(
+        "learning_epochs",
+        "learning.py",
+        quick=("--regime", "epochs-smoke", "--strategies", "uniform,filter,filter_reprofile,recommended,oracle",
+               "--seeds", "0", "--out", "{out}/learning"),
+        full=("--regime", "epochs", "--strategies", "uniform,filter,filter_reprofile,recommended,oracle",
+              "--seeds", "0,1,2,3,4", "--out", "{out}/learning"),
+        headline=("ratio_vs_filter.recommended", "ratio_vs_filter.filter_reprofile", "dynamics.uniform_heldout_gain"),
+    ),
+    Benchmark(
         "rollout_trace",
         "rollout_trace.py",
         quick=(TRACE_PATH, "--k", "4", "--seeds", "2", "--out", "{out}"),

@@ -278,3 +278,21 @@ def test_the_example_check_can_fail():
     ((path, lines),) = _example_blocks(text)
     source = {line.rstrip() for line in (ROOT / path).read_text().splitlines()}
     assert [line for line in lines if line not in source] == ["import nothing_of_the_kind"]
+
+
+def _missing_table(page: str) -> list[str]:
+    """The rows of the decision table (rlvr_selector_client.recommend) that `page` does not hold verbatim."""
+    from rlvr_selector_client.recommend import decision_table
+
+    return [line for line in decision_table().splitlines() if line not in page.splitlines()]
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/strategies.md"])
+def test_the_decision_table_shown_is_the_one_the_trainer_follows(page):
+    assert _missing_table((ROOT / page).read_text()) == [], (
+        f"{page}'s decision table differs from rlvr_selector_client.recommend.decision_table(): paste its output"
+    )
+
+
+def test_the_table_check_can_fail():
+    assert _missing_table("| a | b |\n") != []

@@ -156,10 +156,21 @@ def transitions(runs: Sequence[dict[str, Any]]) -> list[list[float]] | None:
     return (counts / np.where(rows > 0, rows, 1)).round(4).tolist()
 
 
+def epoch_pass_rate(run: dict[str, Any], *, first: bool) -> float:
+    """The pool's mean pass rate in the run's first (last) pool's worth of groups, successes over
+    rollouts, as the trace's per-epoch training accuracy is measured (under uniform, a pool's worth of
+    groups is one visit of every prompt); the pool probe's sampled accuracy for a run without visits."""
+    visits, size = run.get("visits"), len(run.get("pool_p0") or ())
+    if not visits or not size:
+        return run["evals"][0]["pool_sampled"] if first else final(run, "pool_sampled")
+    part = visits[:size] if first else visits[-size:]
+    return sum(v[1] for v in part) / sum(v[2] for v in part)
+
+
 def dynamics(runs: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
     """How the pass rates move under uniform selection (its runs), beside the One-Shot-RLVR trace's
     (bench.learner.regimes.TRACE_*): class transitions between consecutive visits, the pool's mean pass
-    rate at the start and at the end (500 pool prompts, exact), and uniform's held-out gain."""
+    rate in its first and its last epoch (`epoch_pass_rate`), and uniform's held-out gain."""
     from bench.learner.regimes import TRACE_POOL_PASS_RATE, TRACE_TRANSITIONS
 
     mine = [r for r in runs if r["strategy"] == "uniform"]
@@ -174,8 +185,8 @@ def dynamics(runs: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
         "transitions": rows,
         "trace_transitions": [list(r) for r in TRACE_TRANSITIONS],
         "largest_gap_to_trace": gap,
-        "pool_pass_rate_first": mean_se([r["evals"][0]["pool_sampled"] for r in mine])[0],
-        "pool_pass_rate_last": mean_se([final(r, "pool_sampled") for r in mine])[0],
+        "pool_pass_rate_first": mean_se([epoch_pass_rate(r, first=True) for r in mine])[0],
+        "pool_pass_rate_last": mean_se([epoch_pass_rate(r, first=False) for r in mine])[0],
         "trace_pool_pass_rate": list(TRACE_POOL_PASS_RATE),
         "uniform_heldout_gain": mean_se([final(r) - r["evals"][0]["heldout_sampled"] for r in mine])[0],
         "uniform_heldout_gain_se": mean_se([final(r) - r["evals"][0]["heldout_sampled"] for r in mine])[1],

@@ -375,6 +375,11 @@ def test_transitions_count_a_prompts_class_from_one_visit_to_the_next() -> None:
     for run in runs:
         for point in run["evals"]:
             point["pool_sampled"] = point["heldout_sampled"] + 0.1
+    assert report.dynamics(runs)["pool_pass_rate_first"] == pytest.approx(0.2)  # no pool: the probe's
+    for run in runs:
+        run["pool_p0"] = [0.0, 0.0, 0.0]  # an epoch is 3 groups: 3/12 successes first, 6/12 last
+    assert report.epoch_pass_rate(runs[0], first=True) == pytest.approx(3 / 12)
+    assert report.epoch_pass_rate(runs[0], first=False) == pytest.approx(6 / 12)
     moves = report.dynamics(runs)
     assert moves["transitions"] == report.transitions(runs[:1])
     assert moves["largest_gap_to_trace"] == pytest.approx(
@@ -384,7 +389,7 @@ def test_transitions_count_a_prompts_class_from_one_visit_to_the_next() -> None:
             for a, b in zip(r, t, strict=True)
         )
     )
-    assert moves["pool_pass_rate_first"] == pytest.approx(0.2)
+    assert (moves["pool_pass_rate_first"], moves["pool_pass_rate_last"]) == pytest.approx((3 / 12, 6 / 12))
     assert moves["uniform_heldout_gain"] == pytest.approx(report.final(runs[0]) - 0.1)
 
 

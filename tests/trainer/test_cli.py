@@ -83,7 +83,10 @@ def test_the_default_strategy_is_the_decision_tables_row_for_the_run() -> None:
     rates = TaskMetadata(pass_rate=[0.5] * 1000, group=None, pass_samples=[8] * 1000)
     few = cli.recommended_config(config, 1000, rates)  # 0.16 visits, rates of 8 samples
     assert (few.strategy, few.strategy_params) == ("insight", {"mu": 0.5})
-    assert cli.recommended_config(config, 1000, TaskMetadata(pass_rate=None, group=[0] * 1000)).strategy == "uniform"
+    assert (
+        cli.recommended_config(config, 1000, TaskMetadata(pass_rate=None, group=[0] * 1000)).strategy
+        == "uniform"
+    )
     mine = _parsed("--steps", "20", "--batch-size", "8", "--params", '{"mu": 0.3}', "--filter", "{}")
     chosen = cli.recommended_config(mine, 1000, rates)
     assert chosen.strategy_params == {"mu": 0.3} and chosen.select_filter == {}

@@ -74,9 +74,13 @@ class Regime:
     eval_every: int = 15
     #: Upload each prompt's kind (operator and digit counts) as its group (docs/strategies.md "Starting cold").
     metadata: bool = False
-    #: Upload each prompt's pass rate under the starting policy, estimated from this many samples (0:
-    #: none), as a reference model's pass rates come with a dataset (docs/methods.md §6).
+    #: Upload each prompt's pass rate under a reference model, estimated from this many samples (0:
+    #: none), as a reference model's pass rates come with a dataset (docs/methods.md §6): free, so they
+    #: must not be the policy's own starting rates, which a run would pay for as a profile.
     reference_samples: int = 0
+    #: The reference model: the same recipe pre-trained with another seed (None: the policy itself, how
+    #: the best regime's table in docs/strategies.md was measured before this rule).
+    reference_model: ModelSpec | None = None
     #: Dataset settings the run's dataset is created with (e.g. ``{"prior_strength": 20}``; empty: defaults).
     dataset: dict[str, Any] = field(default_factory=dict)
     #: Strategy parameters sent with every select, by strategy name (empty: the service's defaults).
@@ -126,14 +130,15 @@ WITH_KINDS = BASE.with_(
 )
 
 #: Where selection buys the most held-out accuracy found: the kinds regime plus what a
-#: difficulty-annotated dataset carries, each prompt's pass rate under the starting policy from 16
-#: samples, and what `trainer-client train` then does: a prior that weighs it as the 16 samples it is,
+#: difficulty-annotated dataset carries, each prompt's pass rate from 16 samples of another model (the
+#: same recipe pre-trained with another seed), and what `trainer-client train` then does: a prior that weighs it as the 16 samples it is,
 #: and INSIGHT centred where a group is most likely mixed (mu 0.5; trainer_client/cli.py).
 BEST = WITH_KINDS.with_(
     name="best",
-    about="as kinds, plus each prompt's pass rate from 16 samples of the starting policy (prior_strength 16, "
+    about="as kinds, plus each prompt's pass rate from 16 samples of a reference model (prior_strength 16, "
     "INSIGHT's mu 0.5)",
     reference_samples=16,
+    reference_model=ModelSpec(pretrain_seed=1),
     dataset={"prior_strength": 16.0},
     params={"insight": {"mu": 0.5}},
 )

@@ -310,8 +310,12 @@ def run_one(
         if regime.metadata:
             client.upload_metadata(config.dataset, group=task.groups())
         if regime.reference_samples:
+            p_ref = p0_pool
+            if regime.reference_model is not None:  # shipped rates: another model's, not the policy's own
+                reference, _ = pretrained_model(regime.reference_model, quiet=True)
+                p_ref = exact_pass_rates(reference, tokenizer, pool, temperature=regime.temperature)
             client.upload_metadata(
-                config.dataset, pass_rate=reference_rates(p0_pool, regime.reference_samples, seed)
+                config.dataset, pass_rate=reference_rates(p_ref, regime.reference_samples, seed)
             )
         trainer = _trainer_class()(
             config,

@@ -410,3 +410,12 @@ def test_a_histogram_composition_draws_the_pool_to_its_shares(tmp_path, monkeypa
     bins = [eighth(p) for p in np.concatenate([p_pool, p_held])]
     assert bins.count("0") == 20 and bins.count("4") == 20
     assert eighth(0.0624) == "0" and eighth(0.0626) == "1" and eighth(1.0) == "8"
+
+
+def test_rates_a_regime_ships_for_free_come_from_another_model_than_the_policy() -> None:
+    """A regime's reference pass rates cost it nothing, so they must not be the policy's own starting
+    rates (those a run pays for, as a profile): every regime that uploads them names another model."""
+    shipping = [r for r in REGIMES.values() if r.reference_samples]
+    assert shipping, "no regime uploads reference rates: the check would pass vacuously"
+    for regime in shipping:
+        assert regime.reference_model is not None and regime.reference_model != regime.model, regime.name

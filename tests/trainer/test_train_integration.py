@@ -540,7 +540,15 @@ def test_uploaded_pass_rates_set_the_datasets_prior_and_insights_centre(service_
         dataset = f"t-{uuid.uuid4().hex[:10]}"
         with pytest.raises(_Loaded) as loaded:
             cli.main(
-                ["train", *_base_args(service_url, dataset, tmp_path), "--pass-rates", str(rates), *extra]
+                [
+                    "train",
+                    *_base_args(service_url, dataset, tmp_path),
+                    "--strategy",
+                    "insight",
+                    "--pass-rates",
+                    str(rates),
+                    *extra,
+                ]
             )
         assert loaded.value.args[0].strategy_params["mu"] == mu and sent[-1]["mu"] == mu
         with SelectorClient(service_url) as client:

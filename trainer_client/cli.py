@@ -381,8 +381,8 @@ def recommended_config(config: TrainConfig, num_prompts: int, metadata: TaskMeta
         f"--strategy recommended: {rec.strategy}"
         + (f" with {rec.params}" if rec.params else "")
         + (f" and the filter {rec.select_filter}" if rec.select_filter is not None else "")
-        + f" for {num_prompts:,} prompts visited {epochs:.2g} times, {known.kind} known per prompt "
-        f"(docs/strategies.md, 'What to run': {rec.why})",
+        + f" for {num_prompts:,} prompts visited {epochs:.2g} times, {known.kind} known per prompt: the "
+        f"decision table's row for {rec.when} (docs/strategies.md, 'What to run')",
         file=sys.stderr,
     )
     return replace(

@@ -169,6 +169,8 @@ class Recommendation:
     prior_strength: float | None = None
     why: str = ""
     select_filter: dict[str, Any] | None = None
+    #: The row's run, in words (its `Rule.when`).
+    when: str = ""
 
     @property
     def arm(self) -> str:
@@ -202,7 +204,7 @@ def recommend(pool_size: int, epochs: float, batch_size: int, known: Known | Non
         strength = (known.samples or DEFAULT_RATE_SAMPLES) if rule.rates else None
         why = f"{rule.when}, {rule.knowing} known: {rule.buys} ({rule.evidence})"
         chosen = None if rule.select_filter is None else dict(rule.select_filter)
-        return Recommendation(rule.strategy, params, rule.rates, strength, why, chosen)
+        return Recommendation(rule.strategy, params, rule.rates, strength, why, chosen, rule.when)
     raise AssertionError(f"no rule matches {known}")  # the table ends with a row for every kind
 
 

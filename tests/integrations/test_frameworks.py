@@ -735,8 +735,8 @@ def test_tinker_cookbook_example_trains_on_selected_prompts_and_refuses_the_mist
     check_tinker_updates(resumed, resumed["updates"][2:], defaultdict(lambda: n))
     # The resumed run had no selector settings on its command line: SELECTOR_URL, _DATASET, _SEED and
     # _STRATEGY named them (the first run's came from its command line and the defaults).
-    assert first["options"] == {"strategy": "insight", "seed": 3}
-    assert resumed["options"] == {"strategy": "uniform", "seed": 7}
+    assert first["options"] == {"strategy": "uniform", "seed": 3}  # the adapters' default
+    assert resumed["options"] == {"strategy": "mopps", "seed": 7}
     reported = first["reported"] + resumed["reported"]
     assert len({(step, pid) for step, pid, *_ in reported}) == len(reported) == 5 * batch
     assert all(size == n and lag == 0 and not dup for _, _, size, lag, dup in reported)
@@ -853,8 +853,8 @@ def test_skyrl_trainer_trains_on_selected_prompts_and_refuses_the_mistakes(
     # service steps 3 and 4, never step 2 again; the same run id.
     assert resumed["run_id"] == first["run_id"] and resumed["start_step"] == 3
     # The resumed trainer's options came from SELECTOR_URL, _DATASET, _SEED and _STRATEGY.
-    assert first["options"] == {"strategy": "insight", "seed": 4}
-    assert resumed["options"] == {"strategy": "uniform", "seed": 7}
+    assert first["options"] == {"strategy": "uniform", "seed": 4}  # the adapters' default
+    assert resumed["options"] == {"strategy": "mopps", "seed": 7}
     assert [r[0] for r in resumed["reported"]] == [3, 4]
     assert resumed["updates"][:2] == first["updates"] and len(resumed["updates"]) == 4
     for update, (_, prompts, _, _) in zip(resumed["updates"][2:], resumed["reported"], strict=True):

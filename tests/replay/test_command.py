@@ -64,7 +64,9 @@ def test_the_one_shot_trace_replays_and_matches_the_core_replay(tmp_path, capsys
     assert list(line["arms"]) == ARMS
     for values in line["arms"].values():
         assert set(values) == {"esr", "esr_last", "effective_per_rollout"}
-    assert line["recommended"] == "insight+profile"  # a profile of 8 samples: the rule's first row
+    # The log goes over its prompts again and again (every prompt once an epoch): the decision table's row
+    # for such a run, whatever the profile.
+    assert line["recommended"] == "uniform"
     assert "| filter_reprofile |" in stdout and "(the run itself" in stdout
     detail = json.loads((out / "replay.json").read_text())
     # The profile's rollouts as the service counted them (its dataset's profile_rollouts), the same number
@@ -128,7 +130,7 @@ def test_outputs_appear_whole_or_not_at_all(tmp_path, monkeypatch, capsys):
     assert command._report(args, log, table, 4, 2, results, out) == 0
     assert sorted(p.name for p in out.iterdir()) == ["replay.json", "replay.png"]
     line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert list(line["arms"]) == ["filter_latest_outcome"] and line["recommended"] == "insight+profile"
+    assert list(line["arms"]) == ["filter_latest_outcome"] and line["recommended"] == "uniform"
 
 
 def test_arms_are_chosen_by_name_and_strategy_filter_is_the_baselines():

@@ -69,7 +69,7 @@ def test_params_reach_the_service(service, tmp_path) -> None:
     assert "422" in result.stderr and "eta" in result.stderr
 
 
-def test_the_default_strategy_is_the_decision_tables_row_for_the_run() -> None:
+def test_the_default_strategy_is_the_decision_tables_row_for_the_run(capsys) -> None:
     """--strategy recommended (the default): uniform for a pool the run goes over again and again or
     knows nothing of; INSIGHT on uploaded rates for a pool larger than the run visits; what the user
     gives (--params, --filter, another strategy) wins."""
@@ -79,6 +79,11 @@ def test_the_default_strategy_is_the_decision_tables_row_for_the_run() -> None:
     config = _parsed("--steps", "20", "--batch-size", "8")
     assert config.strategy == RECOMMENDED
     many = cli.recommended_config(config, 40, None)  # 4 visits
+    said = capsys.readouterr().err
+    assert (
+        said.startswith("--strategy recommended: uniform for 40 prompts visited 4 times")
+        and "What to run" in said
+    )
     assert (many.strategy, many.strategy_params, many.select_filter) == ("uniform", {}, None)
     rates = TaskMetadata(pass_rate=[0.5] * 1000, group=None, pass_samples=[8] * 1000)
     few = cli.recommended_config(config, 1000, rates)  # 0.16 visits, rates of 8 samples

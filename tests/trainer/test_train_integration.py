@@ -220,7 +220,8 @@ def test_cli_reports_service_rejections_before_loading_the_model(service_url, tm
     assert bad_strategy.returncode == 3 and "Traceback" not in bad_strategy.stderr
     assert "the service has no strategy 'no-such-strategy'" in bad_strategy.stderr  # GET /strategies
 
-    bad_value = _cli(*_base_args(service_url, dataset, tmp_path), "--params", '{"eta": -1}', timeout=120)
+    bad_value = _cli(*_base_args(service_url, dataset, tmp_path), "--strategy", "insight", "--params",
+                     '{"eta": -1}', timeout=120)  # fmt: skip
     assert bad_value.returncode == 3 and "Traceback" not in bad_value.stderr
     assert "422" in bad_value.stderr and "eta" in bad_value.stderr  # the first select's answer
 
@@ -319,7 +320,7 @@ def test_the_cli_uploads_the_tasks_groups_before_anything_else(service_url, tmp_
     from rlvr_selector_client.client import SelectorClient
 
     with_groups, without = f"m-{uuid.uuid4().hex[:10]}", f"n-{uuid.uuid4().hex[:10]}"
-    stop = ("--params", '{"eta": -1}')  # a known name with a refused value: the run stops at the first select
+    stop = ("--strategy", "insight", "--params", '{"eta": -1}')  # refused at the first select: the run stops
     done = _cli(*_base_args(service_url, with_groups, tmp_path), *stop, timeout=120)
     assert done.returncode == 3 and "metadata: 4 prompts in 4 groups, 0 with a pass rate" in done.stderr
     _cli(*_base_args(service_url, without, tmp_path), *stop, "--no-metadata", timeout=120)

@@ -297,7 +297,7 @@ def main() -> None:
         "SELECTOR_URL": args.url,
         "SELECTOR_DATASET": args.dataset,
         "SELECTOR_SEED": "7",
-        "SELECTOR_STRATEGY": "uniform",
+        "SELECTOR_STRATEGY": "mopps",
     }
     os.environ.update(env)
     resumed = run(config("grpo", []), skyrl_grpo.selector(None, None), dispatch)

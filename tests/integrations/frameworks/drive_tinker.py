@@ -369,7 +369,7 @@ def main() -> None:
         "SELECTOR_URL": args.url,
         "SELECTOR_DATASET": args.dataset,
         "SELECTOR_SEED": "7",
-        "SELECTOR_STRATEGY": "uniform",
+        "SELECTOR_STRATEGY": "mopps",
     }
     os.environ.update(env)
     resumed = run(argv(None, "sync", 4))

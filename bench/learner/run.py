@@ -10,7 +10,13 @@ client, and the trainer's GRPO update (``trainer_client.grpo``); only three thin
   exact current pass rate p (one teacher-forced pass; bench.learner.task says why it is exact) and takes
   the B most likely to give a mixed group, 1 - p^K - (1 - p)^K (ties broken at random). It still
   reports every group to the service, like any run. Its pass rates cost no rollouts: it is the ceiling
-  of selection by pass rate, not a strategy one could run;
+  of selection by pass rate, not a strategy one could run. With ``oracle_rule`` "filter" (the epochs
+  regime) it is instead the filter with exact rates: uniform without repeats over the prompts whose
+  current pass rate makes a mixed group at least ``oracle_mixed`` likely, the rates of the whole pool
+  recomputed every ``eval_every`` steps;
+- an arm with a profile (``filter``, ``filter_reprofile``) first rolls out ``profile_samples`` per prompt
+  with the starting policy through the trainer's own profiling (trainer_client.profile) and uploads it;
+  those rollouts count in the run's budget and its evaluations start at their cost;
 - the run ends on rollouts, not steps: every strategy spends the regime's ``steps x B x K`` rollouts
   (Dynamic Sampling, which generates up to ``ds_oversample x ds_max_rounds`` times a batch per step, runs
   fewer steps), and it is evaluated each time its rollouts pass another ``eval_every x B x K``.

@@ -105,15 +105,7 @@ def test_a_bad_log_exits_3_naming_the_line_and_writes_nothing(tmp_path, capsys):
 
 
 def test_outputs_appear_whole_or_not_at_all(tmp_path, monkeypatch, capsys):
-    rng = np.random.default_rng(0)
-    rows = [
-        {"step": e, "prompt_id": i, "rewards": rng.integers(0, 2, 4).tolist()}
-        for e in range(4)
-        for i in range(8)
-    ]
-    log_path = tmp_path / "run.jsonl"
-    log_path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    log = read_log(log_path)
+    log = read_log(_small_log(tmp_path))
     table = epochs_of(log)
     results = replay(table, [LatestOutcomeFilterArm(0)], 4)
     args = argparse.Namespace(no_plot=False, seed=0)

@@ -181,6 +181,7 @@ def dynamics(runs: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
     if rows is not None:
         gap = max(abs(a - b) for row, ref in zip(rows, TRACE_TRANSITIONS, strict=True)
                   for a, b in zip(row, ref, strict=True))  # fmt: skip
+    gain, gain_se = mean_se([final(r) - r["evals"][0]["heldout_sampled"] for r in mine])
     return {
         "transitions": rows,
         "trace_transitions": [list(r) for r in TRACE_TRANSITIONS],
@@ -188,8 +189,8 @@ def dynamics(runs: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
         "pool_pass_rate_first": mean_se([epoch_pass_rate(r, first=True) for r in mine])[0],
         "pool_pass_rate_last": mean_se([epoch_pass_rate(r, first=False) for r in mine])[0],
         "trace_pool_pass_rate": list(TRACE_POOL_PASS_RATE),
-        "uniform_heldout_gain": mean_se([final(r) - r["evals"][0]["heldout_sampled"] for r in mine])[0],
-        "uniform_heldout_gain_se": mean_se([final(r) - r["evals"][0]["heldout_sampled"] for r in mine])[1],
+        "uniform_heldout_gain": gain,
+        "uniform_heldout_gain_se": gain_se,
     }
 
 

@@ -158,6 +158,7 @@ def _trainer_class() -> type:
             self.oracle_queue: list[int] = []
             self.oracle_round: set[int] = set()
             self.oracle_value: np.ndarray | None = None
+            self.oracle_eligible = np.empty(0, dtype=np.int64)
 
         def rollout(self, prompt_ids: Sequence[int], n: Any = None) -> Any:
             groups, gen_s, reward_s = super().rollout(prompt_ids, n)
@@ -176,12 +177,13 @@ def _trainer_class() -> type:
                 rates = exact_pass_rates(self.learner.model, self.tokenizer, self.pool,
                                          temperature=self.regime.temperature)  # fmt: skip
                 self.oracle_value = mixed_probability(rates, self.config.rollouts)
-                eligible = set(np.flatnonzero(self.oracle_value >= self.regime.oracle_mixed).tolist())
+                self.oracle_eligible = np.flatnonzero(self.oracle_value >= self.regime.oracle_mixed)
+                eligible = set(self.oracle_eligible.tolist())
                 self.oracle_queue = [i for i in self.oracle_queue if i in eligible]
                 fresh = sorted(eligible - self.oracle_round - set(self.oracle_queue))
                 self.oracle_queue += [fresh[i] for i in self.oracle_rng.permutation(len(fresh))]
             chosen: list[int] = []
-            eligible_all = np.flatnonzero(self.oracle_value >= self.regime.oracle_mixed)
+            eligible_all = self.oracle_eligible
             while len(chosen) < batch:
                 if not self.oracle_queue:  # a round over every eligible prompt ends: the next begins
                     if len(eligible_all) <= len(chosen):
